@@ -1,0 +1,39 @@
+# Two entry points: `make run` (try it, SQLite unless DATABASE_URL is set) and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HOST_PG := postgres://postgres@127.0.0.1:5432/eventdrop
+
+.PHONY: run test lint bench clean install
+
+$(PY):
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} ./scripts/run-local.sh
+
+# DATABASE_URL wins; else a PostgreSQL answering on 127.0.0.1:5432; else SQLite, with the
+# PostgreSQL-only tests skipped and the reason printed in the summary.
+test: $(STAMP)
+	@if [ -z "$$DATABASE_URL" ] && $(PY) -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
+		echo "make test: using PostgreSQL at $(HOST_PG)"; export DATABASE_URL=$(HOST_PG); \
+	elif [ -z "$$DATABASE_URL" ]; then echo "make test: no PostgreSQL on 127.0.0.1:5432, using SQLite"; fi; \
+	$(PY) -m ruff check . && $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+bench: $(STAMP)
+	$(PY) bench/ingress_ack.py
+
+clean:
+	rm -rf $(VENV) db.sqlite3

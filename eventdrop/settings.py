@@ -1,0 +1,202 @@
+"""Settings, all from the environment (twelve-factor).
+
+`DATABASE_URL` selects the database; unset means an embedded SQLite file so that trying the
+project needs nothing installed. Production (DJANGO_DEBUG unset/false) refuses to start
+without a real `DJANGO_SECRET_KEY`.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from exc
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from exc
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = env_bool("DJANGO_DEBUG")
+
+_INSECURE_KEY = "django-insecure-local-development-only"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is not set. Set it (50+ random characters) or run with "
+            "DJANGO_DEBUG=1 for local development."
+        )
+    SECRET_KEY = _INSECURE_KEY
+elif not DEBUG and (SECRET_KEY == _INSECURE_KEY or len(SECRET_KEY) < 32):
+    raise ImproperlyConfigured("DJANGO_SECRET_KEY is too short or a development key.")
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost" if DEBUG else "")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_q",
+    "eventdrop",
+    "ingress",
+    "recaps",
+    "outbox",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "eventdrop.urls"
+WSGI_APPLICATION = "eventdrop.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60),
+        conn_health_checks=True,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A statement that hangs must not hold a web worker past the provider's patience:
+    # connect fast or fail into a 503, and cap every statement.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "connect_timeout": env_int("DATABASE_CONNECT_TIMEOUT", 3),
+            "options": f"-c statement_timeout={env_int('DATABASE_STATEMENT_TIMEOUT_MS', 15000)}",
+        }
+    )
+else:
+    DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 5})
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+SESSION_COOKIE_SECURE = not DEBUG
+CSRF_COOKIE_SECURE = not DEBUG
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+LOGIN_URL = "/admin/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.BasicAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+}
+
+# --- Webhook sources -----------------------------------------------------------------------
+# Secrets come only from the environment; several secrets are comma-separated (rotation).
+# Extra sources (e.g. a generic HMAC sender) can be declared as JSON in WEBHOOK_EXTRA_SOURCES:
+#   {"acme": {"provider": "hmac", "secrets_env": "ACME_WEBHOOK_SECRET",
+#             "signature_header": "X-Acme-Signature", "signature_prefix": "sha256="}}
+# See ingress/sources.py for every per-source option.
+WEBHOOK_SOURCES = {
+    "stripe": {"provider": "stripe", "secrets_env": "STRIPE_WEBHOOK_SECRET"},
+    "github": {"provider": "github", "secrets_env": "GITHUB_WEBHOOK_SECRET"},
+    "slack": {"provider": "slack", "secrets_env": "SLACK_SIGNING_SECRET"},
+    "renderer": {"provider": "standard", "secrets_env": "RENDERER_WEBHOOK_SECRET"},
+}
+WEBHOOK_EXTRA_SOURCES = os.environ.get("WEBHOOK_EXTRA_SOURCES", "")
+WEBHOOK_DEFAULT_MAX_BODY_BYTES = env_int("WEBHOOK_MAX_BODY_BYTES", 1024 * 1024)
+WEBHOOK_DEFAULT_TOLERANCE_SECONDS = env_int("WEBHOOK_TOLERANCE_SECONDS", 300)
+# Raw events are kept this long (daily partitions on PostgreSQL); rejected ones shorter.
+RAW_EVENT_RETENTION_DAYS = env_int("RAW_EVENT_RETENTION_DAYS", 90)
+RAW_EVENT_PARTITIONS_AHEAD_DAYS = env_int("RAW_EVENT_PARTITIONS_AHEAD_DAYS", 7)
+# Seconds a provider is told to wait before retrying when the database is unavailable.
+INGRESS_UNAVAILABLE_RETRY_AFTER = env_int("INGRESS_UNAVAILABLE_RETRY_AFTER", 10)
+# The webhook route's time budget (what the load balancer / platform allows a request).
+WEBHOOK_REQUEST_BUDGET_SECONDS = env_float("WEBHOOK_REQUEST_BUDGET_SECONDS", 30.0)
+
+# --- django-q2 -----------------------------------------------------------------------------
+# The ORM broker keeps everything in the one database; `retry` must exceed `timeout` so a
+# task is never handed to a second worker while the first may still run it.
+Q_CLUSTER = {
+    "name": "eventdrop",
+    "orm": "default",
+    "workers": env_int("Q_WORKERS", 2),
+    "timeout": env_int("Q_TIMEOUT", 300),
+    "retry": env_int("Q_RETRY", 360),
+    "max_attempts": 1,
+    "catch_up": False,
+    "poll": 1,
+    "save_limit": 500,
+    "ack_failures": True,
+}

@@ -1,0 +1,22 @@
+"""Test settings: the normal settings with test secrets and fast hashing.
+
+The database still comes from DATABASE_URL (PostgreSQL in CI), so tests exercise the real
+engine; without it they fall back to SQLite and PostgreSQL-only tests are skipped.
+"""
+
+import os
+
+os.environ.setdefault("DJANGO_DEBUG", "0")
+os.environ.setdefault("DJANGO_SECRET_KEY", "test-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz")
+os.environ.setdefault("STRIPE_WEBHOOK_SECRET", "whsec_test_stripe_secret")
+os.environ.setdefault("GITHUB_WEBHOOK_SECRET", "It's a Secret to Everybody")
+os.environ.setdefault("SLACK_SIGNING_SECRET", "8f742231b10e8888abcd99yyyzzz85a5")
+os.environ.setdefault("RENDERER_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+
+from eventdrop.settings import *  # noqa: F403
+
+ALLOWED_HOSTS = ["testserver", "127.0.0.1", "localhost"]
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+SESSION_COOKIE_SECURE = False
+CSRF_COOKIE_SECURE = False
+Q_CLUSTER = {**Q_CLUSTER, "sync": True}  # noqa: F405

@@ -1,0 +1,225 @@
+"""The raw event store, the dedup index and the per-handler deliveries.
+
+On PostgreSQL `ingress_rawevent` is partitioned by day on `received_at` (see migration 0001
+for the SQL). A partitioned table cannot carry a unique constraint or a primary key that
+leaves out the partition key, so the table's real primary key is (id, received_at) while
+Django treats `id` as the key; ids stay unique because they come from one identity sequence.
+For the same reason foreign keys *into* the raw store are declared with
+`db_constraint=False`: PostgreSQL cannot point a foreign key at `id` alone.
+"""
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class SignatureStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    VERIFIED = "verified", "verified"
+    REJECTED = "rejected", "rejected"
+
+
+class RejectionReason(models.TextChoices):
+    """The closed set of reasons a stored event can be rejected for."""
+
+    MISSING_SIGNATURE = "missing_signature", "signature header missing"
+    MALFORMED_HEADER = "malformed_header", "signature or timestamp header malformed"
+    NO_MATCHING_SCHEME = "no_matching_scheme", "no signature in a scheme we check"
+    BAD_SIGNATURE = "bad_signature", "signature does not match any secret"
+    STALE_TIMESTAMP = "stale_timestamp", "timestamp older than the tolerance"
+    FUTURE_TIMESTAMP = "future_timestamp", "timestamp further ahead than the tolerance"
+    UNPARSEABLE_BODY = "unparseable_body", "body is not the JSON the provider sends"
+    NO_SECRET_CONFIGURED = "no_secret_configured", "the source has no secret configured"
+    UNKNOWN_SOURCE = "unknown_source", "the source is no longer configured"
+    VERIFIER_ERROR = "verifier_error", "the verifier failed unexpectedly (a bug; re-verify)"
+
+
+class DispatchStatus(models.TextChoices):
+    """What happened after verification (set in the same transaction)."""
+
+    WAITING = "waiting", "waiting for verification"
+    DISPATCHED = "dispatched", "deliveries created"
+    NO_HANDLER = "no_handler", "no handler registered"
+    DUPLICATE = "duplicate", "duplicate of an earlier event"
+    NOT_DISPATCHED = "not_dispatched", "rejected, never dispatched"
+
+
+class RawEvent(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    # What was received, exactly.
+    source = models.CharField(max_length=64)
+    provider = models.CharField(max_length=32)
+    method = models.CharField(max_length=16)
+    path = models.TextField()
+    query_string = models.TextField(blank=True, default="")
+    headers = models.JSONField(default=dict)
+    body = models.BinaryField()
+    body_sha256 = models.CharField(max_length=64)
+    remote_addr = models.GenericIPAddressField(null=True, blank=True)
+    received_at = models.DateTimeField(default=timezone.now)
+    delivery_id = models.CharField(max_length=255, blank=True, default="")
+
+    # Verification (Flow 2, step 1).
+    signature_status = models.CharField(
+        max_length=16, choices=SignatureStatus.choices, default=SignatureStatus.PENDING
+    )
+    rejection_reason = models.CharField(
+        max_length=32, choices=RejectionReason.choices, blank=True, default=""
+    )
+    matched_secret_index = models.SmallIntegerField(null=True, blank=True)
+    verified_at = models.DateTimeField(null=True, blank=True)
+    verify_count = models.PositiveIntegerField(default=0)
+    event_type = models.CharField(max_length=255, blank=True, default="")
+    # Slack's fast redeliveries announce themselves; recorded, never used to drop an event.
+    provider_retry_num = models.PositiveSmallIntegerField(null=True, blank=True)
+    provider_retry_reason = models.CharField(max_length=64, blank=True, default="")
+
+    # Dedup and dispatch (Flow 2, steps 2-3).
+    dedup_key = models.CharField(max_length=300, blank=True, default="")
+    duplicate_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="duplicates",
+    )
+    dispatch_status = models.CharField(
+        max_length=16, choices=DispatchStatus.choices, default=DispatchStatus.WAITING
+    )
+    # All deliveries of this event finished (done or dead): verified -> handled lag.
+    handled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["source", "delivery_id"], name="rawevent_source_delivery"),
+            models.Index(fields=["received_at"], name="rawevent_received_at"),
+            models.Index(
+                fields=["received_at"],
+                condition=Q(signature_status="pending"),
+                name="rawevent_pending",
+            ),
+            models.Index(fields=["dedup_key"], name="rawevent_dedup_key"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(signature_status__in=SignatureStatus.values),
+                name="rawevent_signature_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(dispatch_status__in=DispatchStatus.values),
+                name="rawevent_dispatch_status_valid",
+            ),
+            # A rejection always says why, and only rejections carry a reason.
+            models.CheckConstraint(
+                condition=(
+                    Q(signature_status="rejected") & ~Q(rejection_reason="")
+                    | ~Q(signature_status="rejected") & Q(rejection_reason="")
+                ),
+                name="rawevent_rejection_has_reason",
+            ),
+        ]
+        permissions = [("view_raw_payload", "Can view raw webhook payloads (body and headers)")]
+
+    def __str__(self) -> str:
+        return f"{self.source} #{self.id} ({self.signature_status})"
+
+
+class DedupKey(models.Model):
+    """One row per distinct event per source: the unique index decides who is first."""
+
+    source = models.CharField(max_length=64)
+    key = models.CharField(max_length=300)
+    raw_event = models.ForeignKey(
+        RawEvent, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["source", "key"], name="dedupkey_source_key_unique")
+        ]
+        indexes = [models.Index(fields=["created_at"], name="dedupkey_created_at")]
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.key}"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    PROCESSING = "processing", "processing"
+    DONE = "done", "done"
+    DEAD = "dead", "dead"
+
+
+class Delivery(models.Model):
+    """One verified event handed to one handler; retried until done or dead."""
+
+    raw_event = models.ForeignKey(
+        RawEvent, on_delete=models.DO_NOTHING, db_constraint=False, related_name="deliveries"
+    )
+    handler = models.CharField(max_length=255)
+    status = models.CharField(
+        max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "deliveries"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["raw_event", "handler"], name="delivery_event_handler_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=DeliveryStatus.values), name="delivery_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="processing") | Q(claimed_at__isnull=False),
+                name="delivery_processing_has_claim",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(status="pending"),
+                name="delivery_due",
+            ),
+            models.Index(
+                fields=["claimed_at"],
+                condition=Q(status="processing"),
+                name="delivery_processing",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"delivery #{self.pk} {self.handler} ({self.status})"
+
+
+class DeliveryAttempt(models.Model):
+    """History: one row per run of a handler, so the console shows every attempt."""
+
+    class Outcome(models.TextChoices):
+        DONE = "done", "done"
+        TRANSIENT = "transient", "transient error (will retry)"
+        PERMANENT = "permanent", "permanent error"
+        DEAD = "dead", "gave up after the last attempt"
+
+    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="history")
+    number = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["delivery_id", "number"]
+        indexes = [models.Index(fields=["delivery", "number"], name="attempt_delivery_number")]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of delivery #{self.delivery_id}: {self.outcome}"

@@ -1,0 +1,139 @@
+"""Configured webhook sources: a named endpoint with a provider, secrets and limits.
+
+Built from settings.WEBHOOK_SOURCES (+ WEBHOOK_EXTRA_SOURCES JSON) and the environment.
+Per-source options (all optional except `provider`):
+
+    provider            stripe | github | slack | standard | hmac
+    secrets_env         name of the env var holding the secret(s), comma-separated for rotation
+    enabled             false turns the endpoint into a 404 without removing its history
+    max_body_bytes      default WEBHOOK_MAX_BODY_BYTES (1 MiB)
+    tolerance_seconds   signature timestamp tolerance, default WEBHOOK_TOLERANCE_SECONDS (300)
+    signature_header    override the provider's header (required in practice for `hmac`)
+    signature_prefix    `hmac` only: text before the hex digest, e.g. "sha256="
+    delivery_id_header  override/add the header carrying the sender's delivery id
+
+Each option can also be set from the environment as WEBHOOK_<SOURCE>_<OPTION>, e.g.
+WEBHOOK_STRIPE_MAX_BODY_BYTES=262144 or WEBHOOK_SLACK_ENABLED=false.
+"""
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cache
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+
+from ingress.providers import PROVIDERS
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    provider: str
+    secrets_env: str
+    # repr=False keeps secrets out of tracebacks, logs and admin output.
+    secrets: tuple[str, ...] = field(repr=False, default=())
+    enabled: bool = True
+    max_body_bytes: int = 1024 * 1024
+    tolerance_seconds: int = 300
+    signature_header: str = ""
+    signature_prefix: str = ""
+    delivery_id_header: str = ""
+
+    @property
+    def has_secret(self) -> bool:
+        return bool(self.secrets)
+
+
+_BOOL_OPTIONS = {"enabled"}
+_INT_OPTIONS = {"max_body_bytes", "tolerance_seconds"}
+_STR_OPTIONS = {
+    "provider",
+    "secrets_env",
+    "signature_header",
+    "signature_prefix",
+    "delivery_id_header",
+}
+
+
+def _coerce(source: str, option: str, value: object) -> object:
+    where = f"webhook source {source!r}, option {option!r}"
+    if option in _BOOL_OPTIONS:
+        if isinstance(value, bool):
+            return value
+        return str(value).strip().lower() in {"1", "true", "yes", "on"}
+    if option in _INT_OPTIONS:
+        try:
+            number = int(value)  # type: ignore[call-overload]
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(f"{where}: must be an integer, got {value!r}") from exc
+        if number <= 0:
+            raise ImproperlyConfigured(f"{where}: must be positive, got {number}")
+        return number
+    if option in _STR_OPTIONS:
+        return str(value)
+    raise ImproperlyConfigured(f"{where}: unknown option")
+
+
+def _build_source(name: str, declared: dict) -> Source:
+    options: dict[str, object] = {
+        "max_body_bytes": settings.WEBHOOK_DEFAULT_MAX_BODY_BYTES,
+        "tolerance_seconds": settings.WEBHOOK_DEFAULT_TOLERANCE_SECONDS,
+    }
+    for option, value in declared.items():
+        options[option] = _coerce(name, option, value)
+    for option in _BOOL_OPTIONS | _INT_OPTIONS | _STR_OPTIONS:
+        env_value = os.environ.get(f"WEBHOOK_{name.upper()}_{option.upper()}")
+        if env_value not in (None, ""):
+            options[option] = _coerce(name, option, env_value)
+
+    provider = options.get("provider")
+    if provider not in PROVIDERS:
+        raise ImproperlyConfigured(
+            f"webhook source {name!r}: provider must be one of {sorted(PROVIDERS)}, "
+            f"got {provider!r}"
+        )
+    spec = PROVIDERS[provider]  # type: ignore[index]
+    options.setdefault("secrets_env", f"WEBHOOK_{name.upper()}_SECRET")
+    options.setdefault("signature_header", spec.signature_header)
+    options.setdefault("delivery_id_header", spec.delivery_id_header)
+    options["signature_header"] = str(options["signature_header"]).lower()
+    options["delivery_id_header"] = str(options["delivery_id_header"]).lower()
+    raw_secrets = os.environ.get(str(options["secrets_env"]), "")
+    secrets = tuple(part.strip() for part in raw_secrets.split(",") if part.strip())
+    return Source(name=name, secrets=secrets, **options)  # type: ignore[arg-type]
+
+
+@cache
+def all_sources() -> dict[str, Source]:
+    declared: dict[str, dict] = {
+        name: dict(options) for name, options in settings.WEBHOOK_SOURCES.items()
+    }
+    if settings.WEBHOOK_EXTRA_SOURCES:
+        try:
+            extra = json.loads(settings.WEBHOOK_EXTRA_SOURCES)
+        except json.JSONDecodeError as exc:
+            raise ImproperlyConfigured(f"WEBHOOK_EXTRA_SOURCES is not valid JSON: {exc}") from exc
+        if not isinstance(extra, dict) or not all(isinstance(v, dict) for v in extra.values()):
+            raise ImproperlyConfigured("WEBHOOK_EXTRA_SOURCES must be a JSON object of objects")
+        for name, options in extra.items():
+            declared[name] = {**declared.get(name, {}), **options}
+    return {name: _build_source(name, options) for name, options in declared.items()}
+
+
+def get_source(name: str) -> Source | None:
+    """The enabled source called `name`, or None (unknown and disabled look the same)."""
+    source = all_sources().get(name)
+    if source is None or not source.enabled:
+        return None
+    return source
+
+
+def reset_sources_cache(**kwargs) -> None:
+    all_sources.cache_clear()
+
+
+# Tests change settings and environment; the cached sources must follow.
+setting_changed.connect(reset_sources_cache)

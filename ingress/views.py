@@ -1,0 +1,159 @@
+"""The receive path: the only code that runs on a provider's clock.
+
+It answers from headers alone whatever it can (404/405/411/413/400), then does exactly one
+INSERT of the raw request and answers 202 with the new row's id. No JSON parsing, no
+signature math, no business logic, no network call, no other query. The one exception is
+Slack's `url_verification` handshake, which Slack requires to be answered in the response,
+and which we only answer after its signature checks out.
+"""
+
+import logging
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+from ingress.services import raw_event_store
+from ingress.sources import Source, get_source
+
+logger = logging.getLogger(__name__)
+
+# RFC 9110 7.6.1 hop-by-hop fields describe one connection, not the message; and the two
+# credential-bearing headers are never kept (no provider of ours signs with them).
+_DROPPED_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "authorization",
+        "cookie",
+    }
+)
+_READ_CHUNK = 64 * 1024
+
+
+def _error(status: int, code: str, message: str, **headers: str) -> JsonResponse:
+    response = JsonResponse({"error": code, "message": message}, status=status)
+    for name, value in headers.items():
+        response[name.replace("_", "-")] = value
+    return response
+
+
+def _stored_headers(meta: dict) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for key, value in meta.items():
+        if key.startswith("HTTP_"):
+            name = key[5:].replace("_", "-").lower()
+        elif key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            name = key.replace("_", "-").lower()
+        else:
+            continue
+        if name not in _DROPPED_HEADERS and value != "":
+            headers[name] = value
+    return headers
+
+
+def _read_body(request: HttpRequest, limit: int) -> bytes | None:
+    """The body, or None if it grows past `limit` (never buffered past limit + one chunk).
+
+    With a Content-Length, Django's stream stops there. Without one, Django would read
+    nothing at all; a server that has de-chunked the body says so with
+    `wsgi.input_terminated` (gunicorn does), and then we read the raw input to its end.
+    """
+    stream = request if "CONTENT_LENGTH" in request.META else request.META["wsgi.input"]
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := stream.read(_READ_CHUNK):
+        total += len(chunk)
+        if total > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _slack_handshake(source: Source, headers: dict[str, str], body: bytes) -> str | None:
+    if source.provider != "slack" or b"url_verification" not in body:
+        return None
+    from ingress.verifiers import StoredRequest, verify
+
+    verdict = verify(source, StoredRequest(headers=headers, body=body, received_at=timezone.now()))
+    return verdict.handshake_challenge if verdict.ok else None
+
+
+@csrf_exempt
+def receive_webhook(request: HttpRequest, source_name: str) -> JsonResponse:
+    source = get_source(source_name)
+    if source is None:
+        return _error(404, "unknown_source", f"No enabled webhook source named {source_name!r}.")
+    if request.method != "POST":
+        response = _error(405, "method_not_allowed", "Webhooks must be sent with POST.")
+        response["Allow"] = "POST"
+        return response
+
+    raw_length = request.META.get("CONTENT_LENGTH", "")
+    if raw_length != "":
+        try:
+            content_length = int(raw_length)
+        except ValueError:
+            return _error(400, "bad_content_length", "Content-Length is not an integer.")
+        if content_length < 0:
+            return _error(400, "bad_content_length", "Content-Length is negative.")
+        if content_length > source.max_body_bytes:
+            return _error(
+                413,
+                "body_too_large",
+                f"Body of {content_length} bytes exceeds this source's limit of "
+                f"{source.max_body_bytes} bytes.",
+            )
+    elif not request.META.get("wsgi.input_terminated"):
+        return _error(411, "length_required", "Send a Content-Length (or a chunked body).")
+
+    headers = _stored_headers(request.META)
+    if source.signature_header not in headers:
+        return _error(
+            400,
+            "missing_signature",
+            f"The {source.signature_header} header is required for this source.",
+        )
+
+    body = _read_body(request, source.max_body_bytes)
+    if body is None:
+        return _error(
+            413,
+            "body_too_large",
+            f"Body exceeds this source's limit of {source.max_body_bytes} bytes.",
+        )
+
+    challenge = _slack_handshake(source, headers, body)
+    try:
+        event = raw_event_store(
+            source=source,
+            method=request.method,
+            path=request.path,
+            query_string=request.META.get("QUERY_STRING", ""),
+            headers=headers,
+            body=body,
+            remote_addr=request.META.get("REMOTE_ADDR") or None,
+        )
+    except DatabaseError:
+        # Nothing is stored, so nothing may be acknowledged: the provider must retry.
+        logger.exception("ingress.receive.store_failed", extra={"source": source.name})
+        retry_after = str(settings.INGRESS_UNAVAILABLE_RETRY_AFTER)
+        return _error(
+            503,
+            "store_unavailable",
+            "The event store is unavailable; retry later.",
+            Retry_After=retry_after,
+        )
+
+    if challenge is not None:
+        return JsonResponse({"challenge": challenge}, status=200)
+    return JsonResponse({"id": event.id, "status": "accepted"}, status=202)
