@@ -31,9 +31,7 @@ def verify(source: Source, request: StoredRequest) -> Verdict:
     try:
         return verifier(source, request)
     except Exception:
-        logger.exception(
-            "ingress.verify.verifier_error", extra={"source": source.name}
-        )
+        logger.exception("ingress.verify.verifier_error", extra={"source": source.name})
         return Verdict(reason=RejectionReason.VERIFIER_ERROR)
 
 

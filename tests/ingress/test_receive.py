@@ -20,7 +20,9 @@ def post(client, source, body=b"{}", content_type="application/json", **extra):
 def test_accepts_and_stores_exact_bytes_and_headers(client):
     body = b'{"id": "evt_1", "note": "caf\xc3\xa9"}'
     response = post(
-        client, "github", body,
+        client,
+        "github",
+        body,
         HTTP_X_HUB_SIGNATURE_256="sha256=abc",
         HTTP_X_GITHUB_DELIVERY="72d3162e-cc78-11e3-81ab-4c9367dc0958",
         HTTP_X_GITHUB_EVENT="push",
@@ -43,15 +45,22 @@ def test_accepts_and_stores_exact_bytes_and_headers(client):
 
 def test_non_utf8_body_round_trips_byte_for_byte(client):
     body = bytes(range(256)) * 3
-    response = post(client, "stripe", body, content_type="application/octet-stream",
-                    **STRIPE_HEADERS)
+    response = post(
+        client, "stripe", body, content_type="application/octet-stream", **STRIPE_HEADERS
+    )
     assert response.status_code == 202
     assert bytes(RawEvent.objects.get().body) == body
 
 
 def test_hop_by_hop_and_credential_headers_are_not_stored(client):
-    response = post(client, "stripe", HTTP_CONNECTION="keep-alive", HTTP_AUTHORIZATION="Basic x",
-                    HTTP_COOKIE="a=b", **STRIPE_HEADERS)
+    response = post(
+        client,
+        "stripe",
+        HTTP_CONNECTION="keep-alive",
+        HTTP_AUTHORIZATION="Basic x",
+        HTTP_COOKIE="a=b",
+        **STRIPE_HEADERS,
+    )
     assert response.status_code == 202
     headers = RawEvent.objects.get().headers
     assert "connection" not in headers and "authorization" not in headers
@@ -114,8 +123,13 @@ class ExplodingStream:
 
 def test_oversized_content_length_is_413_before_the_body_is_read(client):
     response = client.generic(
-        "POST", "/webhooks/stripe/", b"", content_type="application/json",
-        CONTENT_LENGTH=str(1024 * 1024 + 1), **{"wsgi.input": ExplodingStream()}, **STRIPE_HEADERS,
+        "POST",
+        "/webhooks/stripe/",
+        b"",
+        content_type="application/json",
+        CONTENT_LENGTH=str(1024 * 1024 + 1),
+        **{"wsgi.input": ExplodingStream()},
+        **STRIPE_HEADERS,
     )
     assert response.status_code == 413
     assert response.json()["error"] == "body_too_large"
@@ -123,7 +137,8 @@ def test_oversized_content_length_is_413_before_the_body_is_read(client):
 
 
 def test_bad_content_length_is_400(client):
-    response = client.generic("POST", "/webhooks/stripe/", b"{}", CONTENT_LENGTH="ten",
-                              **STRIPE_HEADERS)
+    response = client.generic(
+        "POST", "/webhooks/stripe/", b"{}", CONTENT_LENGTH="ten", **STRIPE_HEADERS
+    )
     assert response.status_code == 400
     assert response.json()["error"] == "bad_content_length"

@@ -1,0 +1,13 @@
+"""Every recurring django-q2 task, in one place. `manage.py ensure_schedules` writes them.
+
+Each entry: (name, dotted function path, schedule type, minutes for MINUTES schedules).
+Apps add their own entries here rather than creating Schedule rows ad hoc, so a fresh
+deployment (`release:` in the Procfile) always has the complete set.
+"""
+
+from django_q.models import Schedule
+
+SCHEDULES: list[tuple[str, str, str, int | None]] = [
+    # Safety net behind the long-running `process_inbox` worker (Flow 2).
+    ("ingress.inbox_pass", "ingress.tasks.inbox_pass", Schedule.MINUTES, 1),
+]
