@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "ingress",
     "recaps",
     "outbox",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -200,3 +201,5 @@ Q_CLUSTER = {
     "save_limit": 500,
     "ack_failures": True,
 }
+
+# --- Recaps, render service and outbox (see recaps/ and outbox/) ---------------------------
