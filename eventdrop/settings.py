@@ -186,6 +186,17 @@ INGRESS_UNAVAILABLE_RETRY_AFTER = env_int("INGRESS_UNAVAILABLE_RETRY_AFTER", 10)
 # The webhook route's time budget (what the load balancer / platform allows a request).
 WEBHOOK_REQUEST_BUDGET_SECONDS = env_float("WEBHOOK_REQUEST_BUDGET_SECONDS", 30.0)
 
+# --- Inbox worker (verify, dedup, deliver; ingress/inbox.py) ------------------------------
+INBOX_BATCH_SIZE = env_int("INBOX_BATCH_SIZE", 200)
+INBOX_IDLE_SLEEP_SECONDS = env_float("INBOX_IDLE_SLEEP_SECONDS", 0.5)
+DELIVERY_MAX_ATTEMPTS = env_int("DELIVERY_MAX_ATTEMPTS", 8)
+DELIVERY_BACKOFF_BASE_SECONDS = env_float("DELIVERY_BACKOFF_BASE_SECONDS", 5.0)
+DELIVERY_BACKOFF_CAP_SECONDS = env_float("DELIVERY_BACKOFF_CAP_SECONDS", 3600.0)
+# A delivery `processing` longer than this belonged to a worker that died: re-arm it.
+DELIVERY_STALE_AFTER_SECONDS = env_int("DELIVERY_STALE_AFTER_SECONDS", 600)
+# Time a scheduled (django-q2) inbox pass may use before it yields; below Q_TIMEOUT.
+INBOX_SCHEDULED_PASS_BUDGET_SECONDS = env_float("INBOX_SCHEDULED_PASS_BUDGET_SECONDS", 50.0)
+
 # --- django-q2 -----------------------------------------------------------------------------
 # The ORM broker keeps everything in the one database; `retry` must exceed `timeout` so a
 # task is never handed to a second worker while the first may still run it.

@@ -1,0 +1,407 @@
+"""Flow 2: everything after the ACK — verify, deduplicate, deliver to handlers.
+
+Two kinds of work, each claimed with `SELECT … FOR UPDATE SKIP LOCKED` so any number of
+worker processes on any number of hosts can run side by side without double work:
+
+1. `raw_events_verify_batch` claims `pending` raw events and, in the same short transaction,
+   verifies each on its stored bytes, records the verdict, settles the dedup key (a unique
+   index decides the winner), and creates one Delivery row per registered handler. The
+   transaction commits verdict, dedup key and deliveries together: a crash in between
+   leaves the event `pending` and it is simply claimed again.
+2. `deliveries_run_due` claims due `pending` deliveries (marking them `processing` in a short
+   transaction of its own), then runs each handler in its own transaction that also marks the
+   delivery `done` — so a handler's writes and its "done" commit or roll back together.
+
+Retry, backoff and giving up are properties of the rows (attempts, next_attempt_at, status),
+never control flow held in memory.
+"""
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from eventdrop.errors import EventDropError
+from eventdrop.retry import RetryPolicy
+from ingress.handlers import PermanentHandlerError, get_handler, handlers_for
+from ingress.models import (
+    DedupKey,
+    Delivery,
+    DeliveryAttempt,
+    DeliveryStatus,
+    DispatchStatus,
+    RawEvent,
+    RejectionReason,
+    SignatureStatus,
+)
+from ingress.payloads import UnparseablePayload, parse_payload
+from ingress.sources import all_sources
+from ingress.verifiers import StoredRequest, Verdict, verify
+
+logger = logging.getLogger(__name__)
+
+REPLAY_NOT_VERIFIED = "Event #{id} is {status}, not verified: only verified events are replayed."
+REPLAY_DUPLICATE = "Event #{id} is a duplicate of #{original}: replay the original instead."
+REVERIFY_NOT_REJECTED = "Event #{id} is {status}: only rejected events are re-verified."
+HANDLER_MISSING = "handler {name} is no longer registered"
+
+
+class ReplayRefused(EventDropError):
+    pass
+
+
+class ReverifyRefused(EventDropError):
+    pass
+
+
+def delivery_retry_policy() -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=settings.DELIVERY_MAX_ATTEMPTS,
+        base_seconds=settings.DELIVERY_BACKOFF_BASE_SECONDS,
+        cap_seconds=settings.DELIVERY_BACKOFF_CAP_SECONDS,
+    )
+
+
+# --- 1. verify, dedup, fan out -------------------------------------------------------------
+
+# Headers that identify *what* was sent rather than *this attempt* at sending it; signature
+# and timestamp headers change on every provider retry and would defeat the fallback key.
+_FALLBACK_KEY_HEADERS = ("content-type",)
+
+
+def dedup_key_for(event: RawEvent, verdict: Verdict) -> str:
+    """The provider's own event id when it has one, else a content hash."""
+    if verdict.provider_event_id:
+        return f"id:{verdict.provider_event_id}"[:300]
+    digest = hashlib.sha256()
+    for part in (event.source, event.path, verdict.event_type):
+        digest.update(part.encode("utf-8") + b"\0")
+    for name in _FALLBACK_KEY_HEADERS:
+        digest.update(f"{name}:{event.headers.get(name, '')}".encode() + b"\0")
+    digest.update(bytes(event.body))
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _verdict_for(event: RawEvent) -> Verdict:
+    source = all_sources().get(event.source)
+    if source is None:
+        return Verdict(reason=RejectionReason.UNKNOWN_SOURCE)
+    return verify(
+        source,
+        StoredRequest(headers=event.headers, body=bytes(event.body), received_at=event.received_at),
+    )
+
+
+def _settle_events(events: list[RawEvent], now: datetime) -> None:
+    """Verify, dedup and fan out a batch of locked events. Runs inside the claim transaction."""
+    verdicts = {event.id: _verdict_for(event) for event in events}
+    accepted: list[RawEvent] = []
+    for event in events:
+        verdict = verdicts[event.id]
+        event.verify_count += 1
+        event.verified_at = now
+        event.event_type = verdict.event_type[:255]
+        event.matched_secret_index = verdict.secret_index
+        event.provider_retry_num = verdict.provider_retry_num
+        event.provider_retry_reason = verdict.provider_retry_reason[:64]
+        if verdict.ok:
+            event.signature_status = SignatureStatus.VERIFIED
+            event.rejection_reason = ""
+            event.dedup_key = dedup_key_for(event, verdict)
+            accepted.append(event)
+        else:
+            event.signature_status = SignatureStatus.REJECTED
+            event.rejection_reason = verdict.reason
+            event.dispatch_status = DispatchStatus.NOT_DISPATCHED
+
+    if accepted:
+        # Sorted so that two workers inserting overlapping keys lock them in the same order
+        # (no deadlock); ignore_conflicts is INSERT … ON CONFLICT DO NOTHING, and the SELECT
+        # after it (a fresh snapshot under READ COMMITTED) tells who won each key — another
+        # worker's committed row, or ours.
+        keys = sorted(
+            {(event.source, event.dedup_key): event for event in reversed(accepted)}.items()
+        )
+        DedupKey.objects.bulk_create(
+            [DedupKey(source=s, key=k, raw_event_id=e.id, created_at=now) for (s, k), e in keys],
+            ignore_conflicts=True,
+        )
+        winners = {
+            (row.source, row.key): row.raw_event_id
+            for row in DedupKey.objects.filter(
+                key__in=[key for (_, key), _ in keys], source__in={s for (s, _), _ in keys}
+            )
+        }
+        deliveries: list[Delivery] = []
+        for event in accepted:
+            winner = winners.get((event.source, event.dedup_key))
+            if winner is not None and winner != event.id:
+                event.dispatch_status = DispatchStatus.DUPLICATE
+                event.duplicate_of_id = winner
+                continue
+            specs = handlers_for(event.provider, event.event_type)
+            event.dispatch_status = (
+                DispatchStatus.DISPATCHED if specs else DispatchStatus.NO_HANDLER
+            )
+            deliveries += [
+                Delivery(raw_event_id=event.id, handler=spec.name, next_attempt_at=now)
+                for spec in specs
+            ]
+        Delivery.objects.bulk_create(deliveries, ignore_conflicts=True)
+
+    RawEvent.objects.bulk_update(
+        events,
+        [
+            "signature_status",
+            "rejection_reason",
+            "verify_count",
+            "verified_at",
+            "event_type",
+            "matched_secret_index",
+            "provider_retry_num",
+            "provider_retry_reason",
+            "dedup_key",
+            "duplicate_of",
+            "dispatch_status",
+        ],
+    )
+    for event in events:
+        logger.info(
+            "ingress.verify.settled",
+            extra={
+                "raw_event_id": event.id,
+                "source": event.source,
+                "signature_status": event.signature_status,
+                "reason": event.rejection_reason,
+                "dispatch_status": event.dispatch_status,
+            },
+        )
+
+
+def raw_events_verify_batch(*, limit: int | None = None, now: datetime | None = None) -> int:
+    """Claim up to `limit` pending raw events, settle them, commit. Returns how many."""
+    limit = limit or settings.INBOX_BATCH_SIZE
+    with transaction.atomic():
+        events = list(
+            RawEvent.objects.select_for_update(skip_locked=True)
+            .filter(signature_status=SignatureStatus.PENDING)
+            .order_by("received_at")[:limit]
+        )
+        if events:
+            _settle_events(events, now or timezone.now())
+    return len(events)
+
+
+# --- 2. run deliveries ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    id: int
+    raw_event_id: int
+    handler: str
+    attempts: int
+
+
+def _claim_due_deliveries(limit: int, now: datetime) -> list[_Claimed]:
+    with transaction.atomic():
+        due = list(
+            Delivery.objects.select_for_update(skip_locked=True)
+            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
+            .order_by("next_attempt_at")
+            .values_list("id", "raw_event_id", "handler", "attempts")[:limit]
+        )
+        if due:
+            Delivery.objects.filter(id__in=[row[0] for row in due]).update(
+                status=DeliveryStatus.PROCESSING, claimed_at=now, attempts=F("attempts") + 1
+            )
+    return [
+        _Claimed(id, event_id, handler, attempts + 1) for id, event_id, handler, attempts in due
+    ]
+
+
+def _finish_event_if_handled(raw_event_id: int, now: datetime) -> None:
+    unfinished = Delivery.objects.filter(
+        raw_event_id=raw_event_id,
+        status__in=[DeliveryStatus.PENDING, DeliveryStatus.PROCESSING],
+    )
+    if not unfinished.exists():
+        RawEvent.objects.filter(id=raw_event_id, handled_at__isnull=True).update(handled_at=now)
+
+
+def _run_one(claimed: _Claimed, events: dict[int, RawEvent]) -> str:
+    started = timezone.now()
+    event = events.get(claimed.raw_event_id)
+    spec = get_handler(claimed.handler)
+    error = ""
+    try:
+        if event is None:
+            raise PermanentHandlerError(f"raw event #{claimed.raw_event_id} no longer exists")
+        if spec is None:
+            raise PermanentHandlerError(HANDLER_MISSING.format(name=claimed.handler))
+        payload = parse_payload(event.headers, bytes(event.body))
+        with transaction.atomic():
+            spec.func(event, payload)
+            Delivery.objects.filter(id=claimed.id).update(
+                status=DeliveryStatus.DONE, finished_at=timezone.now(), last_error=""
+            )
+            DeliveryAttempt.objects.create(
+                delivery_id=claimed.id,
+                number=claimed.attempts,
+                started_at=started,
+                finished_at=timezone.now(),
+                outcome=DeliveryAttempt.Outcome.DONE,
+            )
+            _finish_event_if_handled(claimed.raw_event_id, timezone.now())
+        return DeliveryAttempt.Outcome.DONE
+    except (PermanentHandlerError, UnparseablePayload) as exc:
+        outcome = DeliveryAttempt.Outcome.PERMANENT
+        error = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:
+        # Unclassified handler errors are retried: a handler only sees verified events, and a
+        # bug fixed by a deploy should not have killed the event in the meantime. Giving up is
+        # still bounded by max_attempts, and a dead delivery can be re-armed from the admin.
+        outcome = DeliveryAttempt.Outcome.TRANSIENT
+        error = f"{type(exc).__name__}: {exc}"
+    _record_failure(claimed, outcome, error, started)
+    return outcome
+
+
+def _record_failure(claimed: _Claimed, outcome: str, error: str, started: datetime) -> None:
+    policy = delivery_retry_policy()
+    now = timezone.now()
+    if outcome == DeliveryAttempt.Outcome.TRANSIENT and policy.gives_up_after(claimed.attempts):
+        outcome = DeliveryAttempt.Outcome.DEAD
+    with transaction.atomic():
+        if outcome == DeliveryAttempt.Outcome.TRANSIENT:
+            Delivery.objects.filter(id=claimed.id).update(
+                status=DeliveryStatus.PENDING,
+                next_attempt_at=now + timedelta(seconds=policy.delay(claimed.attempts)),
+                claimed_at=None,
+                last_error=error[:4000],
+            )
+        else:
+            Delivery.objects.filter(id=claimed.id).update(
+                status=DeliveryStatus.DEAD, finished_at=now, last_error=error[:4000]
+            )
+        DeliveryAttempt.objects.create(
+            delivery_id=claimed.id,
+            number=claimed.attempts,
+            started_at=started,
+            finished_at=now,
+            outcome=outcome,
+            error=error[:4000],
+        )
+        if outcome != DeliveryAttempt.Outcome.TRANSIENT:
+            _finish_event_if_handled(claimed.raw_event_id, now)
+    logger.warning(
+        "ingress.deliver.failed",
+        extra={
+            "delivery_id": claimed.id,
+            "raw_event_id": claimed.raw_event_id,
+            "handler": claimed.handler,
+            "attempt": claimed.attempts,
+            "outcome": outcome,
+        },
+    )
+
+
+def deliveries_run_due(*, limit: int | None = None, now: datetime | None = None) -> int:
+    """Claim and run up to `limit` due deliveries. Returns how many were run."""
+    claimed = _claim_due_deliveries(limit or settings.INBOX_BATCH_SIZE, now or timezone.now())
+    if not claimed:
+        return 0
+    events = RawEvent.objects.in_bulk({c.raw_event_id for c in claimed})
+    for item in claimed:
+        _run_one(item, events)
+    return len(claimed)
+
+
+def deliveries_rearm_stale(*, now: datetime | None = None) -> int:
+    """Deliveries left `processing` by a worker that died go back to `pending`."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.DELIVERY_STALE_AFTER_SECONDS)
+    count = Delivery.objects.filter(status=DeliveryStatus.PROCESSING, claimed_at__lt=cutoff).update(
+        status=DeliveryStatus.PENDING, claimed_at=None, next_attempt_at=now
+    )
+    if count:
+        logger.warning("ingress.deliver.rearmed_stale", extra={"count": count})
+    return count
+
+
+@dataclass(frozen=True)
+class InboxPass:
+    verified: int
+    delivered: int
+    rearmed: int
+
+    @property
+    def idle(self) -> bool:
+        return not (self.verified or self.delivered or self.rearmed)
+
+
+def inbox_run_once(*, limit: int | None = None) -> InboxPass:
+    """One pass of the worker: re-arm stale, verify a batch, run a batch of deliveries."""
+    rearmed = deliveries_rearm_stale()
+    verified = raw_events_verify_batch(limit=limit)
+    delivered = deliveries_run_due(limit=limit)
+    return InboxPass(verified=verified, delivered=delivered, rearmed=rearmed)
+
+
+# --- operator actions (console, API, commands) ---------------------------------------------
+
+
+@transaction.atomic
+def raw_event_replay(*, raw_event: RawEvent) -> int:
+    """Queue the event to its handlers again. Returns how many deliveries were (re)armed.
+
+    Handlers are idempotent, so a replay is always safe; deliveries that are running right
+    now are left alone (they will finish on their own).
+    """
+    event = RawEvent.objects.select_for_update().get(pk=raw_event.pk)
+    if event.signature_status != SignatureStatus.VERIFIED:
+        raise ReplayRefused(REPLAY_NOT_VERIFIED.format(id=event.id, status=event.signature_status))
+    if event.dispatch_status == DispatchStatus.DUPLICATE:
+        raise ReplayRefused(REPLAY_DUPLICATE.format(id=event.id, original=event.duplicate_of_id))
+    now = timezone.now()
+    # Handlers registered since the event arrived are included: a replay is how an event
+    # that had no handler reaches a new one.
+    for spec in handlers_for(event.provider, event.event_type):
+        Delivery.objects.get_or_create(
+            raw_event_id=event.id,
+            handler=spec.name,
+            defaults={"next_attempt_at": now},
+        )
+    rearmed = (
+        Delivery.objects.filter(raw_event_id=event.id)
+        .exclude(status=DeliveryStatus.PROCESSING)
+        .update(
+            status=DeliveryStatus.PENDING,
+            attempts=0,
+            next_attempt_at=now,
+            claimed_at=None,
+            finished_at=None,
+        )
+    )
+    event.dispatch_status = DispatchStatus.DISPATCHED if rearmed else DispatchStatus.NO_HANDLER
+    event.handled_at = None
+    event.save(update_fields=["dispatch_status", "handled_at"])
+    logger.info("ingress.replay", extra={"raw_event_id": event.id, "deliveries": rearmed})
+    return rearmed
+
+
+@transaction.atomic
+def raw_event_reverify(*, raw_event: RawEvent) -> RawEvent:
+    """Verify a rejected event again now (after a secret was fixed), and route it if it passes."""
+    event = RawEvent.objects.select_for_update().get(pk=raw_event.pk)
+    if event.signature_status != SignatureStatus.REJECTED:
+        raise ReverifyRefused(
+            REVERIFY_NOT_REJECTED.format(id=event.id, status=event.signature_status)
+        )
+    _settle_events([event], timezone.now())
+    return event
