@@ -1,0 +1,56 @@
+"""Signing helpers for tests: each provider's own scheme, through its own SDK where one exists."""
+
+import hashlib
+import hmac
+import json
+import os
+import time
+from datetime import UTC, datetime
+
+import stripe
+from standardwebhooks.webhooks import Webhook
+
+
+def github_headers(
+    body: bytes, *, secret: str | None = None, event: str = "push", delivery: str = "d-1"
+) -> dict[str, str]:
+    secret = secret if secret is not None else _env("GITHUB_WEBHOOK_SECRET")
+    digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return {
+        "HTTP_X_HUB_SIGNATURE_256": f"sha256={digest}",
+        "HTTP_X_GITHUB_EVENT": event,
+        "HTTP_X_GITHUB_DELIVERY": delivery,
+    }
+
+
+def stripe_event(event_id: str, event_type: str, data: dict | None = None) -> bytes:
+    return json.dumps(
+        {"id": event_id, "object": "event", "type": event_type, "data": {"object": data or {}}}
+    ).encode()
+
+
+def stripe_headers(
+    body: bytes, *, secret: str | None = None, timestamp: int | None = None
+) -> dict[str, str]:
+    secret = secret if secret is not None else _env("STRIPE_WEBHOOK_SECRET")
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    signature = stripe.WebhookSignature._compute_signature(f"{timestamp}.{body.decode()}", secret)
+    return {"HTTP_STRIPE_SIGNATURE": f"t={timestamp},v1={signature}"}
+
+
+def standard_headers(
+    body: bytes, *, msg_id: str, secret: str | None = None, timestamp: int | None = None
+) -> dict[str, str]:
+    secret = secret if secret is not None else _env("RENDERER_WEBHOOK_SECRET")
+    when = datetime.fromtimestamp(int(time.time()) if timestamp is None else timestamp, tz=UTC)
+    signature = Webhook(secret).sign(msg_id, when, body.decode())
+    return {
+        "HTTP_WEBHOOK_ID": msg_id,
+        "HTTP_WEBHOOK_TIMESTAMP": str(int(when.timestamp())),
+        "HTTP_WEBHOOK_SIGNATURE": signature,
+    }
+
+
+def _env(name: str) -> str:
+    # eventdrop/settings_test.py puts the test secrets into the environment.
+    return os.environ[name]
