@@ -10,4 +10,10 @@ from django_q.models import Schedule
 SCHEDULES: list[tuple[str, str, str, int | None]] = [
     # Safety net behind the long-running `process_inbox` worker (Flow 2).
     ("ingress.inbox_pass", "ingress.tasks.inbox_pass", Schedule.MINUTES, 1),
+    (
+        "ingress.raw_event_partitions",
+        "ingress.partitions.raw_event_partitions_maintain",
+        Schedule.MINUTES,
+        60,
+    ),
 ]
