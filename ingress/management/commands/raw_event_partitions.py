@@ -1,0 +1,24 @@
+from django.core.management.base import BaseCommand
+
+from ingress.partitions import raw_event_partitions_maintain
+
+
+class Command(BaseCommand):
+    help = (
+        "Maintain the raw event store: create daily partitions ahead, move rows out of the "
+        "DEFAULT partition, drop partitions past RAW_EVENT_RETENTION_DAYS (never one with "
+        "events in flight) and delete rejected events past their shorter retention. "
+        "Also runs hourly as the django-q2 schedule ingress.raw_event_partitions."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Only report what would be done; change nothing.",
+        )
+
+    def handle(self, *args, dry_run: bool = False, **options):
+        result = raw_event_partitions_maintain(dry_run=dry_run)
+        for line in result.lines():
+            self.stdout.write(line)

@@ -1,0 +1,450 @@
+"""Daily partitions of the raw event store, and its retention.
+
+On PostgreSQL `ingress_rawevent` is partitioned by range on `received_at` (migration 0001),
+one partition per UTC day named `ingress_rawevent_pYYYYMMDD` covering `[day, day + 1)`, plus
+the DEFAULT partition `ingress_rawevent_default`, which exists so that an INSERT never fails
+because this maintenance lagged. `raw_event_partitions_maintain` (hourly, django-q2, and
+`manage.py raw_event_partitions`) does, in this order:
+
+1. create the partitions from yesterday through today + RAW_EVENT_PARTITIONS_AHEAD_DAYS, and
+   one for every day whose rows sit in the DEFAULT partition, moving those rows in;
+2. delete rejected events older than RAW_EVENT_REJECTED_RETENTION_DAYS (forensics only);
+3. drop the partitions whose whole day is older than RAW_EVENT_RETENTION_DAYS, unless one of
+   their events is still in flight: not yet verified (`signature_status='pending'`) or with a
+   delivery that has not finished (`pending`/`processing`). Such a partition is kept and
+   retried on the next run.
+
+Deleting or dropping an event deletes its dedup key, its deliveries and their attempts first:
+they point at raw events without a database foreign key (see ingress/models.py), so nothing
+else would. On a plain table (SQLite) the same retention rules are applied with DELETEs, row
+by row instead of day by day.
+
+Every step is its own short transaction: the locks that ATTACH and DROP need are held for
+milliseconds, not for the whole run. Each step first takes a transaction-level advisory lock
+with `pg_try_advisory_xact_lock`, so a second run (another host, an overlapping schedule)
+stops instead of racing, and re-reads the catalog under that lock, so it never repeats work
+the other run did. Identifiers and partition bounds are formatted here from `date` objects;
+no input reaches the SQL text.
+"""
+
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+
+from django.conf import settings
+from django.db import OperationalError, connection, transaction
+from django.db.backends.utils import CursorWrapper
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from ingress.models import DedupKey, Delivery, DeliveryAttempt, DeliveryStatus, RawEvent
+from ingress.models import SignatureStatus as Status
+
+logger = logging.getLogger(__name__)
+
+PARENT_TABLE = RawEvent._meta.db_table
+DEFAULT_PARTITION = f"{PARENT_TABLE}_default"
+_PARTITION_NAME = re.compile(rf"^{PARENT_TABLE}_p(\d{{4}})(\d{{2}})(\d{{2}})$")
+
+# Any fixed 64-bit number works; it only has to differ from other advisory lock users of
+# this database. Transaction-level, so a crashed run can never leave it held.
+_ADVISORY_LOCK_KEY = 0x696E_6772_6573_7370  # b"ingressp"
+# ATTACH and DROP wait for conflicting locks, and while they wait every new query that needs
+# the same table queues behind them, webhook INSERTs included. Give up quickly instead and
+# leave the step to the next run.
+_LOCK_TIMEOUT = "1s"
+_LOCK_NOT_AVAILABLE = "55P03"
+# Each run deletes rejected events that crossed their retention line within this window.
+# Looking further back would scan every partition between the rejected and the full
+# retention every hour; rows that slipped past the window (maintenance stopped for longer)
+# still go with their partition at the full retention.
+REJECTED_SWEEP_WINDOW = timedelta(days=2)
+
+# Two equalities rather than `status IN (...)`: each matches the predicate of one partial
+# index (delivery_due, delivery_processing), so the planner can read only unfinished rows.
+_UNFINISHED_DELIVERY = Q(status=DeliveryStatus.PENDING) | Q(status=DeliveryStatus.PROCESSING)
+
+
+@dataclass
+class PartitionMaintenance:
+    """What one run did (or, with dry_run, would do)."""
+
+    partitioned: bool
+    dry_run: bool = False
+    # Another run held the maintenance lock; this one stopped where it was.
+    lock_busy: bool = False
+    created: list[str] = field(default_factory=list)
+    # Partition name -> rows moved into it from the DEFAULT partition.
+    moved_from_default: dict[str, int] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    # Past retention but kept: some event in it is still in flight.
+    kept_in_flight: list[str] = field(default_factory=list)
+    # Steps that gave up on a lock timeout; the next run retries them.
+    deferred: list[str] = field(default_factory=list)
+    rejected_deleted: int = 0
+    # Plain table only: expired rows deleted, and expired rows kept because in flight.
+    expired_deleted: int = 0
+    expired_kept_in_flight: int = 0
+
+    def lines(self) -> list[str]:
+        would = "would " if self.dry_run else ""
+        out: list[str] = []
+        if self.lock_busy:
+            out.append("another maintenance run holds the lock; stopped (it does the work)")
+        if not self.partitioned:
+            out.append(
+                f"partitions do not apply: {PARENT_TABLE} is a plain table on "
+                f"{connection.vendor}; retention applied with DELETEs"
+            )
+            out.append(f"{would}delete {self.expired_deleted} events past retention")
+            out.append(f"kept {self.expired_kept_in_flight} expired events still in flight")
+        if self.partitioned and not (self.created or self.lock_busy):
+            out.append(f"{would}create no partition: all exist")
+        for name in self.created:
+            moved = self.moved_from_default.get(name, 0)
+            suffix = f", {would}move {moved} rows from the default partition" if moved else ""
+            out.append(f"{would}create {name}{suffix}")
+        out.extend(f"{would}drop {name}" for name in self.dropped)
+        out.extend(f"keep {name}: events still in flight" for name in self.kept_in_flight)
+        if self.partitioned and not (self.dropped or self.kept_in_flight or self.lock_busy):
+            out.append("no partition past retention")
+        out.extend(f"deferred {step}: lock timeout, next run retries" for step in self.deferred)
+        out.append(f"{would}delete {self.rejected_deleted} rejected events past their retention")
+        return out
+
+
+class _LockHeld(Exception):
+    """Another maintenance run holds the advisory lock."""
+
+
+def partition_name(day: date) -> str:
+    return f"{PARENT_TABLE}_p{day:%Y%m%d}"
+
+
+def _day_start(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=UTC)
+
+
+def _day_events(day: date) -> QuerySet[RawEvent]:
+    # A range on the partition key: PostgreSQL prunes the scan to that day's partition.
+    return RawEvent.objects.filter(
+        received_at__gte=_day_start(day), received_at__lt=_day_start(day + timedelta(days=1))
+    )
+
+
+def _in_flight() -> Q:
+    unfinished = Delivery.objects.filter(_UNFINISHED_DELIVERY).values("raw_event_id")
+    return Q(signature_status=Status.PENDING) | Q(id__in=unfinished)
+
+
+def _has_in_flight(events: QuerySet[RawEvent]) -> bool:
+    # The two halves of _in_flight() as two queries: ORed in one, they force a scan of the
+    # whole day; apart, each is an index lookup.
+    unfinished = Delivery.objects.filter(_UNFINISHED_DELIVERY).values("raw_event_id")
+    return (
+        events.filter(signature_status=Status.PENDING).exists()
+        or events.filter(id__in=unfinished).exists()
+    )
+
+
+def _delete_dependents(events: QuerySet[RawEvent]) -> None:
+    """Delete the dedup keys, deliveries and attempts of `events`; they would dangle.
+
+    Plain DELETEs with the events as a subquery rather than QuerySet.delete(): to cascade
+    from deliveries to attempts, Django's collector would load every delivery of a whole day
+    into memory, for attempts that the first statement deletes anyway.
+    """
+    ids_sql, params = events.values("id").query.sql_with_params()
+    qn = connection.ops.quote_name
+    attempt, delivery, dedup = (
+        qn(DeliveryAttempt._meta.db_table),
+        qn(Delivery._meta.db_table),
+        qn(DedupKey._meta.db_table),
+    )
+    # Table names come from model metadata and the subquery from the ORM: no input here.
+    statements = [
+        f"DELETE FROM {attempt} WHERE delivery_id IN "  # noqa: S608
+        f"(SELECT id FROM {delivery} WHERE raw_event_id IN ({ids_sql}))",
+        f"DELETE FROM {delivery} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
+        f"DELETE FROM {dedup} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
+    ]
+    with connection.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement, params)
+
+
+def _delete_events(events: QuerySet[RawEvent]) -> int:
+    _delete_dependents(events)
+    # Every relation into RawEvent is DO_NOTHING, so this is one DELETE, no collector.
+    deleted, _ = events.delete()
+    return deleted
+
+
+def _rejected_expired(now: datetime) -> QuerySet[RawEvent]:
+    days = getattr(settings, "RAW_EVENT_REJECTED_RETENTION_DAYS", 30)
+    cutoff = now - timedelta(days=days)
+    unfinished = Delivery.objects.filter(_UNFINISHED_DELIVERY).values("raw_event_id")
+    return RawEvent.objects.filter(
+        signature_status=Status.REJECTED,
+        received_at__gte=cutoff - REJECTED_SWEEP_WINDOW,
+        received_at__lt=cutoff,
+    ).exclude(id__in=unfinished)
+
+
+def _expiry_boundary(now: datetime, retention_days: int) -> datetime:
+    """Events before this instant are past retention: a whole UTC day, like a partition."""
+    return _day_start((now - timedelta(days=retention_days)).astimezone(UTC).date())
+
+
+def _defer_on_lock_timeout(
+    exc: OperationalError, result: "PartitionMaintenance", step: str
+) -> None:
+    """Record `step` as deferred if it failed on lock_timeout; re-raise anything else."""
+    if getattr(exc.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+        raise exc
+    logger.warning("ingress.partitions.lock_timeout", extra={"step": step})
+    result.deferred.append(step)
+
+
+@contextmanager
+def _locked_step() -> Iterator[CursorWrapper]:
+    """One short transaction holding the maintenance lock, or _LockHeld."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_ADVISORY_LOCK_KEY])
+        if not cursor.fetchone()[0]:
+            raise _LockHeld
+        cursor.execute(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'")
+        yield cursor
+
+
+def _is_partitioned() -> bool:
+    if connection.vendor != "postgresql":
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [PARENT_TABLE])
+        row = cursor.fetchone()
+    return row is not None and row[0] == "p"
+
+
+def _attached_partitions(cursor: CursorWrapper) -> dict[date, str]:
+    """The daily partitions attached now, by day (other partitions, DEFAULT too, ignored)."""
+    cursor.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = to_regclass(%s)",
+        [PARENT_TABLE],
+    )
+    days: dict[date, str] = {}
+    for (name,) in cursor.fetchall():
+        if match := _PARTITION_NAME.match(name):
+            year, month, day = (int(part) for part in match.groups())
+            days[date(year, month, day)] = name
+    return days
+
+
+def _default_rows_by_day(cursor: CursorWrapper) -> dict[date, int]:
+    # Normally empty, so this scan costs nothing; rows here mean maintenance lagged.
+    cursor.execute(
+        "SELECT (received_at AT TIME ZONE 'UTC')::date, count(*) "  # noqa: S608
+        f"FROM ONLY {connection.ops.quote_name(DEFAULT_PARTITION)} GROUP BY 1"
+    )
+    return dict(cursor.fetchall())
+
+
+def _bound(day: date) -> str:
+    return f"'{day:%Y-%m-%d} 00:00:00+00'"
+
+
+def _create_partition(day: date) -> int | None:
+    """Create and attach the partition of `day`, moving its rows out of the DEFAULT partition.
+
+    PostgreSQL refuses a new partition for a range the DEFAULT partition holds rows in, so
+    the table is created standalone, filled from the default, and only then attached. That is
+    also the cheaper way when the default is empty: CREATE TABLE ... PARTITION OF takes an
+    ACCESS EXCLUSIVE lock on the parent, which would block webhook INSERTs, while ATTACH only
+    takes SHARE UPDATE EXCLUSIVE on it (plus ACCESS EXCLUSIVE on the default partition, which
+    INSERTs routed to a daily partition never touch).
+
+    Returns the rows moved, or None when another run created the partition meanwhile.
+    """
+    qn = connection.ops.quote_name
+    parent, default, name = qn(PARENT_TABLE), qn(DEFAULT_PARTITION), qn(partition_name(day))
+    with _locked_step() as cursor:
+        if day in _attached_partitions(cursor):
+            return None
+        # Parent before default, the order ATTACH itself locks them in. The default is locked
+        # up front so no INSERT for this day lands in it between the move and the ATTACH
+        # (which would then fail), and so ATTACH does not have to upgrade a weaker lock.
+        cursor.execute(f"LOCK TABLE ONLY {parent} IN SHARE UPDATE EXCLUSIVE MODE")
+        cursor.execute(f"LOCK TABLE {default} IN ACCESS EXCLUSIVE MODE")
+        cursor.execute(
+            f"CREATE TABLE {name} (LIKE {parent} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+        )
+        cursor.execute(
+            f"WITH moved AS (DELETE FROM ONLY {default} "  # noqa: S608
+            "WHERE received_at >= %s AND received_at < %s RETURNING *) "
+            f"INSERT INTO {name} SELECT * FROM moved",
+            [_day_start(day), _day_start(day + timedelta(days=1))],
+        )
+        moved = cursor.rowcount
+        # ATTACH builds the parent's indexes on the new partition.
+        cursor.execute(
+            f"ALTER TABLE {parent} ATTACH PARTITION {name} "
+            f"FOR VALUES FROM ({_bound(day)}) TO ({_bound(day + timedelta(days=1))})"
+        )
+    return moved
+
+
+def _drop_partition(day: date, name: str) -> bool:
+    """Drop the partition of `day` unless an event in it is in flight; True if dropped.
+
+    Two steps. First, holding no table lock, check and delete the dependents (the slow part,
+    proportional to the day's volume). Then lock the parent, which DROP needs in ACCESS
+    EXCLUSIVE mode anyway, check again, delete what was added in between (normally nothing)
+    and drop. Holding the parent lock *before* the second check is what makes it final: a
+    replay or re-verification that read an event of this day has to commit (and its delivery
+    is seen) before the lock is granted, and one that starts later waits and then finds
+    nothing. Webhook INSERTs wait for that second step only, a few milliseconds.
+    """
+    events = _day_events(day)
+    with _locked_step():
+        if _has_in_flight(events):
+            return False
+        _delete_dependents(events)
+    with _locked_step() as cursor:
+        cursor.execute(
+            f"LOCK TABLE ONLY {connection.ops.quote_name(PARENT_TABLE)} IN ACCESS EXCLUSIVE MODE"
+        )
+        if _attached_partitions(cursor).get(day) != name:
+            return True  # another run dropped it meanwhile
+        if _has_in_flight(events):
+            return False
+        _delete_dependents(events)
+        cursor.execute(f"DROP TABLE {connection.ops.quote_name(name)}")
+    return True
+
+
+def raw_event_partitions_maintain(
+    *,
+    now: datetime | None = None,
+    days_ahead: int | None = None,
+    retention_days: int | None = None,
+    dry_run: bool = False,
+) -> PartitionMaintenance:
+    """Create partitions ahead, empty the DEFAULT partition, apply retention (module doc)."""
+    now = now or timezone.now()
+    if days_ahead is None:
+        days_ahead = settings.RAW_EVENT_PARTITIONS_AHEAD_DAYS
+    if retention_days is None:
+        retention_days = settings.RAW_EVENT_RETENTION_DAYS
+    boundary = _expiry_boundary(now, retention_days)
+
+    if not _is_partitioned():
+        result = _maintain_plain_table(now=now, boundary=boundary, dry_run=dry_run)
+    elif dry_run:
+        result = _plan_partitions(now=now, days_ahead=days_ahead, boundary=boundary)
+    else:
+        result = PartitionMaintenance(partitioned=True)
+        try:
+            _maintain_partitions(result, now=now, days_ahead=days_ahead, boundary=boundary)
+        except _LockHeld:
+            result.lock_busy = True
+    logger.info(
+        "ingress.partitions.maintained",
+        extra={
+            "dry_run": dry_run,
+            "lock_busy": result.lock_busy,
+            "partitions_created": len(result.created),
+            "rows_moved_from_default": sum(result.moved_from_default.values()),
+            "partitions_dropped": len(result.dropped),
+            "partitions_kept_in_flight": len(result.kept_in_flight),
+            "steps_deferred": len(result.deferred),
+            "rejected_deleted": result.rejected_deleted,
+            "expired_deleted": result.expired_deleted,
+        },
+    )
+    return result
+
+
+def _days_to_create(
+    cursor: CursorWrapper, *, now: datetime, days_ahead: int
+) -> tuple[list[date], dict[date, int], dict[date, str]]:
+    today = now.astimezone(UTC).date()
+    wanted = {today + timedelta(days=offset) for offset in range(-1, days_ahead + 1)}
+    in_default = _default_rows_by_day(cursor)
+    attached = _attached_partitions(cursor)
+    return sorted((wanted | set(in_default)) - set(attached)), in_default, attached
+
+
+def _expired_days(attached: dict[date, str], boundary: datetime) -> list[date]:
+    return sorted(day for day in attached if _day_start(day + timedelta(days=1)) <= boundary)
+
+
+def _maintain_partitions(
+    result: PartitionMaintenance, *, now: datetime, days_ahead: int, boundary: datetime
+) -> None:
+    with connection.cursor() as cursor:
+        missing, _, _ = _days_to_create(cursor, now=now, days_ahead=days_ahead)
+    for day in missing:
+        try:
+            moved = _create_partition(day)
+        except OperationalError as exc:
+            _defer_on_lock_timeout(exc, result, f"create {partition_name(day)}")
+            continue
+        if moved is not None:
+            result.created.append(partition_name(day))
+            if moved:
+                result.moved_from_default[partition_name(day)] = moved
+
+    try:
+        with _locked_step():
+            result.rejected_deleted = _delete_events(_rejected_expired(now))
+    except OperationalError as exc:
+        # A row lock held by a re-verification, say: lock_timeout covers those too.
+        _defer_on_lock_timeout(exc, result, "delete rejected events")
+
+    with connection.cursor() as cursor:
+        attached = _attached_partitions(cursor)
+    for day in _expired_days(attached, boundary):
+        name = attached[day]
+        try:
+            dropped = _drop_partition(day, name)
+        except OperationalError as exc:
+            _defer_on_lock_timeout(exc, result, f"drop {name}")
+            break  # every drop needs the same parent lock: the others would time out too
+        (result.dropped if dropped else result.kept_in_flight).append(name)
+
+
+def _plan_partitions(*, now: datetime, days_ahead: int, boundary: datetime) -> PartitionMaintenance:
+    result = PartitionMaintenance(partitioned=True, dry_run=True)
+    with connection.cursor() as cursor:
+        missing, in_default, attached = _days_to_create(cursor, now=now, days_ahead=days_ahead)
+    for day in missing:
+        result.created.append(partition_name(day))
+        if in_default.get(day):
+            result.moved_from_default[partition_name(day)] = in_default[day]
+    result.rejected_deleted = _rejected_expired(now).count()
+    for day in _expired_days(attached, boundary):
+        in_flight = _has_in_flight(_day_events(day))
+        (result.kept_in_flight if in_flight else result.dropped).append(attached[day])
+    return result
+
+
+def _maintain_plain_table(
+    *, now: datetime, boundary: datetime, dry_run: bool
+) -> PartitionMaintenance:
+    result = PartitionMaintenance(partitioned=False, dry_run=dry_run)
+    expired = RawEvent.objects.filter(received_at__lt=boundary)
+    with transaction.atomic():
+        result.expired_kept_in_flight = expired.filter(_in_flight()).count()
+        doomed = expired.exclude(_in_flight())
+        rejected = _rejected_expired(now)
+        if dry_run:
+            result.expired_deleted = doomed.count()
+            result.rejected_deleted = rejected.count()
+        else:
+            result.expired_deleted = _delete_events(doomed)
+            result.rejected_deleted = _delete_events(rejected)
+    return result
