@@ -51,7 +51,7 @@ _PARTITION_NAME = re.compile(rf"^{PARENT_TABLE}_p(\d{{4}})(\d{{2}})(\d{{2}})$")
 
 # Any fixed 64-bit number works; it only has to differ from other advisory lock users of
 # this database. Transaction-level, so a crashed run can never leave it held.
-_ADVISORY_LOCK_KEY = 0x696E_6772_6573_7370  # b"ingressp"
+MAINTENANCE_LOCK_KEY = 0x696E_6772_6573_7370  # b"ingressp"
 # ATTACH and DROP wait for conflicting locks, and while they wait every new query that needs
 # the same table queues behind them, webhook INSERTs included. Give up quickly instead and
 # leave the step to the next run.
@@ -213,7 +213,7 @@ def _defer_on_lock_timeout(
 def _locked_step() -> Iterator[CursorWrapper]:
     """One short transaction holding the maintenance lock, or _LockHeld."""
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_ADVISORY_LOCK_KEY])
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [MAINTENANCE_LOCK_KEY])
         if not cursor.fetchone()[0]:
             raise _LockHeld
         cursor.execute(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'")
