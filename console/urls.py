@@ -1,4 +1,17 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
+
+from console import apis
 
 app_name = "console"
-urlpatterns: list = []
+urlpatterns = [
+    path("raw-events/", apis.RawEventListApi.as_view(), name="raw-event-list"),
+    path(
+        "raw-events/<int:raw_event_id>/",
+        apis.RawEventDetailApi.as_view(),
+        name="raw-event-detail",
+    ),
+    path("raw-events/replay/", apis.RawEventReplayApi.as_view(), name="raw-event-replay"),
+    path("raw-events/reverify/", apis.RawEventReverifyApi.as_view(), name="raw-event-reverify"),
+    path("queues/", apis.QueueDepthsApi.as_view(), name="queue-depths"),
+    path("operator-actions/", apis.OperatorActionListApi.as_view(), name="operator-action-list"),
+]

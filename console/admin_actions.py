@@ -1,0 +1,144 @@
+"""The confirmation flow every operator action in the admin goes through.
+
+Like Django's "delete selected": the first POST (from the changelist or a detail page's
+button) shows how many rows the action will touch, how they split by status, and asks for
+confirmation; the second POST (`post=yes`) calls the console service and reports per-row
+outcomes as admin messages, linked to the OperatorAction that recorded it.
+
+The confirmation page posts back the exact ids it counted, never "all matching the
+filter": rows arriving between the two clicks are not silently included.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from console.models import ItemOutcome, OperatorAction, OperatorActionOutcome
+from console.services import BULK_LIMIT, NOTE_REQUIRED, TOO_MANY_SELECTED, OperatorActionError
+
+# At most this many selected rows are listed by name on the confirmation page; all of them
+# are counted and all of them are acted on.
+LISTED_OBJECTS = 50
+# At most this many refusals/errors are spelled out in the result message.
+DETAILED_RESULTS = 10
+
+ACTION_RECORDED = "{verb}: {succeeded} succeeded, {refused} refused, {failed} failed"
+
+
+@dataclass(frozen=True)
+class ConfirmSpec:
+    verb: str  # "Replay", "Re-verify", ... — the button and the result message
+    description: str  # one sentence: what happens to each selected row
+    run: Callable[[HttpRequest, Sequence[int], str], OperatorAction]
+    breakdown: Callable[[Sequence[int]], list[tuple[str, int]]] | None = None
+    warnings: Sequence[str] = field(default_factory=tuple)
+    note_label: str = ""  # non-empty: a reason is asked for, required, and recorded
+
+
+def _safe_next(request: HttpRequest) -> str | None:
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return None
+
+
+def _report(request: HttpRequest, spec: ConfirmSpec, record: OperatorAction) -> None:
+    link = reverse("admin:console_operatoraction_change", args=[record.pk])
+    summary = ACTION_RECORDED.format(
+        verb=spec.verb,
+        succeeded=record.succeeded,
+        refused=record.refused,
+        failed=record.failed,
+    )
+    level = {
+        OperatorActionOutcome.SUCCEEDED: messages.SUCCESS,
+        OperatorActionOutcome.PARTIAL: messages.WARNING,
+        OperatorActionOutcome.REFUSED: messages.ERROR,
+        OperatorActionOutcome.FAILED: messages.ERROR,
+    }[record.outcome]
+    messages.add_message(
+        request,
+        level,
+        format_html(
+            '{} (recorded as <a href="{}">operator action #{}</a>).', summary, link, record.pk
+        ),
+    )
+    for item in record.results:
+        if item["outcome"] == ItemOutcome.OK and len(record.results) <= DETAILED_RESULTS:
+            messages.info(request, f"#{item['id']}: {item['detail']}")
+    problems = [item for item in record.results if item["outcome"] != ItemOutcome.OK]
+    for item in problems[:DETAILED_RESULTS]:
+        messages.add_message(request, level, f"#{item['id']}: {item['detail']}")
+    if len(problems) > DETAILED_RESULTS:
+        messages.add_message(
+            request, level, f"… and {len(problems) - DETAILED_RESULTS} more, see the record."
+        )
+
+
+def confirm_operator_action(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet,
+    spec: ConfirmSpec,
+) -> HttpResponse | None:
+    """Render the confirmation page, or (on `post=yes`) run the action and report it."""
+    ids = list(queryset.order_by("-pk").values_list("pk", flat=True)[: BULK_LIMIT + 1])
+    if len(ids) > BULK_LIMIT:
+        modeladmin.message_user(
+            request,
+            TOO_MANY_SELECTED.format(count=f"More than {BULK_LIMIT}", limit=BULK_LIMIT),
+            messages.ERROR,
+        )
+        return None
+
+    note = request.POST.get("note", "").strip()
+    error = ""
+    if request.POST.get("post") == "yes":
+        if spec.note_label and not note:
+            error = NOTE_REQUIRED
+        else:
+            try:
+                record = spec.run(request, ids, note)
+            except OperatorActionError as exc:
+                modeladmin.message_user(request, str(exc), messages.ERROR)
+                return None
+            _report(request, spec, record)
+            target = _safe_next(request)
+            return HttpResponseRedirect(target) if target else None
+
+    opts = modeladmin.model._meta
+    listed = list(queryset.order_by("-pk")[:LISTED_OBJECTS])
+    noun = opts.verbose_name if len(ids) == 1 else opts.verbose_name_plural
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": f"{spec.verb} {len(ids)} {noun}?",
+        "subtitle": None,
+        "opts": opts,
+        "spec": spec,
+        "count": len(ids),
+        "ids": ids,
+        "listed": [
+            (obj, reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk]))
+            for obj in listed
+        ],
+        "unlisted": max(len(ids) - len(listed), 0),
+        "breakdown": spec.breakdown(ids) if spec.breakdown else [],
+        "action_name": request.POST.get("action", ""),
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "next": _safe_next(request) or "",
+        "note": note,
+        "error": error,
+        "media": modeladmin.media,
+    }
+    request.current_app = modeladmin.admin_site.name
+    return TemplateResponse(request, "console/admin/confirm_action.html", context)

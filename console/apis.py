@@ -1,0 +1,296 @@
+"""The console's JSON API: the same reads and operator actions as the admin, same rules.
+
+Staff only (IsAdminUser, the project default) plus the admin's own permissions: reading raw
+events needs `ingress.view_rawevent`, bodies and headers `ingress.view_raw_payload`, and
+every action `console.operate`. Bad input is a 4xx with the field that was wrong.
+"""
+
+from django.shortcuts import get_object_or_404
+from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.permissions import BasePermission, IsAdminUser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.models import OperatorAction, OperatorActionVia
+from console.presentation import body_for_api, seconds_between
+from console.selectors import (
+    PAYLOAD_FIELDS,
+    operator_action_list,
+    queue_depths,
+    raw_event_deliveries,
+    raw_event_list,
+    raw_event_search,
+)
+from console.services import (
+    BULK_LIMIT,
+    OperatorActionError,
+    raw_events_replay,
+    raw_events_reverify,
+)
+from ingress.models import (
+    Delivery,
+    DeliveryAttempt,
+    DispatchStatus,
+    RawEvent,
+    RejectionReason,
+    SignatureStatus,
+)
+
+VIEW_PAYLOAD_PERMISSION = "ingress.view_raw_payload"
+BODY_SEARCH_FORBIDDEN = "Searching body text needs the permission ingress.view_raw_payload."
+PAYLOAD_FORBIDDEN = "Including bodies and headers needs the permission ingress.view_raw_payload."
+PAGINATION_PARAMS = {"limit", "offset"}
+# PostgreSQL bigint: a larger id is bad input, not a database error.
+MAX_ID = 2**63 - 1
+
+
+def has_perm(permission: str) -> type[BasePermission]:
+    class HasPermission(BasePermission):
+        message = f"This needs the permission {permission}."
+
+        def has_permission(self, request, view):
+            return request.user.has_perm(permission)
+
+    return HasPermission
+
+
+class IdsInputSerializer(serializers.Serializer):
+    ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=MAX_ID),
+        allow_empty=False,
+        max_length=BULK_LIMIT,
+    )
+
+
+class OperatorActionOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = OperatorAction
+        fields = (
+            "id",
+            "actor_username",
+            "action",
+            "via",
+            "target_model",
+            "target_ids",
+            "requested",
+            "succeeded",
+            "refused",
+            "failed",
+            "outcome",
+            "results",
+            "note",
+            "started_at",
+            "finished_at",
+        )
+
+
+class RawEventOutputSerializer(serializers.ModelSerializer):
+    verify_lag_seconds = serializers.SerializerMethodField()
+    handle_lag_seconds = serializers.SerializerMethodField()
+
+    class Meta:
+        model = RawEvent
+        fields = (
+            "id",
+            "source",
+            "provider",
+            "event_type",
+            "method",
+            "path",
+            "query_string",
+            "remote_addr",
+            "received_at",
+            "delivery_id",
+            "body_sha256",
+            "signature_status",
+            "rejection_reason",
+            "matched_secret_index",
+            "verified_at",
+            "verify_count",
+            "provider_retry_num",
+            "provider_retry_reason",
+            "dedup_key",
+            "duplicate_of",
+            "dispatch_status",
+            "handled_at",
+            "verify_lag_seconds",
+            "handle_lag_seconds",
+        )
+
+    def get_verify_lag_seconds(self, obj: RawEvent) -> float | None:
+        return seconds_between(obj.received_at, obj.verified_at)
+
+    def get_handle_lag_seconds(self, obj: RawEvent) -> float | None:
+        return seconds_between(obj.verified_at, obj.handled_at)
+
+
+class RawEventWithPayloadOutputSerializer(RawEventOutputSerializer):
+    headers = serializers.JSONField()
+    body = serializers.SerializerMethodField()
+
+    class Meta(RawEventOutputSerializer.Meta):
+        fields = (*RawEventOutputSerializer.Meta.fields, "headers", "body")
+
+    def get_body(self, obj: RawEvent) -> dict:
+        return body_for_api(bytes(obj.body))
+
+
+class DeliveryAttemptOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = DeliveryAttempt
+        fields = ("number", "started_at", "finished_at", "outcome", "error")
+
+
+class DeliveryOutputSerializer(serializers.ModelSerializer):
+    history = DeliveryAttemptOutputSerializer(many=True)
+
+    class Meta:
+        model = Delivery
+        fields = (
+            "id",
+            "handler",
+            "status",
+            "attempts",
+            "next_attempt_at",
+            "claimed_at",
+            "last_error",
+            "created_at",
+            "finished_at",
+            "history",
+        )
+
+
+def _raw_event_serializer(request: Request) -> type[RawEventOutputSerializer]:
+    if request.user.has_perm(VIEW_PAYLOAD_PERMISSION):
+        return RawEventWithPayloadOutputSerializer
+    return RawEventOutputSerializer
+
+
+def _operator_action_response(record: OperatorAction) -> Response:
+    return Response(OperatorActionOutputSerializer(record).data)
+
+
+def _run_action(request: Request, run) -> Response:
+    serializer = IdsInputSerializer(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    try:
+        record = run(serializer.validated_data["ids"])
+    except OperatorActionError as exc:
+        # Unknown ids, too many, none: nothing was done and nothing recorded.
+        raise serializers.ValidationError({"ids": [str(exc)]}) from exc
+    return _operator_action_response(record)
+
+
+class RawEventListApi(APIView):
+    permission_classes = (IsAdminUser, has_perm("ingress.view_rawevent"))
+
+    class FilterSerializer(serializers.Serializer):
+        source = serializers.CharField(required=False, max_length=64)
+        provider = serializers.CharField(required=False, max_length=32)
+        status = serializers.ChoiceField(choices=SignatureStatus.choices, required=False)
+        reason = serializers.ChoiceField(choices=RejectionReason.choices, required=False)
+        dispatch_status = serializers.ChoiceField(choices=DispatchStatus.choices, required=False)
+        event_type = serializers.CharField(required=False, max_length=255)
+        delivery_id = serializers.CharField(required=False, max_length=255)
+        dedup_key = serializers.CharField(required=False, max_length=300)
+        received_after = serializers.DateTimeField(required=False)
+        received_before = serializers.DateTimeField(required=False)
+        q = serializers.CharField(required=False, max_length=500)
+        body_contains = serializers.CharField(required=False, max_length=500)
+        include_payload = serializers.BooleanField(required=False, default=False)
+
+        def validate(self, attrs):
+            # A misspelt filter must not quietly return every event.
+            unknown = sorted(set(self.initial_data) - set(self.fields) - PAGINATION_PARAMS)
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown filter."] for name in unknown})
+            after, before = attrs.get("received_after"), attrs.get("received_before")
+            if after and before and after >= before:
+                raise serializers.ValidationError(
+                    {"received_before": ["Must be later than received_after."]}
+                )
+            return attrs
+
+    def get(self, request: Request) -> Response:
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        params = dict(filters.validated_data)
+        may_read_payload = request.user.has_perm(VIEW_PAYLOAD_PERMISSION)
+        if params.get("body_contains") and not may_read_payload:
+            raise PermissionDenied(BODY_SEARCH_FORBIDDEN)
+        include_payload = params.pop("include_payload")
+        if include_payload and not may_read_payload:
+            raise PermissionDenied(PAYLOAD_FORBIDDEN)
+        query = params.pop("q", "")
+        params["signature_status"] = params.pop("status", "")
+        params["rejection_reason"] = params.pop("reason", "")
+        queryset = raw_event_list(**params, include_payload=include_payload)
+        if query:
+            queryset = raw_event_search(
+                queryset=queryset, query=query, include_body=may_read_payload
+            )
+
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(queryset, request, view=self)
+        serializer_class = (
+            RawEventWithPayloadOutputSerializer if include_payload else RawEventOutputSerializer
+        )
+        return paginator.get_paginated_response(serializer_class(page, many=True).data)
+
+
+class RawEventDetailApi(APIView):
+    permission_classes = (IsAdminUser, has_perm("ingress.view_rawevent"))
+
+    def get(self, request: Request, raw_event_id: int) -> Response:
+        queryset = RawEvent.objects.all()
+        if not request.user.has_perm(VIEW_PAYLOAD_PERMISSION):
+            queryset = queryset.defer(*PAYLOAD_FIELDS)
+        event = get_object_or_404(queryset, pk=raw_event_id)
+        data = _raw_event_serializer(request)(event).data
+        data["deliveries"] = DeliveryOutputSerializer(
+            raw_event_deliveries(raw_event_id=event.pk), many=True
+        ).data
+        return Response(data)
+
+
+class RawEventReplayApi(APIView):
+    permission_classes = (IsAdminUser, has_perm("console.operate"))
+
+    def post(self, request: Request) -> Response:
+        return _run_action(
+            request,
+            lambda ids: raw_events_replay(
+                actor=request.user, raw_event_ids=ids, via=OperatorActionVia.API
+            ),
+        )
+
+
+class RawEventReverifyApi(APIView):
+    permission_classes = (IsAdminUser, has_perm("console.operate"))
+
+    def post(self, request: Request) -> Response:
+        return _run_action(
+            request,
+            lambda ids: raw_events_reverify(
+                actor=request.user, raw_event_ids=ids, via=OperatorActionVia.API
+            ),
+        )
+
+
+class QueueDepthsApi(APIView):
+    def get(self, request: Request) -> Response:
+        return Response(queue_depths())
+
+
+class OperatorActionListApi(APIView):
+    permission_classes = (IsAdminUser, has_perm("console.view_operatoraction"))
+
+    def get(self, request: Request) -> Response:
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(operator_action_list(), request, view=self)
+        return paginator.get_paginated_response(
+            OperatorActionOutputSerializer(page, many=True).data
+        )

@@ -1,0 +1,122 @@
+"""The operator audit trail: who pushed what back into the pipeline, when, and what came of it.
+
+Rows are written only by console.services, which wraps every replay, re-verify, re-arm,
+mark-dead and retry; nothing edits or deletes them afterwards (the admin is read-only).
+"""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+
+class OperatorActionKind(models.TextChoices):
+    RAW_EVENT_REPLAY = "raw_event_replay", "replay raw events"
+    RAW_EVENT_REVERIFY = "raw_event_reverify", "re-verify raw events"
+    SIDE_EFFECT_REARM = "side_effect_rearm", "re-arm side effects"
+    SIDE_EFFECT_MARK_DEAD = "side_effect_mark_dead", "mark side effects dead"
+    RECAP_RETRY_RENDER = "recap_retry_render", "retry recap render"
+
+
+class OperatorActionVia(models.TextChoices):
+    ADMIN = "admin", "admin"
+    API = "api", "API"
+
+
+class OperatorActionOutcome(models.TextChoices):
+    # The row is written before the first object is touched, so a worker that dies half-way
+    # leaves a `running` row behind instead of no trace at all.
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "every object succeeded"
+    PARTIAL = "partial", "some succeeded, others were refused or failed"
+    REFUSED = "refused", "every object was refused"
+    FAILED = "failed", "nothing succeeded and at least one object failed"
+
+
+class ItemOutcome(models.TextChoices):
+    """Per-object result stored in OperatorAction.results."""
+
+    OK = "ok", "ok"
+    REFUSED = "refused", "refused by the domain service"
+    ERROR = "error", "unexpected error"
+
+
+class OperatorAction(models.Model):
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    # Kept as text too: the audit trail must outlive the user account it names.
+    actor_username = models.CharField(max_length=150)
+    action = models.CharField(max_length=32, choices=OperatorActionKind.choices)
+    via = models.CharField(max_length=8, choices=OperatorActionVia.choices)
+    # "app_label.model" of the objects acted on, and their primary keys in request order.
+    target_model = models.CharField(max_length=100)
+    target_ids = models.JSONField(default=list)
+    requested = models.PositiveIntegerField()
+    succeeded = models.PositiveIntegerField(default=0)
+    refused = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    outcome = models.CharField(
+        max_length=16,
+        choices=OperatorActionOutcome.choices,
+        default=OperatorActionOutcome.RUNNING,
+    )
+    # One {"id", "outcome", "detail"} object per target: domain messages, never payloads.
+    results = models.JSONField(default=list)
+    # Free text an operator gave with the action (e.g. why a side effect was marked dead).
+    note = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        default_permissions = ("view",)
+        permissions = [
+            ("operate", "Can replay, re-verify, re-arm, mark dead and retry from the console"),
+        ]
+        indexes = [
+            models.Index(fields=["-started_at"], name="operatoraction_started"),
+            models.Index(fields=["action", "-started_at"], name="operatoraction_action"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(action__in=OperatorActionKind.values),
+                name="operatoraction_action_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(via__in=OperatorActionVia.values),
+                name="operatoraction_via_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(outcome__in=OperatorActionOutcome.values),
+                name="operatoraction_outcome_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(requested__gt=0),
+                name="operatoraction_requested_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(
+                    requested__gte=F("succeeded") + F("refused") + F("failed"),
+                ),
+                name="operatoraction_counts_fit",
+            ),
+            # Finished exactly when no longer running, and then every object is accounted for.
+            models.CheckConstraint(
+                condition=(
+                    Q(outcome="running", finished_at__isnull=True)
+                    | (
+                        ~Q(outcome="running")
+                        & Q(finished_at__isnull=False)
+                        & Q(requested=F("succeeded") + F("refused") + F("failed"))
+                    )
+                ),
+                name="operatoraction_finished_consistent",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_action_display()} x{self.requested} by {self.actor_username}"

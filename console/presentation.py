@@ -1,0 +1,97 @@
+"""How a stored body and headers are shown to an operator (admin) or returned (API).
+
+Bodies are bytes from the outside world. They are shown as text only after the caller's
+template escapes them; nothing here marks anything safe. JSON is pretty-printed, other UTF-8
+as it is, anything else as a hex dump — a body that is not UTF-8 must never break a page.
+"""
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# An on-call page must stay light even for a body at the 1 MiB receive limit.
+BODY_DISPLAY_CHARS = 256 * 1024
+HEX_PREVIEW_BYTES = 4 * 1024
+_HEX_ROW = 16
+
+
+class BodyKind:
+    EMPTY = "empty"
+    JSON = "json"
+    TEXT = "text"
+    BINARY = "binary"
+
+
+@dataclass(frozen=True)
+class BodyView:
+    kind: str
+    text: str
+    size: int
+    truncated: bool
+
+
+def hex_dump(data: bytes) -> str:
+    """`offset  hex bytes  |printable|`, 16 bytes a row, like `hexdump -C`."""
+    rows = []
+    for offset in range(0, len(data), _HEX_ROW):
+        chunk = data[offset : offset + _HEX_ROW]
+        hex_part = " ".join(f"{byte:02x}" for byte in chunk)
+        printable = "".join(chr(byte) if 0x20 <= byte < 0x7F else "." for byte in chunk)
+        rows.append(f"{offset:08x}  {hex_part:<{_HEX_ROW * 3 - 1}}  |{printable}|")
+    return "\n".join(rows)
+
+
+def body_view(body: bytes) -> BodyView:
+    size = len(body)
+    if not body:
+        return BodyView(kind=BodyKind.EMPTY, text="", size=0, truncated=False)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        preview = body[:HEX_PREVIEW_BYTES]
+        return BodyView(
+            kind=BodyKind.BINARY, text=hex_dump(preview), size=size, truncated=size > len(preview)
+        )
+    kind = BodyKind.TEXT
+    try:
+        text = json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=False)
+        kind = BodyKind.JSON
+    except ValueError:
+        pass
+    truncated = len(text) > BODY_DISPLAY_CHARS
+    return BodyView(kind=kind, text=text[:BODY_DISPLAY_CHARS], size=size, truncated=truncated)
+
+
+def headers_rows(headers: Mapping[str, object]) -> list[tuple[str, str]]:
+    return sorted((str(name), str(value)) for name, value in headers.items())
+
+
+def body_for_api(body: bytes) -> dict:
+    """Exact bytes for a machine: text when it is UTF-8, base64 otherwise."""
+    try:
+        return {"encoding": "utf-8", "data": body.decode("utf-8"), "size": len(body)}
+    except UnicodeDecodeError:
+        return {
+            "encoding": "base64",
+            "data": base64.b64encode(body).decode("ascii"),
+            "size": len(body),
+        }
+
+
+def seconds_between(start, end) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start).total_seconds(), 3)
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"

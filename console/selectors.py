@@ -1,0 +1,167 @@
+"""Reads for the console and its API: raw event lists, search, deliveries, queue depths."""
+
+import json
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db.models import (
+    BinaryField,
+    BooleanField,
+    Count,
+    F,
+    Func,
+    Prefetch,
+    Q,
+    QuerySet,
+    Value,
+)
+from django.utils.text import smart_split, unescape_string_literal
+
+from console.models import OperatorAction
+from ingress.models import Delivery, DeliveryAttempt, RawEvent
+from ingress.selectors import inbox_depths
+
+# Columns a list never needs: a page of 100 rows must not drag 100 MiB of bodies along.
+PAYLOAD_FIELDS = ("body", "headers")
+
+
+class BodyContains(Func):
+    """True when `needle` occurs in `body`, compared as bytes.
+
+    The comparison is on bytes, never on decoded text: `convert_from(body, 'UTF8')` would raise
+    on the first stored body that is not valid UTF-8 and take the whole search down with it.
+    Byte search is case-sensitive and cannot use an index; on a large store combine it with a
+    date filter, so partitions outside the range are pruned before any body is read.
+    """
+
+    output_field = BooleanField()
+
+    def __init__(self, needle: bytes):
+        super().__init__(F("body"), Value(needle, output_field=BinaryField()))
+
+    def _compiled(self, compiler):
+        haystack, needle = self.get_source_expressions()
+        return compiler.compile(haystack), compiler.compile(needle)
+
+    def as_postgresql(self, compiler, connection, **extra_context):
+        (haystack, haystack_params), (needle, needle_params) = self._compiled(compiler)
+        return f"position({needle} in {haystack}) > 0", (*needle_params, *haystack_params)
+
+    def as_sqlite(self, compiler, connection, **extra_context):
+        # instr() on two BLOBs compares bytes.
+        (haystack, haystack_params), (needle, needle_params) = self._compiled(compiler)
+        return f"instr({haystack}, {needle}) > 0", (*haystack_params, *needle_params)
+
+
+def _body_contains(term: str) -> Q:
+    """The term's UTF-8 bytes, or the \\u-escaped form many JSON encoders write instead."""
+    forms = sorted({term.encode("utf-8"), json.dumps(term)[1:-1].encode("ascii")})
+    condition = Q()
+    for form in forms:
+        condition |= Q(BodyContains(form))
+    return condition
+
+
+def search_terms(query: str) -> list[str]:
+    """Whitespace-separated terms; quotes keep a phrase together (as in Django's admin)."""
+    terms = []
+    for bit in smart_split(query):
+        if bit.startswith(('"', "'")) and bit[0] == bit[-1] and len(bit) > 1:
+            bit = unescape_string_literal(bit)
+        if bit:
+            terms.append(bit)
+    return terms
+
+
+def raw_event_search(
+    *, queryset: QuerySet[RawEvent], query: str, include_body: bool
+) -> QuerySet[RawEvent]:
+    """Every term must match the event id, delivery id, dedup key or (if allowed) the body.
+
+    Ids and keys match exactly, so they can use their indexes. Body text is only searched for
+    operators who may read bodies: a search is an oracle for what a body contains.
+    """
+    for term in search_terms(query):
+        condition = Q(delivery_id=term) | Q(dedup_key=term)
+        identifier = term.removeprefix("#")
+        if identifier.isdigit() and len(identifier) < 19:
+            condition |= Q(id=int(identifier))
+        if include_body:
+            condition |= _body_contains(term)
+        queryset = queryset.filter(condition)
+    return queryset
+
+
+def raw_event_list(
+    *,
+    source: str = "",
+    provider: str = "",
+    signature_status: str = "",
+    rejection_reason: str = "",
+    dispatch_status: str = "",
+    event_type: str = "",
+    delivery_id: str = "",
+    dedup_key: str = "",
+    received_after: datetime | None = None,
+    received_before: datetime | None = None,
+    body_contains: str = "",
+    include_payload: bool = False,
+) -> QuerySet[RawEvent]:
+    """Raw events, newest first; empty filters are ignored."""
+    queryset = RawEvent.objects.order_by("-received_at", "-id")
+    if not include_payload:
+        queryset = queryset.defer(*PAYLOAD_FIELDS)
+    exact = {
+        "source": source,
+        "provider": provider,
+        "signature_status": signature_status,
+        "rejection_reason": rejection_reason,
+        "dispatch_status": dispatch_status,
+        "event_type": event_type,
+        "delivery_id": delivery_id,
+        "dedup_key": dedup_key,
+    }
+    queryset = queryset.filter(**{field: value for field, value in exact.items() if value})
+    if received_after is not None:
+        queryset = queryset.filter(received_at__gte=received_after)
+    if received_before is not None:
+        queryset = queryset.filter(received_at__lt=received_before)
+    if body_contains:
+        queryset = queryset.filter(_body_contains(body_contains))
+    return queryset
+
+
+def raw_event_deliveries(*, raw_event_id: int) -> list[Delivery]:
+    """Every delivery of one event with its attempts, oldest first."""
+    return list(
+        Delivery.objects.filter(raw_event_id=raw_event_id)
+        .order_by("created_at", "id")
+        .prefetch_related(
+            Prefetch("history", queryset=DeliveryAttempt.objects.order_by("started_at", "id"))
+        )
+    )
+
+
+def raw_events_by_status(*, ids: Iterable[int]) -> list[dict]:
+    """How a selection splits by verification and dispatch status (for confirmation pages)."""
+    return list(
+        RawEvent.objects.filter(id__in=list(ids))
+        .values("signature_status", "dispatch_status")
+        .annotate(count=Count("id"))
+        .order_by("signature_status", "dispatch_status")
+    )
+
+
+def operator_action_list() -> QuerySet[OperatorAction]:
+    return OperatorAction.objects.order_by("-started_at", "-id")
+
+
+def queue_depths() -> dict:
+    """Depths of every queue an operator can act on, by pipeline stage."""
+    depths = {"ingress": inbox_depths()}
+    try:
+        from outbox.selectors import side_effect_depths
+    except ImportError:  # the outbox lands separately; until then it has no queue to show
+        return depths
+    depths["outbox"] = side_effect_depths()
+    return depths

@@ -1,0 +1,215 @@
+"""Operator actions: every replay, re-verify, re-arm, mark-dead and retry goes through here.
+
+Each function wraps one domain service (ingress.inbox, outbox.services, recaps.services),
+runs it once per selected object and records the whole action — who, when, what, on which
+objects, and each object's outcome — as one console.OperatorAction row.
+
+Transaction boundaries, on purpose:
+- The audit row is committed *before* the first object is touched, so a worker killed half-way
+  leaves a `running` row naming who started what, instead of no trace.
+- Each object runs in the domain service's own transaction. One refused or failing object
+  neither rolls back the others nor hides them from the audit trail.
+"""
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import models
+from django.utils import timezone
+
+from console.models import ItemOutcome, OperatorAction, OperatorActionKind, OperatorActionOutcome
+from console.selectors import PAYLOAD_FIELDS
+from eventdrop.errors import EventDropError
+from ingress.inbox import raw_event_replay, raw_event_reverify
+from ingress.models import RawEvent, SignatureStatus
+
+logger = logging.getLogger(__name__)
+
+# One request runs the whole selection synchronously; 500 objects of a few milliseconds each
+# stay well inside a web request's budget. Larger selections are narrowed with filters first.
+BULK_LIMIT = 500
+
+NOTHING_SELECTED = "Select at least one object."
+TOO_MANY_SELECTED = "{count} objects selected; at most {limit} can be acted on at once."
+UNKNOWN_OBJECTS = "Unknown {model} ids: {ids}."
+NOTE_REQUIRED = "Give a reason: it is recorded with the action."
+UNEXPECTED_ERROR = "Unexpected {error}; see the logs for operator action #{action_id}."
+
+REPLAY_QUEUED = "{count} deliveries queued"
+REVERIFY_VERIFIED = "verified with secret #{index}; {dispatch}"
+REVERIFY_STILL_REJECTED = "still rejected: {reason}"
+
+
+class OperatorActionError(EventDropError):
+    """The request as a whole is invalid; nothing was done and nothing recorded."""
+
+
+class UnknownObjects(OperatorActionError):
+    def __init__(self, message: str, ids: Sequence[int]):
+        super().__init__(message)
+        self.ids = list(ids)
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    outcome: str
+    detail: str
+    data: dict
+
+
+def _unique_ids(ids: Sequence[int]) -> list[int]:
+    return list(dict.fromkeys(int(pk) for pk in ids))
+
+
+def _load(queryset: models.QuerySet, ids: Sequence[int]) -> list[models.Model]:
+    ids = _unique_ids(ids)
+    if not ids:
+        raise OperatorActionError(NOTHING_SELECTED)
+    if len(ids) > BULK_LIMIT:
+        raise OperatorActionError(TOO_MANY_SELECTED.format(count=len(ids), limit=BULK_LIMIT))
+    found = queryset.in_bulk(ids)
+    missing = [pk for pk in ids if pk not in found]
+    if missing:
+        label = queryset.model._meta.verbose_name
+        raise UnknownObjects(
+            UNKNOWN_OBJECTS.format(model=label, ids=", ".join(map(str, missing))), missing
+        )
+    return [found[pk] for pk in ids]
+
+
+def _outcome(succeeded: int, refused: int, failed: int) -> str:
+    if succeeded and not (refused or failed):
+        return OperatorActionOutcome.SUCCEEDED
+    if succeeded:
+        return OperatorActionOutcome.PARTIAL
+    if failed:
+        return OperatorActionOutcome.FAILED
+    return OperatorActionOutcome.REFUSED
+
+
+def _run(
+    *,
+    actor: AbstractBaseUser,
+    via: str,
+    action: str,
+    objects: Sequence[models.Model],
+    perform: Callable[[models.Model], ItemResult],
+    note: str = "",
+) -> OperatorAction:
+    record = OperatorAction.objects.create(
+        actor=actor,
+        actor_username=actor.get_username(),
+        action=action,
+        via=via,
+        target_model=objects[0]._meta.label_lower,
+        target_ids=[obj.pk for obj in objects],
+        requested=len(objects),
+        note=note,
+    )
+    results: list[dict] = []
+    for obj in objects:
+        try:
+            result = perform(obj)
+        except EventDropError as exc:
+            # Domain refusals carry constant, payload-free messages: safe to show and store.
+            result = ItemResult(outcome=ItemOutcome.REFUSED, detail=str(exc), data={})
+        except Exception as exc:
+            # Anything else may quote data; the operator gets the class name and where to look.
+            logger.exception(
+                "console.operator_action.item_failed",
+                extra={"operator_action_id": record.id, "action": action, "object_id": obj.pk},
+            )
+            detail = UNEXPECTED_ERROR.format(error=type(exc).__name__, action_id=record.id)
+            result = ItemResult(outcome=ItemOutcome.ERROR, detail=detail, data={})
+        results.append(
+            {"id": obj.pk, "outcome": result.outcome, "detail": result.detail, **result.data}
+        )
+
+    record.results = results
+    record.succeeded = sum(1 for item in results if item["outcome"] == ItemOutcome.OK)
+    record.refused = sum(1 for item in results if item["outcome"] == ItemOutcome.REFUSED)
+    record.failed = sum(1 for item in results if item["outcome"] == ItemOutcome.ERROR)
+    record.outcome = _outcome(record.succeeded, record.refused, record.failed)
+    record.finished_at = timezone.now()
+    record.save(
+        update_fields=["results", "succeeded", "refused", "failed", "outcome", "finished_at"]
+    )
+    logger.info(
+        "console.operator_action",
+        extra={
+            "operator_action_id": record.id,
+            "action": action,
+            "via": via,
+            "actor": record.actor_username,
+            "requested": record.requested,
+            "succeeded": record.succeeded,
+            "refused": record.refused,
+            "failed": record.failed,
+        },
+    )
+    return record
+
+
+# --- raw events ----------------------------------------------------------------------------
+
+
+def _raw_events() -> models.QuerySet[RawEvent]:
+    # The domain services lock and re-read each row; the payload is not needed up front.
+    return RawEvent.objects.defer(*PAYLOAD_FIELDS)
+
+
+def _replay(raw_event: RawEvent) -> ItemResult:
+    queued = raw_event_replay(raw_event=raw_event)
+    return ItemResult(
+        outcome=ItemOutcome.OK,
+        detail=REPLAY_QUEUED.format(count=queued),
+        data={"deliveries_queued": queued},
+    )
+
+
+def _reverify(raw_event: RawEvent) -> ItemResult:
+    event = raw_event_reverify(raw_event=raw_event)
+    if event.signature_status == SignatureStatus.VERIFIED:
+        detail = REVERIFY_VERIFIED.format(
+            index=event.matched_secret_index, dispatch=event.get_dispatch_status_display()
+        )
+    else:
+        detail = REVERIFY_STILL_REJECTED.format(reason=event.rejection_reason)
+    return ItemResult(
+        outcome=ItemOutcome.OK,
+        detail=detail,
+        data={
+            "signature_status": event.signature_status,
+            "rejection_reason": event.rejection_reason,
+            "matched_secret_index": event.matched_secret_index,
+            "dispatch_status": event.dispatch_status,
+        },
+    )
+
+
+def raw_events_replay(
+    *, actor: AbstractBaseUser, raw_event_ids: Sequence[int], via: str
+) -> OperatorAction:
+    """Queue each event to its handlers again; rejected, pending and duplicates are refused."""
+    return _run(
+        actor=actor,
+        via=via,
+        action=OperatorActionKind.RAW_EVENT_REPLAY,
+        objects=_load(_raw_events(), raw_event_ids),
+        perform=_replay,
+    )
+
+
+def raw_events_reverify(
+    *, actor: AbstractBaseUser, raw_event_ids: Sequence[int], via: str
+) -> OperatorAction:
+    """Verify rejected events again now (after a secret fix); others are refused."""
+    return _run(
+        actor=actor,
+        via=via,
+        action=OperatorActionKind.RAW_EVENT_REVERIFY,
+        objects=_load(_raw_events(), raw_event_ids),
+        perform=_reverify,
+    )

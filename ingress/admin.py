@@ -1,0 +1,454 @@
+"""The console's view of the ingress: find any webhook ever received and push it back.
+
+Read-only on purpose: raw events and deliveries change only through the inbox services, which
+the actions below reach via console.services (and so are recorded). Bodies and headers are
+shown only with `ingress.view_raw_payload`; source secrets are never read here at all.
+"""
+
+from django.contrib import admin
+from django.contrib.admin import DateFieldListFilter
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+
+from console.admin_actions import ConfirmSpec, confirm_operator_action
+from console.models import OperatorActionVia
+from console.presentation import (
+    body_view,
+    format_seconds,
+    headers_rows,
+    seconds_between,
+)
+from console.selectors import (
+    PAYLOAD_FIELDS,
+    raw_event_deliveries,
+    raw_event_search,
+    raw_events_by_status,
+)
+from console.services import raw_events_replay, raw_events_reverify
+from ingress.handlers import all_handlers
+from ingress.models import Delivery, DeliveryAttempt, RawEvent
+from ingress.providers import PROVIDERS
+from ingress.sources import all_sources
+
+VIEW_PAYLOAD_PERMISSION = "ingress.view_raw_payload"
+OPERATE_PERMISSION = "console.operate"
+PAYLOAD_HIDDEN = (
+    "Body and headers are hidden: viewing them needs the permission "
+    "“Can view raw webhook payloads (body and headers)”."
+)
+REPLAY_DESCRIPTION = (
+    "Each verified event is queued to every handler registered for it now: existing "
+    "deliveries are re-armed (attempts reset), handlers added since it arrived get a new "
+    "one. Handlers are idempotent, so running them again is safe."
+)
+REPLAY_WARNING = (
+    "Rejected, not-yet-verified and duplicate events are refused and reported: re-verify "
+    "rejected events first, replay the original of a duplicate."
+)
+REVERIFY_DESCRIPTION = (
+    "Each rejected event is verified again now, against the secrets configured now and "
+    "the timestamp tolerance measured from when it was received. Events that pass are "
+    "deduplicated and dispatched to their handlers."
+)
+REVERIFY_WARNING = "Events that are not rejected are refused and reported."
+
+
+def _can_view_payload(request: HttpRequest) -> bool:
+    return request.user.has_perm(VIEW_PAYLOAD_PERMISSION)
+
+
+def _can_operate(request: HttpRequest) -> bool:
+    return request.user.has_perm(OPERATE_PERMISSION)
+
+
+class SourceFilter(admin.SimpleListFilter):
+    # The configured sources, not SELECT DISTINCT over the whole (partitioned) store.
+    title = "source"
+    parameter_name = "source"
+
+    def lookups(self, request, model_admin):
+        return [(name, name) for name in sorted(all_sources())]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(source=self.value()) if self.value() else queryset
+
+
+class ProviderFilter(admin.SimpleListFilter):
+    title = "provider"
+    parameter_name = "provider"
+
+    def lookups(self, request, model_admin):
+        return [(name, name) for name in sorted(PROVIDERS)]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(provider=self.value()) if self.value() else queryset
+
+
+class HandlerFilter(admin.SimpleListFilter):
+    title = "handler"
+    parameter_name = "handler"
+
+    def lookups(self, request, model_admin):
+        return [(spec.name, spec.name) for spec in all_handlers()]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(handler=self.value()) if self.value() else queryset
+
+
+def _breakdown(ids) -> list[tuple[str, int]]:
+    return [
+        (f"{row['signature_status']} / {row['dispatch_status']}", row["count"])
+        for row in raw_events_by_status(ids=ids)
+    ]
+
+
+def _raw_event_link(raw_event_id: int | None) -> str:
+    if raw_event_id is None:
+        return "—"
+    url = reverse("admin:ingress_rawevent_change", args=[raw_event_id])
+    return format_html('<a href="{}">#{}</a>', url, raw_event_id)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows written only by services: no add, change or delete (and so no delete action)."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(RawEvent)
+class RawEventAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "received_at",
+        "source",
+        "provider",
+        "event_type",
+        "delivery_or_dedup",
+        "signature_status",
+        "rejection_reason",
+        "matched_secret_index",
+        "duplicate_link",
+        "dispatch_status",
+        "verify_lag",
+        "handle_lag",
+    )
+    list_filter = (
+        "signature_status",
+        "rejection_reason",
+        "dispatch_status",
+        SourceFilter,
+        ProviderFilter,
+        ("received_at", DateFieldListFilter),
+    )
+    # The real search is get_search_results(); a non-empty search_fields shows the box.
+    search_fields = ("delivery_id",)
+    search_help_text = (
+        "Event id, delivery id, dedup key or event type (exact); body text too (bytes, "
+        "case-sensitive) if you may view payloads. Add a date filter on a large store."
+    )
+    ordering = ("-received_at", "-id")
+    list_per_page = 50
+    # COUNT(*) over the unfiltered store on every page view is the one query to avoid.
+    show_full_result_count = False
+    actions = ("replay_selected", "reverify_selected")
+    change_form_template = "console/admin/raw_event_change_form.html"
+
+    received_fields = (
+        "id",
+        "source",
+        "provider",
+        "method",
+        "path",
+        "query_string",
+        "remote_addr",
+        "received_at",
+        "delivery_id",
+        "body_size",
+        "body_sha256",
+    )
+    verification_fields = (
+        "signature_status",
+        "rejection",
+        "matched_secret",
+        "verified_at",
+        "verify_count",
+        "verify_lag",
+        "event_type",
+        "provider_retry",
+    )
+    dispatch_fields = (
+        "dedup_key",
+        "duplicate_link",
+        "copies_link",
+        "dispatch_status",
+        "handled_at",
+        "handle_lag",
+    )
+    payload_fields = ("headers_table", "body_display")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer(*PAYLOAD_FIELDS)
+
+    def get_fieldsets(self, request, obj=None):
+        payload = self.payload_fields if _can_view_payload(request) else ("payload_hidden",)
+        return [
+            ("Received", {"fields": self.received_fields}),
+            ("Verification", {"fields": self.verification_fields}),
+            ("Dedup and dispatch", {"fields": self.dispatch_fields}),
+            ("Deliveries and attempts", {"fields": ("deliveries_table",)}),
+            ("Payload", {"fields": payload}),
+        ]
+
+    def get_readonly_fields(self, request, obj=None):
+        return (
+            *self.received_fields,
+            *self.verification_fields,
+            *self.dispatch_fields,
+            *self.payload_fields,
+            "payload_hidden",
+            "deliveries_table",
+        )
+
+    def get_search_results(self, request, queryset, search_term):
+        if not search_term:
+            return queryset, False
+        results = raw_event_search(
+            queryset=queryset, query=search_term, include_body=_can_view_payload(request)
+        )
+        return results, False
+
+    def get_urls(self):
+        urls = [
+            path(
+                "<int:object_id>/raw-body/",
+                self.admin_site.admin_view(self.raw_body_view),
+                name="ingress_rawevent_raw_body",
+            )
+        ]
+        return urls + super().get_urls()
+
+    def raw_body_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
+        """The exact stored bytes, as a download: for recomputing a signature by hand.
+
+        Served as an attachment of type application/octet-stream (and nosniff), so a body
+        that happens to be HTML is saved, never rendered in the admin's origin.
+        """
+        if not (self.has_view_permission(request) and _can_view_payload(request)):
+            raise Http404
+        event = get_object_or_404(RawEvent.objects.only("id", "body"), pk=object_id)
+        response = HttpResponse(bytes(event.body), content_type="application/octet-stream")
+        response["Content-Disposition"] = f'attachment; filename="raw-event-{event.id}.bin"'
+        response["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        extra_context = {
+            **(extra_context or {}),
+            "can_operate": _can_operate(request),
+            "changelist_url": reverse("admin:ingress_rawevent_changelist"),
+        }
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    # --- actions -------------------------------------------------------------------------
+
+    def has_operate_permission(self, request):
+        return _can_operate(request)
+
+    @admin.action(description="Replay selected events to their handlers", permissions=["operate"])
+    def replay_selected(self, request, queryset: QuerySet[RawEvent]):
+        return confirm_operator_action(
+            self,
+            request,
+            queryset,
+            ConfirmSpec(
+                verb="Replay",
+                description=REPLAY_DESCRIPTION,
+                warnings=(REPLAY_WARNING,),
+                breakdown=_breakdown,
+                run=lambda request, ids, note: raw_events_replay(
+                    actor=request.user, raw_event_ids=ids, via=OperatorActionVia.ADMIN
+                ),
+            ),
+        )
+
+    @admin.action(description="Re-verify selected rejected events", permissions=["operate"])
+    def reverify_selected(self, request, queryset: QuerySet[RawEvent]):
+        return confirm_operator_action(
+            self,
+            request,
+            queryset,
+            ConfirmSpec(
+                verb="Re-verify",
+                description=REVERIFY_DESCRIPTION,
+                warnings=(REVERIFY_WARNING,),
+                breakdown=_breakdown,
+                run=lambda request, ids, note: raw_events_reverify(
+                    actor=request.user, raw_event_ids=ids, via=OperatorActionVia.ADMIN
+                ),
+            ),
+        )
+
+    # --- columns and detail fields -------------------------------------------------------
+
+    @admin.display(description="delivery id / dedup key")
+    def delivery_or_dedup(self, obj: RawEvent) -> str:
+        return obj.delivery_id or obj.dedup_key or "—"
+
+    @admin.display(description="duplicate of")
+    def duplicate_link(self, obj: RawEvent) -> str:
+        return _raw_event_link(obj.duplicate_of_id)
+
+    @admin.display(description="copies")
+    def copies_link(self, obj: RawEvent) -> str:
+        if not obj.dedup_key:
+            return "—"
+        # Copies share the dedup key (indexed), not a scan of duplicate_of across partitions.
+        copies = (
+            RawEvent.objects.filter(source=obj.source, dedup_key=obj.dedup_key)
+            .exclude(pk=obj.pk)
+            .count()
+        )
+        url = (
+            reverse("admin:ingress_rawevent_changelist")
+            + "?"
+            + urlencode({"dedup_key": obj.dedup_key, "source": obj.source})
+        )
+        return format_html('<a href="{}">{} other event(s) with this dedup key</a>', url, copies)
+
+    @admin.display(description="received → verdict")
+    def verify_lag(self, obj: RawEvent) -> str:
+        return format_seconds(seconds_between(obj.received_at, obj.verified_at))
+
+    @admin.display(description="verdict → handled")
+    def handle_lag(self, obj: RawEvent) -> str:
+        return format_seconds(seconds_between(obj.verified_at, obj.handled_at))
+
+    @admin.display(description="rejection reason")
+    def rejection(self, obj: RawEvent) -> str:
+        if not obj.rejection_reason:
+            return "—"
+        return f"{obj.rejection_reason} — {obj.get_rejection_reason_display()}"
+
+    @admin.display(description="matched secret")
+    def matched_secret(self, obj: RawEvent) -> str:
+        # How many secrets are configured tells whether a rotation is under way; the secrets
+        # themselves are never read here.
+        source = all_sources().get(obj.source)
+        configured = len(source.secrets) if source else 0
+        if obj.matched_secret_index is None:
+            return f"none ({configured} configured now)"
+        return f"#{obj.matched_secret_index} ({configured} configured now)"
+
+    @admin.display(description="provider retry")
+    def provider_retry(self, obj: RawEvent) -> str:
+        if obj.provider_retry_num is None:
+            return "—"
+        return f"retry {obj.provider_retry_num} ({obj.provider_retry_reason or 'no reason'})"
+
+    @admin.display(description="body size")
+    def body_size(self, obj: RawEvent) -> str:
+        return f"{len(obj.body)} bytes"
+
+    @admin.display(description="headers")
+    def headers_table(self, obj: RawEvent) -> str:
+        return render_to_string(
+            "console/admin/raw_event_headers.html", {"rows": headers_rows(obj.headers)}
+        )
+
+    @admin.display(description="body")
+    def body_display(self, obj: RawEvent) -> str:
+        return render_to_string(
+            "console/admin/raw_event_body.html",
+            {
+                "body": body_view(bytes(obj.body)),
+                "download_url": reverse("admin:ingress_rawevent_raw_body", args=[obj.pk]),
+            },
+        )
+
+    @admin.display(description="payload")
+    def payload_hidden(self, obj: RawEvent) -> str:
+        return PAYLOAD_HIDDEN
+
+    @admin.display(description="deliveries")
+    def deliveries_table(self, obj: RawEvent) -> str:
+        return render_to_string(
+            "console/admin/raw_event_deliveries.html",
+            {"deliveries": raw_event_deliveries(raw_event_id=obj.pk)},
+        )
+
+
+class DeliveryAttemptInline(admin.TabularInline):
+    model = DeliveryAttempt
+    fields = ("number", "started_at", "finished_at", "outcome", "error")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ("started_at", "id")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "event_link",
+        "handler",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "created_at",
+        "finished_at",
+        "short_error",
+    )
+    list_filter = ("status", HandlerFilter, ("created_at", DateFieldListFilter))
+    search_fields = ("handler",)
+    search_help_text = "Raw event id or handler name (exact)."
+    ordering = ("-created_at", "-id")
+    show_full_result_count = False
+    inlines = (DeliveryAttemptInline,)
+    fields = (
+        "event_link",
+        "handler",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "claimed_at",
+        "created_at",
+        "updated_at",
+        "finished_at",
+        "last_error",
+    )
+    readonly_fields = fields
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip().removeprefix("#")
+        if not term:
+            return queryset, False
+        if term.isdigit() and len(term) < 19:
+            return queryset.filter(raw_event_id=int(term)), False
+        return queryset.filter(handler=term), False
+
+    @admin.display(description="raw event", ordering="raw_event_id")
+    def event_link(self, obj: Delivery) -> str:
+        return _raw_event_link(obj.raw_event_id)
+
+    @admin.display(description="last error")
+    def short_error(self, obj: Delivery) -> str:
+        return obj.last_error[:120] + ("…" if len(obj.last_error) > 120 else "")

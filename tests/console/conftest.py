@@ -1,0 +1,103 @@
+"""Fixtures for the console: operators with and without payload rights, signed events."""
+
+import hashlib
+import hmac
+import json
+import os
+
+import pytest
+from django.contrib.auth.models import Permission
+
+from ingress.handlers import unregister, webhook_handler
+from ingress.models import RawEvent
+
+# What an on-call engineer who may act but not read payloads is given.
+OPERATOR_PERMISSIONS = (
+    "ingress.view_rawevent",
+    "ingress.view_delivery",
+    "console.view_operatoraction",
+    "console.operate",
+)
+
+
+def grant(user, *perms: str):
+    for perm in perms:
+        app_label, codename = perm.split(".")
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app_label, codename=codename)
+        )
+    # has_perm() caches per user instance.
+    return type(user).objects.get(pk=user.pk)
+
+
+@pytest.fixture
+def operator(django_user_model):
+    user = django_user_model.objects.create_user("operator", password="pw-operator", is_staff=True)
+    return grant(user, *OPERATOR_PERMISSIONS)
+
+
+@pytest.fixture
+def payload_operator(django_user_model):
+    user = django_user_model.objects.create_user("reader", password="pw-reader", is_staff=True)
+    return grant(user, *OPERATOR_PERMISSIONS, "ingress.view_raw_payload")
+
+
+@pytest.fixture
+def outsider(django_user_model):
+    """Signed in, has every permission we hand out, but is not staff."""
+    user = django_user_model.objects.create_user("outsider", password="pw-outsider")
+    return grant(user, *OPERATOR_PERMISSIONS, "ingress.view_raw_payload")
+
+
+class Recorder:
+    def __init__(self):
+        self.calls: list[int] = []
+        self.fail_with: Exception | None = None
+
+    def __call__(self, event, payload):
+        self.calls.append(event.id)
+        if self.fail_with is not None:
+            raise self.fail_with
+
+
+@pytest.fixture
+def push_handler():
+    """A handler for GitHub push events, registered only for the test."""
+    recorder = Recorder()
+
+    def console_test_on_push(event, payload):
+        recorder(event, payload)
+
+    webhook_handler(provider="github", event_types=["push"])(console_test_on_push)
+    yield recorder
+    unregister(f"{console_test_on_push.__module__}.{console_test_on_push.__qualname__}")
+
+
+def github_signature(body: bytes, secret: str | None = None) -> str:
+    secret = secret if secret is not None else os.environ["GITHUB_WEBHOOK_SECRET"]
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def receive_github(
+    client,
+    payload: dict | None = None,
+    *,
+    body: bytes | None = None,
+    delivery: str = "d-1",
+    event: str = "push",
+    secret: str | None = None,
+) -> RawEvent:
+    """POST a signed GitHub webhook through the real receive path; returns the stored row."""
+    if body is None:
+        body = json.dumps(payload or {"ref": "refs/heads/main"}).encode()
+    response = client.generic(
+        "POST",
+        "/webhooks/github/",
+        body,
+        content_type="application/json",
+        HTTP_X_HUB_SIGNATURE_256=github_signature(body, secret),
+        HTTP_X_GITHUB_EVENT=event,
+        HTTP_X_GITHUB_DELIVERY=delivery,
+    )
+    assert response.status_code == 202, response.content
+    return RawEvent.objects.get(pk=response.json()["id"])
