@@ -67,8 +67,10 @@ def _read_body(request: HttpRequest, limit: int) -> bytes | None:
     With a Content-Length, Django's stream stops there. Without one, Django would read
     nothing at all; a server that has de-chunked the body says so with
     `wsgi.input_terminated` (gunicorn does), and then we read the raw input to its end.
+    Some servers put an empty CONTENT_LENGTH in the environ rather than none: that is no
+    length either (Django would read it as 0 and we would store an empty body).
     """
-    stream = request if "CONTENT_LENGTH" in request.META else request.META["wsgi.input"]
+    stream = request if request.META.get("CONTENT_LENGTH") else request.META["wsgi.input"]
     chunks: list[bytes] = []
     total = 0
     while chunk := stream.read(_READ_CHUNK):

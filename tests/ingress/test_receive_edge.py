@@ -1,0 +1,210 @@
+"""The receive path at its edges: no database, chunked bodies, missing lengths.
+
+No mocking of the ORM: an unavailable database is made unreachable for real, and request
+bodies are fed through WSGI input streams the way a server (gunicorn) hands them over.
+"""
+
+import socket
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from ingress.models import RawEvent
+from ingress.sources import get_source
+
+STRIPE_HEADERS = {"HTTP_STRIPE_SIGNATURE": "t=1700000000,v1=deadbeef"}
+READ_CHUNK = 64 * 1024  # what the view asks the stream for at a time
+
+
+class CountingStream:
+    """A wsgi.input serving `total` bytes of `pattern` in pieces of at most `piece` bytes,
+    counting how many bytes anybody has read from it."""
+
+    def __init__(self, pattern: bytes, total: int, piece: int = 1000):
+        self.pattern, self.total, self.piece = pattern, total, piece
+        self.consumed = 0
+
+    def read(self, size: int = -1) -> bytes:
+        left = self.total - self.consumed
+        count = min(left, self.piece if size is None or size < 0 else min(size, self.piece))
+        piece = self._slice(self.consumed, count)
+        self.consumed += count
+        return piece
+
+    readline = read  # the WSGI input API; Django wraps both
+
+    def _slice(self, start: int, count: int) -> bytes:
+        offset = start % len(self.pattern)
+        repeats = (offset + count) // len(self.pattern) + 1
+        return (self.pattern * repeats)[offset : offset + count]
+
+    def expected(self) -> bytes:
+        return self._slice(0, self.total)
+
+
+def post_stream(client, stream, *, terminated: bool = True, **extra):
+    """POST with no Content-Length: the body is only in the WSGI input stream."""
+    environ = {"wsgi.input": stream, "CONTENT_TYPE": "application/json", **extra}
+    if terminated:
+        # A server that de-chunked the body says so (gunicorn always sets it).
+        environ["wsgi.input_terminated"] = True
+    return client.generic("POST", "/webhooks/stripe/", b"", **environ)
+
+
+def stripe_limit() -> int:
+    source = get_source("stripe")
+    assert source is not None
+    return source.max_body_bytes
+
+
+# --- database unavailable ------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def database_unreachable(transactional_db):
+    """Point the connection at a port where nothing listens. Yields the way back, which
+    also runs at teardown (the flush after a transactional test needs the database)."""
+    saved = {key: connection.settings_dict[key] for key in ("HOST", "PORT")}
+
+    def restore() -> None:
+        connection.close()
+        connection.settings_dict.update(saved)
+
+    connection.close()
+    connection.settings_dict.update(HOST="127.0.0.1", PORT=str(_closed_port()))
+    try:
+        yield restore
+    finally:
+        restore()
+
+
+@pytest.mark.postgres
+def test_unreachable_database_is_503_with_retry_after(client, database_unreachable, caplog):
+    body = b'{"id": "evt_secret_payload"}'
+    response = client.generic(
+        "POST", "/webhooks/stripe/", body, content_type="application/json", **STRIPE_HEADERS
+    )
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == str(settings.INGRESS_UNAVAILABLE_RETRY_AFTER)
+    assert response.json()["error"] == "store_unavailable"
+    assert "ingress.receive.store_failed" in caplog.messages
+    assert "evt_secret_payload" not in caplog.text  # never log payloads
+
+
+@pytest.mark.postgres
+def test_nothing_was_stored_while_the_database_was_unreachable(client, database_unreachable):
+    response = client.generic(
+        "POST", "/webhooks/stripe/", b"{}", content_type="application/json", **STRIPE_HEADERS
+    )
+    assert response.status_code == 503
+
+    database_unreachable()  # back to the real database: nothing was stored
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.postgres
+def test_connection_killed_under_the_view_is_503_not_2xx(client, transactional_db):
+    # The server ends our session (a failover, a restart) between two requests.
+    RawEvent.objects.exists()  # open the connection
+    with connection.get_new_connection(connection.get_connection_params()) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
+
+    response = client.generic(
+        "POST", "/webhooks/stripe/", b"{}", content_type="application/json", **STRIPE_HEADERS
+    )
+
+    assert response.status_code == 503
+    assert "Retry-After" in response
+    connection.close()
+    assert not RawEvent.objects.exists()
+
+
+# --- bodies without Content-Length ---------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_chunked_body_is_stored_byte_exact(client):
+    stream = CountingStream(bytes(range(256)), total=200_003, piece=4093)
+
+    response = post_stream(client, stream, **STRIPE_HEADERS)
+
+    assert response.status_code == 202
+    event = RawEvent.objects.get(pk=response.json()["id"])
+    assert bytes(event.body) == stream.expected()
+    assert "content-length" not in event.headers
+
+
+@pytest.mark.django_db
+def test_chunked_body_exactly_at_the_limit_is_accepted(client):
+    stream = CountingStream(b"x", total=stripe_limit(), piece=READ_CHUNK)
+
+    response = post_stream(client, stream, **STRIPE_HEADERS)
+
+    assert response.status_code == 202
+    assert len(bytes(RawEvent.objects.get().body)) == stripe_limit()
+
+
+@pytest.mark.django_db
+def test_oversized_chunked_body_is_413_and_never_read_whole(client):
+    stream = CountingStream(b"x", total=16 * stripe_limit(), piece=READ_CHUNK)
+
+    response = post_stream(client, stream, **STRIPE_HEADERS)
+
+    assert response.status_code == 413
+    assert response.json()["error"] == "body_too_large"
+    # It stopped within one read of the limit, not at the end of the 16 MiB.
+    assert stripe_limit() < stream.consumed <= stripe_limit() + READ_CHUNK
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.django_db
+def test_one_byte_over_the_limit_chunked_is_413(client):
+    stream = CountingStream(b"x", total=stripe_limit() + 1, piece=READ_CHUNK)
+
+    response = post_stream(client, stream, **STRIPE_HEADERS)
+
+    assert response.status_code == 413
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.django_db
+def test_no_content_length_and_no_terminated_input_is_411(client):
+    stream = CountingStream(b"{}", total=2)
+
+    response = post_stream(client, stream, terminated=False, **STRIPE_HEADERS)
+
+    assert response.status_code == 411
+    assert response.json()["error"] == "length_required"
+    assert stream.consumed == 0
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.django_db
+def test_empty_content_length_with_terminated_input_reads_the_stream(client):
+    # Some WSGI servers put an empty CONTENT_LENGTH in the environ instead of leaving it out.
+    stream = CountingStream(b'{"id": "evt_chunked"}', total=21)
+
+    response = post_stream(client, stream, CONTENT_LENGTH="", **STRIPE_HEADERS)
+
+    assert response.status_code == 202
+    assert bytes(RawEvent.objects.get().body) == b'{"id": "evt_chunked"}'
+
+
+@pytest.mark.django_db
+def test_missing_signature_on_a_chunked_body_is_400_before_reading(client):
+    stream = CountingStream(b"x", total=10_000)
+
+    response = post_stream(client, stream)
+
+    assert response.status_code == 400
+    assert response.json()["error"] == "missing_signature"
+    assert stream.consumed == 0
+    assert not RawEvent.objects.exists()
