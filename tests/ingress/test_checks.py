@@ -1,0 +1,97 @@
+"""The webhook source system checks (ingress/checks.py), through Django's check registry."""
+
+import json
+
+import pytest
+from django.core import checks
+
+from ingress.sources import reset_sources_cache
+
+ACME = {"acme": {"provider": "hmac", "signature_header": "X-Acme-Signature"}}
+
+
+def ingress_messages() -> list[checks.CheckMessage]:
+    # Through the registry, so the test also proves the check is registered.
+    return [m for m in checks.run_checks() if m.id and m.id.startswith("ingress.")]
+
+
+@pytest.fixture
+def environ(monkeypatch):
+    """monkeypatch for the environment, with the sources cache following every change."""
+    reset_sources_cache()
+    yield monkeypatch
+    monkeypatch.undo()
+    reset_sources_cache()
+
+
+def test_configured_sources_pass(environ):
+    assert ingress_messages() == []
+
+
+def test_source_without_a_secret_is_warned_about(environ):
+    environ.delenv("STRIPE_WEBHOOK_SECRET")
+    reset_sources_cache()
+
+    messages = ingress_messages()
+
+    assert [(m.id, m.level) for m in messages] == [("ingress.W001", checks.WARNING)]
+    assert "'stripe'" in messages[0].msg
+    assert "STRIPE_WEBHOOK_SECRET" in messages[0].hint
+
+
+def test_extra_source_without_a_secret_names_its_env_var(environ, settings):
+    settings.WEBHOOK_EXTRA_SOURCES = json.dumps(ACME)
+    environ.delenv("WEBHOOK_ACME_SECRET", raising=False)
+
+    messages = ingress_messages()
+
+    assert [m.id for m in messages] == ["ingress.W001"]
+    assert "'acme'" in messages[0].msg and "WEBHOOK_ACME_SECRET" in messages[0].hint
+
+
+def test_a_secret_is_never_printed(environ, settings):
+    settings.WEBHOOK_EXTRA_SOURCES = json.dumps(ACME)
+    environ.setenv("WEBHOOK_ACME_SECRET", "s3cr3t-value-1,s3cr3t-value-2")
+    environ.delenv("STRIPE_WEBHOOK_SECRET")
+    reset_sources_cache()
+
+    text = " ".join(f"{m.msg} {m.hint}" for m in checks.run_checks())
+
+    assert "s3cr3t-value" not in text and "whsec_" not in text
+
+
+def test_disabled_source_without_a_secret_is_not_reported(environ):
+    environ.delenv("STRIPE_WEBHOOK_SECRET")
+    environ.setenv("WEBHOOK_STRIPE_ENABLED", "false")
+    reset_sources_cache()
+
+    assert ingress_messages() == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ("{not json", "not valid JSON"),
+        ('["acme"]', "JSON object of objects"),
+        ('{"acme": "hmac"}', "JSON object of objects"),
+        ('{"acme": {"provider": "carrier-pigeon"}}', "provider must be one of"),
+        ('{"acme": {"provider": "hmac", "max_body_bytes": "lots"}}', "must be an integer"),
+    ],
+)
+def test_invalid_extra_sources_are_an_error(environ, settings, extra, fragment):
+    settings.WEBHOOK_EXTRA_SOURCES = extra  # setting_changed resets the sources cache
+
+    messages = ingress_messages()
+
+    assert [(m.id, m.level) for m in messages] == [("ingress.E001", checks.ERROR)]
+    assert fragment in messages[0].msg
+
+
+def test_invalid_option_from_the_environment_is_an_error(environ):
+    environ.setenv("WEBHOOK_STRIPE_MAX_BODY_BYTES", "-1")
+    reset_sources_cache()
+
+    messages = ingress_messages()
+
+    assert [m.id for m in messages] == ["ingress.E001"]
+    assert "'stripe'" in messages[0].msg and "must be positive" in messages[0].msg
