@@ -158,10 +158,4 @@ def operator_action_list() -> QuerySet[OperatorAction]:
 
 def queue_depths() -> dict:
     """Depths of every queue an operator can act on, by pipeline stage."""
-    depths = {"ingress": inbox_depths()}
-    try:
-        from outbox.selectors import side_effect_depths
-    except ImportError:  # the outbox lands separately; until then it has no queue to show
-        return depths
-    depths["outbox"] = side_effect_depths()
-    return depths
+    return {"ingress": inbox_depths()}

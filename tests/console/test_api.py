@@ -1,0 +1,267 @@
+"""The console API: same data and rules as the admin; bad input is a 4xx, never a 500."""
+
+import base64
+
+import pytest
+from rest_framework.test import APIClient
+
+from console.models import OperatorAction
+from ingress.inbox import REPLAY_NOT_VERIFIED, inbox_run_once
+from ingress.models import RawEvent
+from tests.console.conftest import receive_github
+
+pytestmark = pytest.mark.django_db
+
+LIST = "/api/raw-events/"
+REPLAY = "/api/raw-events/replay/"
+REVERIFY = "/api/raw-events/reverify/"
+
+
+@pytest.fixture
+def api():
+    return APIClient()
+
+
+def as_user(api, user):
+    api.force_authenticate(user)
+    return api
+
+
+@pytest.fixture
+def events(client, push_handler):
+    good = receive_github(client, {"ref": "refs/heads/main", "note": "findme"}, delivery="g-1")
+    bad = receive_github(client, delivery="b-1", secret="wrong")
+    inbox_run_once()
+    return good, bad
+
+
+# --- who may do what -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "url"),
+    [
+        ("get", LIST),
+        ("get", "/api/raw-events/1/"),
+        ("post", REPLAY),
+        ("post", REVERIFY),
+        ("get", "/api/queues/"),
+        ("get", "/api/operator-actions/"),
+    ],
+)
+def test_anonymous_and_non_staff_get_nothing(api, outsider, method, url):
+    assert getattr(api, method)(url, {"ids": [1]}, format="json").status_code == 403
+    as_user(api, outsider)
+    response = getattr(api, method)(url, {"ids": [1]}, format="json")
+    assert response.status_code == 403
+    assert "source" not in response.content.decode()
+
+
+def test_staff_without_payload_permission_gets_no_body_or_headers(api, operator, events):
+    good, _ = events
+    as_user(api, operator)
+    listing = api.get(LIST).json()
+    assert listing["count"] == 2
+    assert all("body" not in row and "headers" not in row for row in listing["results"])
+    detail = api.get(f"/api/raw-events/{good.pk}/").json()
+    assert "body" not in detail and "headers" not in detail
+    assert detail["signature_status"] == "verified"
+    assert api.get(LIST, {"include_payload": "true"}).status_code == 403
+    assert api.get(LIST, {"body_contains": "findme"}).status_code == 403
+    # A free-text query does not search bodies for them either.
+    assert api.get(LIST, {"q": "findme"}).json()["count"] == 0
+
+
+def test_payload_permission_shows_exact_body_and_headers(api, payload_operator, client):
+    body = b"\xffnot utf-8"
+    event = RawEvent.objects.create(
+        source="github",
+        provider="github",
+        method="POST",
+        path="/webhooks/github/",
+        headers={"x-github-event": "push"},
+        body=body,
+        body_sha256="0" * 64,
+    )
+    as_user(api, payload_operator)
+    detail = api.get(f"/api/raw-events/{event.pk}/").json()
+    assert detail["headers"] == {"x-github-event": "push"}
+    assert detail["body"]["encoding"] == "base64"
+    assert base64.b64decode(detail["body"]["data"]) == body
+    listing = api.get(LIST, {"include_payload": "1"}).json()
+    assert listing["results"][0]["body"]["size"] == len(body)
+
+
+def test_actions_need_the_operate_permission(api, django_user_model, events):
+    from tests.console.conftest import grant
+
+    viewer = grant(
+        django_user_model.objects.create_user("viewer", is_staff=True), "ingress.view_rawevent"
+    )
+    as_user(api, viewer)
+    assert api.get(LIST).status_code == 200
+    assert api.post(REPLAY, {"ids": [events[0].pk]}, format="json").status_code == 403
+    assert not OperatorAction.objects.exists()
+
+
+# --- reads ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "which"),
+    [
+        ({"status": "rejected"}, {"bad"}),
+        ({"status": "verified", "source": "github"}, {"good"}),
+        ({"reason": "bad_signature"}, {"bad"}),
+        ({"dispatch_status": "dispatched"}, {"good"}),
+        ({"delivery_id": "g-1"}, {"good"}),
+        ({"source": "stripe"}, set()),
+        ({"received_after": "2000-01-01T00:00:00Z"}, {"good", "bad"}),
+        ({"received_before": "2000-01-01T00:00:00Z"}, set()),
+        ({"q": "b-1"}, {"bad"}),
+        ({"body_contains": "findme"}, {"good"}),
+        ({"q": "findme"}, {"good"}),
+    ],
+)
+def test_list_filters(api, payload_operator, events, params, which):
+    good, bad = events
+    as_user(api, payload_operator)
+    response = api.get(LIST, params)
+    assert response.status_code == 200, response.content
+    ids = {row["id"] for row in response.json()["results"]}
+    assert ids == {{"good": good.pk, "bad": bad.pk}[name] for name in which}
+
+
+def test_detail_has_deliveries_and_attempts(api, operator, events):
+    good, _ = events
+    as_user(api, operator)
+    detail = api.get(f"/api/raw-events/{good.pk}/").json()
+    assert detail["dedup_key"] == "id:g-1"
+    assert detail["verify_lag_seconds"] >= 0
+    [delivery] = detail["deliveries"]
+    assert delivery["status"] == "done" and delivery["handler"].endswith("console_test_on_push")
+    assert [a["outcome"] for a in delivery["history"]] == ["done"]
+
+
+def test_queue_depths(api, operator, events):
+    as_user(api, operator)
+    depths = api.get("/api/queues/").json()
+    assert depths["ingress"]["raw_events_pending"] == 0
+    assert depths["ingress"]["deliveries"]["done"] == 1
+
+
+# --- actions -------------------------------------------------------------------------------
+
+
+def test_replay_many_with_per_id_results(api, operator, events, push_handler):
+    good, bad = events
+    as_user(api, operator)
+    response = api.post(REPLAY, {"ids": [good.pk, bad.pk]}, format="json")
+    assert response.status_code == 200
+    data = response.json()
+    assert (data["action"], data["via"], data["actor_username"]) == (
+        "raw_event_replay",
+        "api",
+        "operator",
+    )
+    assert data["results"] == [
+        {"id": good.pk, "outcome": "ok", "detail": "1 deliveries queued", "deliveries_queued": 1},
+        {
+            "id": bad.pk,
+            "outcome": "refused",
+            "detail": REPLAY_NOT_VERIFIED.format(id=bad.pk, status="rejected"),
+        },
+    ]
+    inbox_run_once()
+    assert push_handler.calls == [good.pk, good.pk]
+    audit = api.get("/api/operator-actions/").json()
+    assert audit["results"][0]["id"] == data["id"]
+
+
+def test_reverify_reports_the_new_verdict(api, operator, events):
+    _, bad = events
+    as_user(api, operator)
+    [result] = api.post(REVERIFY, {"ids": [bad.pk]}, format="json").json()["results"]
+    assert result["outcome"] == "ok"
+    assert (result["signature_status"], result["rejection_reason"]) == (
+        "rejected",
+        "bad_signature",
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        ({}, "This field is required."),
+        ({"ids": []}, "This list may not be empty."),
+        ({"ids": "1,2"}, "Expected a list of items"),
+        ({"ids": ["abc"]}, "A valid integer is required."),
+        ({"ids": [1.5]}, "A valid integer is required."),
+        ({"ids": [None]}, "This field may not be null."),
+        ({"ids": [0]}, "greater than or equal to 1"),
+        ({"ids": [2**63]}, "less than or equal to"),
+        ({"ids": list(range(1, 502))}, "no more than 500"),
+        ([1, 2], "Expected a dictionary"),
+    ],
+)
+def test_bad_input_is_a_400_naming_the_problem(api, operator, payload, fragment):
+    as_user(api, operator)
+    for url in (REPLAY, REVERIFY):
+        response = api.post(url, payload, format="json")
+        assert response.status_code == 400, response.content
+        assert fragment in response.content.decode()
+    assert not OperatorAction.objects.exists()
+
+
+def test_unknown_ids_are_a_400_and_nothing_runs(api, operator, events, push_handler):
+    good, _ = events
+    as_user(api, operator)
+    response = api.post(REPLAY, {"ids": [good.pk, 987654]}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"ids": ["Unknown raw event ids: 987654."]}
+    assert not OperatorAction.objects.exists()
+    assert push_handler.calls == [good.pk]
+
+
+def test_malformed_json_and_wrong_methods(api, operator):
+    as_user(api, operator)
+    response = api.post(REPLAY, b"{not json", content_type="application/json")
+    assert response.status_code == 400
+    assert api.get(REPLAY).status_code == 405
+    assert api.post(LIST, {}, format="json").status_code == 405
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"status": "bogus"},
+        {"reason": "nope"},
+        {"received_after": "yesterday"},
+        {"received_after": "2030-01-01T00:00:00Z", "received_before": "2020-01-01T00:00:00Z"},
+        {"stauts": "rejected"},
+    ],
+)
+def test_bad_filters_are_a_400(api, operator, params):
+    as_user(api, operator)
+    response = api.get(LIST, params)
+    assert response.status_code == 400, response.content
+
+
+def test_unknown_and_absurd_detail_ids_are_404(api, operator):
+    as_user(api, operator)
+    assert api.get("/api/raw-events/987654/").status_code == 404
+    assert api.get("/api/raw-events/99999999999999999999999/").status_code == 404
+
+
+def test_basic_auth_works_for_scripts(api, django_user_model, events):
+    from tests.console.conftest import OPERATOR_PERMISSIONS, grant
+
+    grant(
+        django_user_model.objects.create_user("script", password="s3cret-pw", is_staff=True),
+        *OPERATOR_PERMISSIONS,
+    )
+    token = base64.b64encode(b"script:s3cret-pw").decode()
+    api.credentials(HTTP_AUTHORIZATION=f"Basic {token}")
+    response = api.post(REPLAY, {"ids": [events[0].pk]}, format="json")
+    assert response.status_code == 200
+    assert OperatorAction.objects.get().actor_username == "script"
