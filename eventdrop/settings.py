@@ -214,3 +214,60 @@ Q_CLUSTER = {
 }
 
 # --- Recaps, render service and outbox (see recaps/ and outbox/) ---------------------------
+# Every duration below is in seconds. outbox/budgets.py turns them into worst cases, and the
+# `outbox.E001` system check refuses to start when one exceeds the budget of a caller.
+
+# Stripe (recap purchase). The SDK's HTTP client gets explicit (connect, read) timeouts and
+# a bounded number of its own retries; both count in the purchase request's budget.
+STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "")
+STRIPE_API_BASE = os.environ.get("STRIPE_API_BASE", "https://api.stripe.com")
+STRIPE_CONNECT_TIMEOUT_SECONDS = env_float("STRIPE_CONNECT_TIMEOUT_SECONDS", 2.0)
+STRIPE_READ_TIMEOUT_SECONDS = env_float("STRIPE_READ_TIMEOUT_SECONDS", 4.0)
+STRIPE_MAX_NETWORK_RETRIES = env_int("STRIPE_MAX_NETWORK_RETRIES", 1)
+# What a buyer waits for the checkout redirect (the purchase API request).
+RECAP_PURCHASE_BUDGET_SECONDS = env_float("RECAP_PURCHASE_BUDGET_SECONDS", 15.0)
+RECAP_PRICE_CENTS = env_int("RECAP_PRICE_CENTS", 990)
+RECAP_CURRENCY = os.environ.get("RECAP_CURRENCY", "eur")
+# {recap_id} is replaced; Stripe adds nothing else to these.
+RECAP_CHECKOUT_SUCCESS_URL = os.environ.get(
+    "RECAP_CHECKOUT_SUCCESS_URL", "http://127.0.0.1:8000/recaps/{recap_id}/?checkout=success"
+)
+RECAP_CHECKOUT_CANCEL_URL = os.environ.get(
+    "RECAP_CHECKOUT_CANCEL_URL", "http://127.0.0.1:8000/recaps/{recap_id}/?checkout=cancel"
+)
+# A recap of fewer photos cannot be cut; the render is refused as a permanent error.
+RECAP_MIN_PHOTOS = env_int("RECAP_MIN_PHOTOS", 5)
+
+# Render service. Each call has a connect timeout, a read timeout (silence between bytes)
+# and a total deadline (caps a slow drip); the health precheck is one call, the render
+# request may be tried RENDER_CALL_ATTEMPTS times within one dispatch (1 = the outbox is the
+# only retry loop, which is the point of having one).
+RENDER_SERVICE_URL = os.environ.get("RENDER_SERVICE_URL", "")
+RENDER_CALLBACK_URL = os.environ.get("RENDER_CALLBACK_URL", "")
+RENDER_WEBHOOK_SOURCE = os.environ.get("RENDER_WEBHOOK_SOURCE", "renderer")
+RENDER_HEALTH_CONNECT_TIMEOUT_SECONDS = env_float("RENDER_HEALTH_CONNECT_TIMEOUT_SECONDS", 1.0)
+RENDER_HEALTH_READ_TIMEOUT_SECONDS = env_float("RENDER_HEALTH_READ_TIMEOUT_SECONDS", 2.0)
+RENDER_HEALTH_TIMEOUT_SECONDS = env_float("RENDER_HEALTH_TIMEOUT_SECONDS", 3.0)
+RENDER_CONNECT_TIMEOUT_SECONDS = env_float("RENDER_CONNECT_TIMEOUT_SECONDS", 2.0)
+RENDER_READ_TIMEOUT_SECONDS = env_float("RENDER_READ_TIMEOUT_SECONDS", 8.0)
+RENDER_TIMEOUT_SECONDS = env_float("RENDER_TIMEOUT_SECONDS", 10.0)
+RENDER_CALL_ATTEMPTS = env_int("RENDER_CALL_ATTEMPTS", 1)
+RENDER_CALL_BACKOFF_BASE_SECONDS = env_float("RENDER_CALL_BACKOFF_BASE_SECONDS", 2.0)
+RENDER_CALL_BACKOFF_CAP_SECONDS = env_float("RENDER_CALL_BACKOFF_CAP_SECONDS", 8.0)
+# Bulkhead: render calls in flight at once, per dispatcher process.
+RENDER_MAX_CONCURRENCY = env_int("RENDER_MAX_CONCURRENCY", 4)
+# Circuit breaker (state in the database, shared by every worker process and host).
+RENDER_BREAKER_FAILURE_THRESHOLD = env_int("RENDER_BREAKER_FAILURE_THRESHOLD", 5)
+RENDER_BREAKER_COOLDOWN_SECONDS = env_float("RENDER_BREAKER_COOLDOWN_SECONDS", 60.0)
+
+# Outbox (recap_side_effects).
+OUTBOX_DISPATCH_BUDGET_SECONDS = env_float("OUTBOX_DISPATCH_BUDGET_SECONDS", 60.0)
+OUTBOX_MAX_ATTEMPTS = env_int("OUTBOX_MAX_ATTEMPTS", 5)
+OUTBOX_BACKOFF_BASE_SECONDS = env_float("OUTBOX_BACKOFF_BASE_SECONDS", 60.0)
+OUTBOX_BACKOFF_CAP_SECONDS = env_float("OUTBOX_BACKOFF_CAP_SECONDS", 1800.0)
+# A row `processing` longer than this belonged to a dispatcher that died: re-arm it.
+OUTBOX_STALE_PROCESSING_SECONDS = env_int("OUTBOX_STALE_PROCESSING_SECONDS", 900)
+# `manage.py dispatch_side_effects` without --once: pause between runs.
+OUTBOX_IDLE_SLEEP_SECONDS = env_float("OUTBOX_IDLE_SLEEP_SECONDS", 5.0)
+# Nightly recovery counts recaps `rendering` longer than this (a lost completion callback).
+RECAP_STUCK_RENDERING_HOURS = env_int("RECAP_STUCK_RENDERING_HOURS", 24)

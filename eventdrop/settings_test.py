@@ -20,3 +20,9 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 SESSION_COOKIE_SECURE = False
 CSRF_COOKIE_SECURE = False
 Q_CLUSTER = {**Q_CLUSTER, "sync": True}  # noqa: F405
+
+# Recaps and outbox: tests start their own fake render service and fake Stripe on ephemeral
+# ports and override the URLs; a bulkhead of one runs dispatches inline (no threads), and
+# the PostgreSQL concurrency tests raise it explicitly.
+STRIPE_API_KEY = "sk_test_eventdrop"
+RENDER_MAX_CONCURRENCY = 1
