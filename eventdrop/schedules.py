@@ -16,4 +16,7 @@ SCHEDULES: list[tuple[str, str, str, int | None]] = [
         Schedule.MINUTES,
         60,
     ),
+    # Flow 3: the recap outbox dispatcher (one budgeted run) and the nightly recovery.
+    ("outbox.dispatch_side_effects", "outbox.tasks.dispatch_side_effects", Schedule.MINUTES, 2),
+    ("outbox.recover_recaps", "outbox.tasks.recover_recaps", Schedule.DAILY, None),
 ]

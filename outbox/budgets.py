@@ -1,0 +1,154 @@
+"""Time budgets as code: the worst case of every slow operation, and who must fit it.
+
+A budget is a contract (the seed's first lesson): a retry loop inside a function with a
+30-second budget has to be *calculated*, not estimated. Each operation below computes its
+worst case from the very settings its client runs with and returns the arithmetic as text,
+so the system check (outbox/checks.py, `outbox.E001`) can show *why* something does not fit.
+
+The seed's configuration, in this arithmetic (render client with in-call retries):
+
+    health 5.0 s + 4 x render 10.0 s + backoff 2.0+4.0+8.0 s = 59.0 s
+
+The seed's author wrote "roughly 46 s"; the sum of its own terms is 59 s before jitter, and
+66 s if the +50 % jitter it describes is applied on top of 2/4/8 s. We report 59 s for that
+configuration because our client's pauses use full jitter (eventdrop.retry.RetryPolicy):
+a pause is uniform(0, ceiling), so its worst case *is* the ceiling, never above it. Either
+way it is twice the 30 s webhook budget, and it does not fit the dispatcher's 60 s either.
+
+Our defaults: health 3.0 s + 1 x render 10.0 s = 13.0 s per dispatch (the outbox, not the
+client, is the retry loop), against the dispatcher's 60 s run.
+"""
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import stripe
+from django.conf import settings
+
+from recaps.render_client import RenderClientConfig
+
+
+@dataclass(frozen=True)
+class WorstCase:
+    seconds: float
+    arithmetic: str
+
+
+def _s(value: float) -> str:
+    return f"{value:.1f} s"
+
+
+def render_dispatch_worst_case(config: RenderClientConfig | None = None) -> WorstCase:
+    """One dispatch: the health precheck, then `attempts` render calls with pauses between.
+
+    Each call is capped by its total deadline (recaps/render_client.py streams the body and
+    stops there), so a call's worst case is that deadline, whatever its connect and read
+    timeouts are. The pause before attempt n+1 is at most RetryPolicy.ceiling(n).
+    """
+    c = config or RenderClientConfig.from_settings()
+    pauses = [c.backoff.ceiling(n) for n in range(1, c.attempts)]
+    total = c.health.total + c.attempts * c.render.total + sum(pauses)
+    terms = [f"health {_s(c.health.total)}", f"{c.attempts} x render {_s(c.render.total)}"]
+    if pauses:
+        terms.append("backoff " + "+".join(f"{p:.1f}" for p in pauses) + " s")
+    return WorstCase(total, " + ".join(terms) + f" = {_s(total)}")
+
+
+def stripe_checkout_worst_case() -> WorstCase:
+    """Creating a Checkout Session through the stripe SDK's RequestsClient.
+
+    Per try: connect + read timeout (`requests` buffers Stripe's small JSON answer; its read
+    timeout is the silence allowed between bytes, which Stripe's API never drips). The SDK
+    retries timeouts, connection errors, 409 and 5xx up to max_network_retries times and
+    sleeps min(INITIAL_DELAY x 2^(n-1), MAX_DELAY) x uniform(0.5, 1), at least INITIAL_DELAY,
+    before retry n: its worst case is max(INITIAL_DELAY, min(INITIAL_DELAY x 2^(n-1), MAX_DELAY)).
+    """
+    per_try = settings.STRIPE_CONNECT_TIMEOUT_SECONDS + settings.STRIPE_READ_TIMEOUT_SECONDS
+    retries = settings.STRIPE_MAX_NETWORK_RETRIES
+    initial, cap = stripe.HTTPClient.INITIAL_DELAY, stripe.HTTPClient.MAX_DELAY
+    sleeps = [max(initial, min(initial * 2 ** (n - 1), cap)) for n in range(1, retries + 1)]
+    total = (1 + retries) * per_try + sum(sleeps)
+    arithmetic = (
+        f"{1 + retries} x (connect {_s(settings.STRIPE_CONNECT_TIMEOUT_SECONDS)} + read "
+        f"{_s(settings.STRIPE_READ_TIMEOUT_SECONDS)})"
+    )
+    if sleeps:
+        arithmetic += " + SDK retry sleep " + "+".join(f"{p:.1f}" for p in sleeps) + " s"
+    return WorstCase(total, f"{arithmetic} = {_s(total)}")
+
+
+_STATEMENT_TIMEOUT = re.compile(r"statement_timeout\s*=\s*(\d+)")
+
+
+def database_statement_worst_case() -> WorstCase:
+    """One statement on the default database: connect, then at most the statement timeout
+    (on PostgreSQL it includes lock waits); on SQLite, the busy timeout."""
+    database = settings.DATABASES["default"]
+    options = database.get("OPTIONS", {})
+    if "postgresql" in database["ENGINE"]:
+        connect = options.get("connect_timeout")
+        match = _STATEMENT_TIMEOUT.search(str(options.get("options", "")))
+        if connect is None or match is None:
+            return WorstCase(math.inf, "no connect_timeout or statement_timeout: unbounded")
+        statement = int(match.group(1)) / 1000
+        total = float(connect) + statement
+        return WorstCase(
+            total, f"connect {_s(float(connect))} + statement {_s(statement)} = {_s(total)}"
+        )
+    busy = float(options.get("timeout", 5))
+    return WorstCase(busy, f"SQLite busy timeout {_s(busy)}")
+
+
+OPERATIONS: dict[str, Callable[[], WorstCase]] = {
+    "render.dispatch": render_dispatch_worst_case,
+    "stripe.checkout_session": stripe_checkout_worst_case,
+    "database.statement": database_statement_worst_case,
+}
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Code with a time budget that performs `operation` synchronously, `times` times."""
+
+    name: str
+    budget_setting: str
+    operation: str
+    times: int = 1
+
+
+# Who waits for what. A new synchronous use of a slow operation is added here, and the
+# check then holds it against its caller's budget before the code can ship.
+CALLERS: list[Caller] = [
+    # A run claims a row only while what is left covers one worst-case dispatch.
+    Caller("outbox dispatcher run", "OUTBOX_DISPATCH_BUDGET_SECONDS", "render.dispatch"),
+    Caller("recap purchase request", "RECAP_PURCHASE_BUDGET_SECONDS", "stripe.checkout_session"),
+    # The receive path is one INSERT; nothing slow may ever join it.
+    Caller("webhook receive request", "WEBHOOK_REQUEST_BUDGET_SECONDS", "database.statement"),
+]
+
+
+@dataclass(frozen=True)
+class BudgetViolation:
+    caller: Caller
+    budget: float
+    worst: WorstCase
+
+    @property
+    def message(self) -> str:
+        times = f"{self.caller.times} x " if self.caller.times != 1 else ""
+        return (
+            f"{self.caller.operation} worst case {times}{self.worst.arithmetic} exceeds the "
+            f"{_s(self.budget)} budget of the {self.caller.name} ({self.caller.budget_setting})."
+        )
+
+
+def budget_violations(callers: list[Caller] | None = None) -> list[BudgetViolation]:
+    violations = []
+    for caller in CALLERS if callers is None else callers:
+        budget = float(getattr(settings, caller.budget_setting))
+        worst = OPERATIONS[caller.operation]()
+        if caller.times * worst.seconds > budget:
+            violations.append(BudgetViolation(caller=caller, budget=budget, worst=worst))
+    return violations

@@ -1,0 +1,49 @@
+"""Reads about the outbox: queue depths for the console, the API and /metrics."""
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Count, Min, Q, QuerySet
+from django.utils import timezone
+
+from outbox.models import CircuitBreaker, RecapSideEffect, RecapSideEffectAttempt, SideEffectStatus
+
+
+def side_effect_depths(*, now: datetime | None = None) -> dict:
+    """Rows per status, how many are due, and how long the oldest due row has waited.
+
+    One aggregate query. `stale_processing` counts rows a dead worker left behind (they are
+    re-armed by the next dispatcher run); `oldest_due_age_seconds` is None when nothing is
+    due, and is the figure to alert on: it grows when the dispatcher is not running.
+    """
+    now = now or timezone.now()
+    stale_before = now - timedelta(seconds=settings.OUTBOX_STALE_PROCESSING_SECONDS)
+    due = Q(status=SideEffectStatus.PENDING, next_attempt_at__lte=now)
+    row = RecapSideEffect.objects.aggregate(
+        **{status: Count("id", filter=Q(status=status)) for status in SideEffectStatus.values},
+        due=Count("id", filter=due),
+        stale_processing=Count(
+            "id", filter=Q(status=SideEffectStatus.PROCESSING, claimed_at__lt=stale_before)
+        ),
+        oldest_due=Min("next_attempt_at", filter=due),
+    )
+    oldest_due = row.pop("oldest_due")
+    return {
+        **row,
+        "oldest_due_age_seconds": (
+            None if oldest_due is None else max((now - oldest_due).total_seconds(), 0.0)
+        ),
+    }
+
+
+def side_effect_history(*, side_effect: RecapSideEffect) -> QuerySet[RecapSideEffectAttempt]:
+    return RecapSideEffectAttempt.objects.filter(side_effect=side_effect).order_by("id")
+
+
+def side_effect_list(*, status: str | None = None) -> QuerySet[RecapSideEffect]:
+    queryset = RecapSideEffect.objects.select_related("recap").order_by("next_attempt_at", "id")
+    return queryset if status is None else queryset.filter(status=status)
+
+
+def circuit_breaker_get(*, name: str) -> CircuitBreaker | None:
+    return CircuitBreaker.objects.filter(name=name).first()

@@ -1,0 +1,480 @@
+"""Every write to the recap outbox: enqueue, claim, finish, re-arm, give up, recover.
+
+The row is the state machine (the seed's third lesson, "accepted ≠ done"):
+
+    pending ──claim──▶ processing ──render accepted──▶ done
+       ▲                   │
+       │                   ├── transient failure, attempts left ──▶ pending (next_attempt_at)
+       │                   ├── transient failure, last attempt ───▶ dead ─▶ recap failed
+       │                   ├── permanent or unclassified failure ─▶ dead ─▶ recap failed
+       │                   └── breaker open (attempt refunded) ───▶ pending
+       └──── re-arm (stale processing, operator) ─────────────────────┘
+
+Only `dead` writes a terminal state on the recap. Transaction boundaries: the claim is one
+short transaction, the network call happens outside any transaction, and each outcome is
+recorded in a transaction of its own that is fenced on (claimed_at, attempts), so a worker
+that comes back after its row was re-armed and claimed again cannot overwrite the new run.
+"""
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from eventdrop.retry import RetryPolicy
+from outbox.errors import (
+    SIDE_EFFECT_ALREADY_DEAD,
+    SIDE_EFFECT_ALREADY_DONE,
+    SIDE_EFFECT_IN_FLIGHT,
+    SIDE_EFFECT_REASON_REQUIRED,
+    Failure,
+    OutboxError,
+)
+from outbox.models import (
+    AttemptOutcome,
+    EffectType,
+    RecapSideEffect,
+    RecapSideEffectAttempt,
+    SideEffectStatus,
+)
+from recaps.models import RecapVideo
+from recaps.selectors import recaps_paid_without_side_effect, recaps_stuck_rendering
+from recaps.services import recap_mark_failed, recap_mark_rendering, recap_reopen
+
+logger = logging.getLogger(__name__)
+
+DEAD_REASON = "render request gave up after {attempts} attempt(s): {error_class}: {error}"
+OPERATOR_DEAD_REASON = "marked dead by an operator: {reason}"
+STALE_ERROR = "re-armed: processing since {claimed_at}, its worker died"
+_ERROR_LIMIT = 2000
+
+
+def outbox_retry_policy() -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=settings.OUTBOX_MAX_ATTEMPTS,
+        base_seconds=settings.OUTBOX_BACKOFF_BASE_SECONDS,
+        cap_seconds=settings.OUTBOX_BACKOFF_CAP_SECONDS,
+    )
+
+
+def _stale_after() -> timedelta:
+    return timedelta(seconds=settings.OUTBOX_STALE_PROCESSING_SECONDS)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A row this worker owns until it records an outcome (fenced on claimed_at+attempts)."""
+
+    id: int
+    recap_id: object
+    attempts: int
+    claimed_at: datetime
+    idempotency_key: str
+
+
+def _history(
+    side_effect_id: int,
+    *,
+    number: int,
+    started_at: datetime,
+    finished_at: datetime,
+    outcome: str,
+    error_class: str = "",
+    error: str = "",
+) -> None:
+    RecapSideEffectAttempt.objects.create(
+        side_effect_id=side_effect_id,
+        number=number,
+        started_at=started_at,
+        finished_at=finished_at,
+        outcome=outcome,
+        error_class=error_class[:64],
+        error=error[:_ERROR_LIMIT],
+    )
+
+
+# --- enqueue ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def side_effect_enqueue(
+    *, recap: RecapVideo, effect_type: str = EffectType.RENDER, now: datetime | None = None
+) -> tuple[RecapSideEffect, bool]:
+    """The row for (recap, effect_type), created unless it exists. Returns (row, created).
+
+    The UNIQUE (recap, effect_type) constraint makes this idempotent even without the
+    caller's lock: a concurrent second insert fails inside get_or_create's savepoint and
+    reads the winner's row instead.
+    """
+    return RecapSideEffect.objects.get_or_create(
+        recap=recap,
+        effect_type=effect_type,
+        defaults={"next_attempt_at": now or timezone.now()},
+    )
+
+
+# --- the dispatcher's side -------------------------------------------------------------------
+
+
+@transaction.atomic
+def side_effects_claim(
+    *, limit: int, now: datetime | None = None, exclude: Iterable[int] = ()
+) -> list[Claim]:
+    """Claim up to `limit` due rows: SKIP LOCKED, marked processing in this transaction.
+
+    Per Sentry's outbox, the next attempt is scheduled *before* calling out: a claimed row
+    gets next_attempt_at = now + the stale threshold, the moment it would be re-armed if
+    this worker died, and only a recorded outcome moves it anywhere else.
+    """
+    now = now or timezone.now()
+    due = list(
+        RecapSideEffect.objects.select_for_update(skip_locked=True)
+        .filter(status=SideEffectStatus.PENDING, next_attempt_at__lte=now)
+        .exclude(id__in=list(exclude))
+        .order_by("next_attempt_at", "id")
+        .values_list("id", flat=True)[:limit]
+    )
+    if not due:
+        return []
+    RecapSideEffect.objects.filter(id__in=due).update(
+        status=SideEffectStatus.PROCESSING,
+        claimed_at=now,
+        attempts=F("attempts") + 1,
+        next_attempt_at=now + _stale_after(),
+        updated_at=now,
+    )
+    rows = RecapSideEffect.objects.filter(id__in=due).order_by("next_attempt_at", "id")
+    return [
+        Claim(
+            id=row.id,
+            recap_id=row.recap_id,
+            attempts=row.attempts,
+            claimed_at=row.claimed_at,
+            idempotency_key=row.idempotency_key,
+        )
+        for row in rows
+    ]
+
+
+def _fenced(claim: Claim):
+    return RecapSideEffect.objects.filter(
+        id=claim.id,
+        status=SideEffectStatus.PROCESSING,
+        claimed_at=claim.claimed_at,
+        attempts=claim.attempts,
+    )
+
+
+def _lost_claim(claim: Claim, started_at: datetime, now: datetime, detail: str) -> str:
+    _history(
+        claim.id,
+        number=claim.attempts,
+        started_at=started_at,
+        finished_at=now,
+        outcome=AttemptOutcome.LOST_CLAIM,
+        error=detail,
+    )
+    logger.warning(
+        "outbox.dispatch.lost_claim", extra={"side_effect_id": claim.id, "attempt": claim.attempts}
+    )
+    return AttemptOutcome.LOST_CLAIM
+
+
+@transaction.atomic
+def side_effect_complete(
+    *, claim: Claim, render_id: str, started_at: datetime, now: datetime | None = None
+) -> str:
+    """The render service accepted the render: the row is done, the recap `rendering`."""
+    now = now or timezone.now()
+    updated = _fenced(claim).update(
+        status=SideEffectStatus.DONE,
+        finished_at=now,
+        claimed_at=None,
+        last_error="",
+        last_error_class="",
+        updated_at=now,
+    )
+    if not updated:
+        return _lost_claim(claim, started_at, now, f"accepted as render {render_id}")
+    recap_mark_rendering(recap_id=claim.recap_id, render_id=render_id, now=now)
+    _history(
+        claim.id,
+        number=claim.attempts,
+        started_at=started_at,
+        finished_at=now,
+        outcome=AttemptOutcome.DONE,
+    )
+    logger.info(
+        "outbox.dispatch.done",
+        extra={"side_effect_id": claim.id, "recap_id": str(claim.recap_id), "render_id": render_id},
+    )
+    return AttemptOutcome.DONE
+
+
+@transaction.atomic
+def side_effect_fail(
+    *,
+    claim: Claim,
+    failure: Failure,
+    error: str,
+    started_at: datetime,
+    now: datetime | None = None,
+) -> str:
+    """Record a failed attempt: retry later if transient with attempts left, else dead.
+
+    A transient failure never writes a terminal state unless it was the last attempt.
+    """
+    now = now or timezone.now()
+    policy = outbox_retry_policy()
+    if failure.transient and not policy.gives_up_after(claim.attempts):
+        delay = policy.delay(claim.attempts, retry_after=failure.retry_after)
+        updated = _fenced(claim).update(
+            status=SideEffectStatus.PENDING,
+            claimed_at=None,
+            next_attempt_at=now + timedelta(seconds=delay),
+            last_error=error[:_ERROR_LIMIT],
+            last_error_class=failure.error_class,
+            updated_at=now,
+        )
+        outcome = AttemptOutcome.TRANSIENT
+    else:
+        reason = DEAD_REASON.format(
+            attempts=claim.attempts, error_class=failure.error_class, error=error
+        )
+        updated = _fenced(claim).update(
+            status=SideEffectStatus.DEAD,
+            claimed_at=None,
+            finished_at=now,
+            last_error=error[:_ERROR_LIMIT] or failure.error_class,
+            last_error_class=failure.error_class,
+            updated_at=now,
+        )
+        outcome = AttemptOutcome.PERMANENT if not failure.transient else AttemptOutcome.DEAD
+        if updated:
+            recap_mark_failed(recap_id=claim.recap_id, reason=reason, now=now)
+    if not updated:
+        return _lost_claim(claim, started_at, now, error)
+    _history(
+        claim.id,
+        number=claim.attempts,
+        started_at=started_at,
+        finished_at=now,
+        outcome=outcome,
+        error_class=failure.error_class,
+        error=error,
+    )
+    log = logger.info if outcome == AttemptOutcome.TRANSIENT else logger.warning
+    log(
+        f"outbox.dispatch.{outcome}",
+        extra={
+            "side_effect_id": claim.id,
+            "recap_id": str(claim.recap_id),
+            "attempt": claim.attempts,
+            "error_class": failure.error_class,
+        },
+    )
+    return outcome
+
+
+@transaction.atomic
+def side_effect_release(
+    *,
+    claim: Claim,
+    retry_at: datetime | None,
+    error: str,
+    started_at: datetime,
+    now: datetime | None = None,
+) -> str:
+    """Give a claimed row back untouched (breaker open): no call was made, so the attempt
+    is refunded and the row waits until the breaker may let calls through again."""
+    now = now or timezone.now()
+    updated = _fenced(claim).update(
+        status=SideEffectStatus.PENDING,
+        claimed_at=None,
+        attempts=F("attempts") - 1,
+        next_attempt_at=max(retry_at or now, now),
+        updated_at=now,
+    )
+    if not updated:
+        return _lost_claim(claim, started_at, now, error)
+    _history(
+        claim.id,
+        number=claim.attempts,
+        started_at=started_at,
+        finished_at=now,
+        outcome=AttemptOutcome.SKIPPED,
+        error_class="circuit_open",
+        error=error,
+    )
+    return AttemptOutcome.SKIPPED
+
+
+@transaction.atomic
+def side_effects_rearm_stale(*, now: datetime | None = None) -> int:
+    """Rows `processing` for longer than the stale threshold go back to `pending`.
+
+    Their worker died (or was killed by the task timeout) somewhere between claim and
+    outcome; the attempt stays counted because the request may have reached the service,
+    and the idempotency key makes the retry safe.
+    """
+    now = now or timezone.now()
+    stale = list(
+        RecapSideEffect.objects.select_for_update(skip_locked=True)
+        .filter(status=SideEffectStatus.PROCESSING, claimed_at__lt=now - _stale_after())
+        .values_list("id", "attempts", "claimed_at")
+    )
+    if not stale:
+        return 0
+    RecapSideEffect.objects.filter(id__in=[row[0] for row in stale]).update(
+        status=SideEffectStatus.PENDING, claimed_at=None, next_attempt_at=now, updated_at=now
+    )
+    for side_effect_id, attempts, claimed_at in stale:
+        _history(
+            side_effect_id,
+            number=attempts,
+            started_at=claimed_at,
+            finished_at=now,
+            outcome=AttemptOutcome.REARMED_STALE,
+            error=STALE_ERROR.format(claimed_at=claimed_at.isoformat()),
+        )
+    logger.warning("outbox.rearm_stale", extra={"count": len(stale)})
+    return len(stale)
+
+
+# --- operator actions (the console calls these) ----------------------------------------------
+
+
+def _locked(side_effect: RecapSideEffect) -> RecapSideEffect:
+    return RecapSideEffect.objects.select_for_update().get(pk=side_effect.pk)
+
+
+@transaction.atomic
+def side_effect_rearm(
+    *, side_effect: RecapSideEffect, new_render: bool = False, now: datetime | None = None
+) -> RecapSideEffect:
+    """Due now, with a fresh set of attempts; a `failed` recap goes back to `paid`.
+
+    Dead and pending rows can always be re-armed, a processing row only once it is stale.
+    A done row is re-armed only with `new_render=True` (recap_retry_render): that asks the
+    render service for a *new* render under a new idempotency key.
+    """
+    now = now or timezone.now()
+    row = _locked(side_effect)
+    if row.status == SideEffectStatus.DONE and not new_render:
+        raise OutboxError(SIDE_EFFECT_ALREADY_DONE.format(id=row.id))
+    if row.status == SideEffectStatus.PROCESSING and row.claimed_at > now - _stale_after():
+        raise OutboxError(
+            SIDE_EFFECT_IN_FLIGHT.format(id=row.id, stale=settings.OUTBOX_STALE_PROCESSING_SECONDS)
+        )
+    if row.status == SideEffectStatus.DONE:
+        row.key_generation += 1
+    previous = row.status
+    row.status = SideEffectStatus.PENDING
+    row.attempts = 0
+    row.next_attempt_at = now
+    row.claimed_at = None
+    row.finished_at = None
+    row.save()
+    _history(
+        row.id,
+        number=0,
+        started_at=now,
+        finished_at=now,
+        outcome=AttemptOutcome.REARMED,
+        error=f"was {previous}" + (", new render requested" if new_render else ""),
+    )
+    recap_reopen(recap_id=row.recap_id, now=now)
+    logger.info(
+        "outbox.rearm",
+        extra={"side_effect_id": row.id, "recap_id": str(row.recap_id), "was": previous},
+    )
+    return row
+
+
+@transaction.atomic
+def side_effect_mark_dead(
+    *, side_effect: RecapSideEffect, reason: str, now: datetime | None = None
+) -> RecapSideEffect:
+    """Give up on a row by hand; the recap is `failed` with the operator's reason."""
+    reason = reason.strip()
+    if not reason:
+        raise OutboxError(SIDE_EFFECT_REASON_REQUIRED)
+    now = now or timezone.now()
+    row = _locked(side_effect)
+    if row.status == SideEffectStatus.DEAD:
+        raise OutboxError(SIDE_EFFECT_ALREADY_DEAD.format(id=row.id))
+    if row.status == SideEffectStatus.DONE:
+        raise OutboxError(SIDE_EFFECT_ALREADY_DONE.format(id=row.id))
+    message = OPERATOR_DEAD_REASON.format(reason=reason)
+    row.status = SideEffectStatus.DEAD
+    row.claimed_at = None
+    row.finished_at = now
+    row.last_error = message[:_ERROR_LIMIT]
+    row.last_error_class = "operator"
+    row.save()
+    _history(
+        row.id,
+        number=row.attempts,
+        started_at=now,
+        finished_at=now,
+        outcome=AttemptOutcome.MARKED_DEAD,
+        error_class="operator",
+        error=message,
+    )
+    recap_mark_failed(recap_id=row.recap_id, reason=message, now=now)
+    logger.warning("outbox.mark_dead", extra={"side_effect_id": row.id})
+    return row
+
+
+@transaction.atomic
+def side_effects_settle_for_ready(*, recap_id: object, now: datetime | None = None) -> int:
+    """The recap is ready (its callback arrived): rows still waiting have nothing left to
+    do. A processing row is left to its worker, which finds the recap ready and finishes."""
+    now = now or timezone.now()
+    return RecapSideEffect.objects.filter(
+        recap_id=recap_id, status__in=[SideEffectStatus.PENDING, SideEffectStatus.DEAD]
+    ).update(status=SideEffectStatus.DONE, claimed_at=None, finished_at=now, updated_at=now)
+
+
+# --- nightly recovery (the seed's phase 4b, rebuilt) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    created: int
+    rearmed: int
+    stuck_rendering: int
+
+    def summary(self) -> str:
+        return (
+            f"created {self.created} missing side effects, re-armed {self.rearmed} stale "
+            f"processing rows, {self.stuck_rendering} recaps rendering for more than "
+            f"{settings.RECAP_STUCK_RENDERING_HOURS} h (not touched; see the console)"
+        )
+
+
+def outbox_recover(*, now: datetime | None = None) -> RecoveryReport:
+    """Repair what a crash can leave behind; call nothing. The dispatcher does the work.
+
+    - a `paid` recap without its render row (written before the enqueue was transactional,
+      or by hand) gets the row;
+    - rows stuck in `processing` are re-armed;
+    - recaps `rendering` for too long are counted, not touched: only a human can tell a
+      slow render from a lost callback.
+    """
+    now = now or timezone.now()
+    created = 0
+    for recap in recaps_paid_without_side_effect(effect_type=EffectType.RENDER):
+        _, was_created = side_effect_enqueue(recap=recap, now=now)
+        created += was_created
+    rearmed = side_effects_rearm_stale(now=now)
+    stuck = recaps_stuck_rendering(
+        older_than=now - timedelta(hours=settings.RECAP_STUCK_RENDERING_HOURS)
+    ).count()
+    logger.info("outbox.recover", extra={"created": created, "rearmed": rearmed, "stuck": stuck})
+    return RecoveryReport(created=created, rearmed=rearmed, stuck_rendering=stuck)
