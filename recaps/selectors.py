@@ -1,0 +1,38 @@
+"""Reads about recaps (QuerySets or plain values; no writes)."""
+
+from datetime import datetime
+
+from django.db.models import QuerySet
+
+from recaps.errors import RecapNotFound
+from recaps.models import Event, Photo, RecapStatus, RecapVideo
+
+
+def recap_get(*, recap_id: object) -> RecapVideo:
+    try:
+        return RecapVideo.objects.select_related("event").get(pk=recap_id)
+    except (RecapVideo.DoesNotExist, ValueError) as exc:  # ValueError: not a UUID
+        raise RecapNotFound() from exc
+
+
+def recap_list_for_buyer(*, buyer) -> QuerySet[RecapVideo]:
+    return RecapVideo.objects.filter(buyer=buyer).order_by("-created_at")
+
+
+def event_photo_keys(*, event: Event) -> list[str]:
+    """The photos the render service cuts, in the order they were taken."""
+    return list(
+        Photo.objects.filter(event=event)
+        .order_by("taken_at", "id")
+        .values_list("storage_key", flat=True)
+    )
+
+
+def recaps_paid_without_side_effect(*, effect_type: str) -> QuerySet[RecapVideo]:
+    return RecapVideo.objects.filter(status=RecapStatus.PAID).exclude(
+        side_effects__effect_type=effect_type
+    )
+
+
+def recaps_stuck_rendering(*, older_than: datetime) -> QuerySet[RecapVideo]:
+    return RecapVideo.objects.filter(status=RecapStatus.RENDERING, rendering_at__lt=older_than)

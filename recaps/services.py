@@ -1,0 +1,322 @@
+"""Every write to recaps: create, checkout, pay, redeem, and the render's status changes.
+
+The status machine (constraints in recaps/models.py hold the invariants):
+
+    pending_payment ──paid or redeemed──▶ paid ──render accepted──▶ rendering ──▶ ready
+                                           │                           │
+                                           └──── outbox dead / render failed ──▶ failed
+    failed ──operator retry──▶ paid            (a late `render.completed` still wins: ready)
+
+The outbox (outbox/) depends on recaps: its rows point at recaps and its outcomes move
+them. The few functions here that enqueue or re-arm import outbox.services when called,
+which keeps that dependency one-way while modules load.
+"""
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+import stripe
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from recaps.errors import (
+    RECAP_IS_FREE,
+    RECAP_NOT_FREE,
+    RECAP_NOT_PAYABLE,
+    RECAP_NOT_RENDERED,
+    RECAP_NOT_RETRYABLE,
+    RECAP_NOT_YOURS,
+    CheckoutNotConfigured,
+    CheckoutUnavailable,
+    RecapAlreadyPaid,
+    RecapAlreadyRedeemed,
+    RecapNotFound,
+    RecapPermissionDenied,
+    RecapStateConflict,
+)
+from recaps.models import Event, RecapStatus, RecapVideo
+
+logger = logging.getLogger(__name__)
+
+_REASON_LIMIT = 2000
+
+
+def _locked(recap_id: object) -> RecapVideo:
+    try:
+        return RecapVideo.objects.select_for_update().get(pk=recap_id)
+    except (RecapVideo.DoesNotExist, ValueError) as exc:  # ValueError: not a UUID
+        raise RecapNotFound() from exc
+
+
+@transaction.atomic
+def recap_create(*, event: Event, buyer, is_free: bool = False) -> RecapVideo:
+    recap = RecapVideo.objects.create(event=event, buyer=buyer, is_free=is_free)
+    logger.info("recaps.created", extra={"recap_id": str(recap.id), "event_id": event.id})
+    return recap
+
+
+# --- purchase ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Checkout:
+    session_id: str
+    url: str
+
+
+def _stripe_client() -> stripe.StripeClient:
+    if not settings.STRIPE_API_KEY:
+        raise CheckoutNotConfigured()
+    # Explicit (connect, read) timeouts and a bounded number of SDK retries: the stripe SDK
+    # defaults to an 80 s timeout. outbox/budgets.py adds these up against the purchase
+    # request's budget.
+    http_client = stripe.RequestsClient(
+        timeout=(settings.STRIPE_CONNECT_TIMEOUT_SECONDS, settings.STRIPE_READ_TIMEOUT_SECONDS)
+    )
+    return stripe.StripeClient(
+        settings.STRIPE_API_KEY,
+        base_addresses={"api": settings.STRIPE_API_BASE},
+        http_client=http_client,
+        max_network_retries=settings.STRIPE_MAX_NETWORK_RETRIES,
+    )
+
+
+def recap_checkout_create(*, recap: RecapVideo, buyer) -> Checkout:
+    """A Stripe Checkout Session for the recap, with its id in the session's metadata.
+
+    Deliberately not atomic as a whole: a transaction held open across a network call
+    would keep a connection and the recap's row lock for up to the SDK's worst case. The
+    checks and the final write are short transactions of their own.
+
+    The idempotency key makes a double click (or the SDK's own retry) return the same
+    session instead of a second one.
+    """
+    recap = _recap_for_checkout(recap_id=recap.pk, buyer=buyer)
+    client = _stripe_client()
+    title = recap.event.title if recap.event else "EventDrop recap"
+    params = {
+        "mode": "payment",
+        "client_reference_id": str(recap.id),
+        "metadata": {"recap_id": str(recap.id)},
+        "payment_intent_data": {"metadata": {"recap_id": str(recap.id)}},
+        "line_items": [
+            {
+                "quantity": 1,
+                "price_data": {
+                    "currency": settings.RECAP_CURRENCY,
+                    "unit_amount": settings.RECAP_PRICE_CENTS,
+                    "product_data": {"name": f"Recap: {title}"[:250]},
+                },
+            }
+        ],
+        "success_url": settings.RECAP_CHECKOUT_SUCCESS_URL.format(recap_id=recap.id),
+        "cancel_url": settings.RECAP_CHECKOUT_CANCEL_URL.format(recap_id=recap.id),
+    }
+    try:
+        session = client.v1.checkout.sessions.create(
+            params=params,  # type: ignore[arg-type]
+            options={"idempotency_key": f"recap-checkout-{recap.id}"},
+        )
+    except stripe.StripeError as exc:
+        logger.warning(
+            "recaps.checkout.failed",
+            extra={"recap_id": str(recap.id), "error_class": type(exc).__name__},
+        )
+        raise CheckoutUnavailable() from exc
+    recap_checkout_attach(recap_id=recap.id, session_id=session.id)
+    logger.info(
+        "recaps.checkout.created", extra={"recap_id": str(recap.id), "session_id": session.id}
+    )
+    return Checkout(session_id=session.id, url=session.url or "")
+
+
+@transaction.atomic
+def _recap_for_checkout(*, recap_id: object, buyer) -> RecapVideo:
+    recap = _locked(recap_id)
+    if recap.buyer_id != buyer.pk:
+        raise RecapPermissionDenied(RECAP_NOT_YOURS)
+    if recap.is_free:
+        raise RecapPermissionDenied(RECAP_IS_FREE)
+    if recap.status != RecapStatus.PENDING_PAYMENT:
+        raise RecapAlreadyPaid(RECAP_NOT_PAYABLE)
+    return RecapVideo.objects.select_related("event").get(pk=recap.pk)
+
+
+@transaction.atomic
+def recap_checkout_attach(*, recap_id: object, session_id: str) -> None:
+    RecapVideo.objects.filter(pk=recap_id).update(
+        checkout_session_id=session_id, updated_at=timezone.now()
+    )
+
+
+# --- paid: by Stripe, or redeemed for free -----------------------------------------------------
+
+
+@transaction.atomic
+def recap_mark_paid(
+    *, recap_id: object, payment_reference: str = "", now: datetime | None = None
+) -> tuple[RecapVideo, bool]:
+    """One transaction: the recap `paid`, its payment reference, and its outbox row.
+
+    Returns (recap, changed). The same payment delivered again (Stripe retries, replays,
+    `completed` followed by `async_payment_succeeded`) changes nothing and adds no row;
+    a *different* payment for an already-paid recap is refused (RecapAlreadyPaid) so that
+    someone can refund it. An empty payment reference means a free redemption.
+    """
+    from outbox.services import side_effect_enqueue
+
+    now = now or timezone.now()
+    recap = _locked(recap_id)
+    if recap.status != RecapStatus.PENDING_PAYMENT:
+        if payment_reference and recap.payment_reference == payment_reference:
+            logger.info("recaps.paid.duplicate", extra={"recap_id": str(recap.id)})
+            return recap, False
+        raise RecapAlreadyPaid() if payment_reference else RecapAlreadyRedeemed()
+    if recap.is_free and payment_reference:
+        raise RecapStateConflict(RECAP_IS_FREE)
+    if not recap.is_free and not payment_reference:
+        raise RecapPermissionDenied(RECAP_NOT_FREE)
+    recap.status = RecapStatus.PAID
+    recap.payment_reference = payment_reference
+    recap.paid_at = now
+    recap.save(update_fields=["status", "payment_reference", "paid_at", "updated_at"])
+    side_effect_enqueue(recap=recap, now=now)
+    logger.info("recaps.paid", extra={"recap_id": str(recap.id), "free": recap.is_free})
+    return recap, True
+
+
+@transaction.atomic
+def recap_redeem_free(*, recap_id: object, user, now: datetime | None = None) -> RecapVideo:
+    """The buyer redeems a free recap: the same path as a payment, without one."""
+    recap = _locked(recap_id)
+    if recap.buyer_id != user.pk:
+        raise RecapPermissionDenied(RECAP_NOT_YOURS)
+    if not recap.is_free:
+        raise RecapPermissionDenied(RECAP_NOT_FREE)
+    if recap.status != RecapStatus.PENDING_PAYMENT:
+        raise RecapAlreadyRedeemed()
+    recap, _ = recap_mark_paid(recap_id=recap.id, now=now)
+    return recap
+
+
+# --- the render's progress (driven by the outbox and the render service's callbacks) -------
+
+
+@transaction.atomic
+def recap_mark_rendering(*, recap_id: object, render_id: str, now: datetime | None = None) -> bool:
+    """The render service accepted the render. Only a `paid` recap moves: a callback may
+    have made it `ready` already (the service can be faster than our bookkeeping)."""
+    now = now or timezone.now()
+    return bool(
+        RecapVideo.objects.filter(pk=recap_id, status=RecapStatus.PAID).update(
+            status=RecapStatus.RENDERING, render_id=render_id, rendering_at=now, updated_at=now
+        )
+    )
+
+
+@transaction.atomic
+def recap_mark_failed(*, recap_id: object, reason: str, now: datetime | None = None) -> bool:
+    """Terminal, visible failure with its reason. Only the outbox's dead path, an operator
+    and a permanent render failure call this; a ready recap is never failed."""
+    now = now or timezone.now()
+    failed = RecapVideo.objects.filter(
+        pk=recap_id, status__in=[RecapStatus.PAID, RecapStatus.RENDERING]
+    ).update(
+        status=RecapStatus.FAILED,
+        failure_reason=reason[:_REASON_LIMIT] or "failed",
+        failed_at=now,
+        updated_at=now,
+    )
+    if failed:
+        logger.warning("recaps.failed", extra={"recap_id": str(recap_id)})
+    return bool(failed)
+
+
+@transaction.atomic
+def recap_reopen(*, recap_id: object, now: datetime | None = None) -> bool:
+    """failed → paid, for a retry; other statuses are left alone."""
+    now = now or timezone.now()
+    return bool(
+        RecapVideo.objects.filter(pk=recap_id, status=RecapStatus.FAILED).update(
+            status=RecapStatus.PAID, failure_reason="", failed_at=None, updated_at=now
+        )
+    )
+
+
+@transaction.atomic
+def recap_mark_ready(
+    *, recap_id: object, video_url: str, render_id: str = "", now: datetime | None = None
+) -> bool:
+    """The render service delivered the video. Idempotent: a ready recap stays as it is."""
+    from outbox.services import side_effects_settle_for_ready
+
+    now = now or timezone.now()
+    recap = _locked(recap_id)
+    if recap.status == RecapStatus.READY:
+        return False
+    if recap.status == RecapStatus.PENDING_PAYMENT:
+        raise RecapStateConflict(RECAP_NOT_RENDERED)
+    recap.status = RecapStatus.READY
+    recap.video_url = video_url
+    recap.render_id = recap.render_id or render_id
+    recap.ready_at = now
+    recap.failure_reason = ""
+    recap.failed_at = None
+    recap.save()
+    side_effects_settle_for_ready(recap_id=recap.id, now=now)
+    logger.info("recaps.ready", extra={"recap_id": str(recap.id), "render_id": render_id})
+    return True
+
+
+@transaction.atomic
+def recap_mark_render_failed(
+    *, recap_id: object, idempotency_key: str, reason: str, now: datetime | None = None
+) -> bool:
+    """The render service gave up on a render. Ignored when the recap is already ready or
+    failed, or when the failure belongs to an older render than the one we asked for last
+    (an operator retried in between)."""
+    from outbox.models import EffectType, RecapSideEffect
+
+    recap = _locked(recap_id)
+    if recap.status == RecapStatus.PENDING_PAYMENT:
+        raise RecapStateConflict(RECAP_NOT_RENDERED)
+    current = RecapSideEffect.objects.filter(recap=recap, effect_type=EffectType.RENDER).first()
+    if current is not None and current.idempotency_key != idempotency_key:
+        logger.info("recaps.render_failed.stale", extra={"recap_id": str(recap.id)})
+        return False
+    return recap_mark_failed(recap_id=recap.id, reason=reason, now=now)
+
+
+@transaction.atomic
+def recap_retry_render(*, recap: RecapVideo, now: datetime | None = None) -> RecapVideo:
+    """Operator retry: render this recap (again), through the same outbox the workers use.
+
+    - no render row (never enqueued): it is created;
+    - the row is pending, dead or stale: it is re-armed (same idempotency key: if an earlier
+      attempt did reach the service, the service returns that render instead of a new one);
+    - the row is done (the service accepted a render that then failed or got lost): it is
+      re-armed for a *new* render under a new idempotency key.
+    A `failed` recap goes back to `paid`; a ready or unpaid one is refused.
+    """
+    from outbox.models import EffectType, RecapSideEffect, SideEffectStatus
+    from outbox.services import side_effect_enqueue, side_effect_rearm
+
+    now = now or timezone.now()
+    locked = _locked(recap.pk)
+    if locked.status not in (RecapStatus.PAID, RecapStatus.RENDERING, RecapStatus.FAILED):
+        raise RecapStateConflict(RECAP_NOT_RETRYABLE)
+    row = RecapSideEffect.objects.filter(recap=locked, effect_type=EffectType.RENDER).first()
+    if row is None:
+        recap_reopen(recap_id=locked.pk, now=now)
+        side_effect_enqueue(recap=locked, now=now)
+    else:
+        new_render = row.status == SideEffectStatus.DONE
+        side_effect_rearm(side_effect=row, new_render=new_render, now=now)
+        if new_render and locked.status == RecapStatus.RENDERING:
+            RecapVideo.objects.filter(pk=locked.pk).update(
+                status=RecapStatus.PAID, rendering_at=None, updated_at=now
+            )
+    logger.info("recaps.retry_render", extra={"recap_id": str(locked.pk)})
+    return RecapVideo.objects.get(pk=locked.pk)

@@ -1,0 +1,128 @@
+"""The recap API for signed-in buyers (DRF). Thin: validate input, call a service, map
+domain errors to clear 4xx/5xx JSON — a refusal is never a 500.
+
+    POST /recaps/                  {"event_id": 1}  → 201 recap + checkout_url (purchase)
+    GET  /recaps/<id>/                              → 200 the recap
+    POST /recaps/<id>/checkout/                     → 201 a (new or the same) checkout_url
+    POST /recaps/<id>/redeem/                       → 200 a free recap, redeemed
+
+Errors: {"error": "<code>", "message": "<constant text>"} with 401 (not signed in),
+403 (not yours / not free), 404 (unknown), 409 (already redeemed or paid), 503 (Stripe).
+"""
+
+from rest_framework import serializers, status
+from rest_framework.authentication import BasicAuthentication, SessionAuthentication
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from eventdrop.errors import EventDropError
+from recaps.errors import (
+    RECAP_NOT_YOURS,
+    CheckoutError,
+    CheckoutNotConfigured,
+    EventUnknown,
+    RecapNotFound,
+    RecapPermissionDenied,
+    RecapStateConflict,
+)
+from recaps.models import Event, RecapVideo
+from recaps.selectors import recap_get
+from recaps.services import recap_checkout_create, recap_create, recap_redeem_free
+
+# Most specific first: the first matching class decides the answer.
+_ERROR_RESPONSES: list[tuple[type[EventDropError], int, str]] = [
+    (RecapNotFound, status.HTTP_404_NOT_FOUND, "recap_not_found"),
+    (EventUnknown, status.HTTP_404_NOT_FOUND, "event_not_found"),
+    (RecapPermissionDenied, status.HTTP_403_FORBIDDEN, "forbidden"),
+    (RecapStateConflict, status.HTTP_409_CONFLICT, "conflict"),
+    (CheckoutNotConfigured, status.HTTP_503_SERVICE_UNAVAILABLE, "checkout_not_configured"),
+    (CheckoutError, status.HTTP_503_SERVICE_UNAVAILABLE, "checkout_unavailable"),
+]
+
+
+def _error(exc: EventDropError, **extra) -> Response:
+    for error_class, http_status, code in _ERROR_RESPONSES:
+        if isinstance(exc, error_class):
+            return Response({"error": code, "message": str(exc), **extra}, status=http_status)
+    raise exc
+
+
+def _recap_data(recap: RecapVideo) -> dict:
+    return {
+        "id": str(recap.id),
+        "event_id": recap.event_id,
+        "status": recap.status,
+        "is_free": recap.is_free,
+        "video_url": recap.video_url or None,
+        "failure_reason": recap.failure_reason or None,
+        "created_at": recap.created_at.isoformat(),
+    }
+
+
+def _own_recap(request: Request, recap_id) -> RecapVideo:
+    recap = recap_get(recap_id=recap_id)
+    if recap.buyer_id != request.user.pk:
+        raise RecapPermissionDenied(RECAP_NOT_YOURS)
+    return recap
+
+
+class _BuyerAPIView(APIView):
+    # Basic first so that an anonymous call gets 401 with WWW-Authenticate, not 403.
+    authentication_classes = [BasicAuthentication, SessionAuthentication]
+    permission_classes = [IsAuthenticated]
+
+
+class RecapPurchaseApi(_BuyerAPIView):
+    class InputSerializer(serializers.Serializer):
+        event_id = serializers.IntegerField(min_value=1)
+
+    def post(self, request: Request) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            event = Event.objects.filter(pk=serializer.validated_data["event_id"]).first()
+            if event is None:
+                raise EventUnknown()
+            recap = recap_create(event=event, buyer=request.user)
+            checkout = recap_checkout_create(recap=recap, buyer=request.user)
+        except CheckoutError as exc:
+            # The recap exists and waits for payment; the client retries /checkout/.
+            return _error(exc, recap=_recap_data(recap))
+        except EventDropError as exc:
+            return _error(exc)
+        return Response(
+            {**_recap_data(recap), "checkout_url": checkout.url},
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class RecapDetailApi(_BuyerAPIView):
+    def get(self, request: Request, recap_id) -> Response:
+        try:
+            return Response(_recap_data(_own_recap(request, recap_id)))
+        except EventDropError as exc:
+            return _error(exc)
+
+
+class RecapCheckoutApi(_BuyerAPIView):
+    def post(self, request: Request, recap_id) -> Response:
+        try:
+            recap = _own_recap(request, recap_id)
+            checkout = recap_checkout_create(recap=recap, buyer=request.user)
+        except EventDropError as exc:
+            return _error(exc)
+        return Response(
+            {"checkout_url": checkout.url, "session_id": checkout.session_id},
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class RecapRedeemApi(_BuyerAPIView):
+    def post(self, request: Request, recap_id) -> Response:
+        try:
+            recap = recap_redeem_free(recap_id=recap_id, user=request.user)
+        except EventDropError as exc:
+            return _error(exc)
+        return Response(_recap_data(recap))
