@@ -4,7 +4,14 @@ No mocking of the ORM: an unavailable database is made unreachable for real, and
 bodies are fed through WSGI input streams the way a server (gunicorn) hands them over.
 """
 
+import http.client
+import json
+import os
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -207,4 +214,93 @@ def test_missing_signature_on_a_chunked_body_is_400_before_reading(client):
     assert response.status_code == 400
     assert response.json()["error"] == "missing_signature"
     assert stream.consumed == 0
+    assert not RawEvent.objects.exists()
+
+
+# --- the same through a real server ---------------------------------------------------------
+
+GUNICORN_LIMIT = 4096
+
+
+def _wait_until_listening(server: subprocess.Popen, port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert server.poll() is None, server.stderr.read().decode(errors="replace")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("gunicorn did not start listening")
+
+
+@pytest.fixture
+def gunicorn_port(transactional_db):
+    """gunicorn serving the app against the test database (committed rows are shared)."""
+    db = connection.settings_dict
+    credentials = f"{db['USER']}:{db['PASSWORD']}" if db.get("PASSWORD") else db["USER"]
+    port = _closed_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "eventdrop.settings_test",
+        "DATABASE_URL": f"postgres://{credentials}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "WEBHOOK_STRIPE_MAX_BODY_BYTES": str(GUNICORN_LIMIT),
+    }
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "gunicorn"),
+            "eventdrop.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "1",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        cwd=settings.BASE_DIR,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_until_listening(server, port)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
+        server.stderr.close()
+
+
+def _post_chunked(port: int, chunks: list[bytes]) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request(
+        "POST",
+        "/webhooks/stripe/",
+        body=iter(chunks),  # an iterable and no length: http.client sends it chunked
+        headers={"Content-Type": "application/json", "Stripe-Signature": "t=1,v1=00"},
+        encode_chunked=True,
+    )
+    response = conn.getresponse()
+    status, body = response.status, response.read()
+    conn.close()
+    return status, body
+
+
+@pytest.mark.postgres
+def test_chunked_request_through_gunicorn_is_stored_byte_exact(gunicorn_port):
+    chunks = [b'{"id": "evt_', bytes(range(256)), b"\r\n0\r\n", b'"}']
+
+    status, body = _post_chunked(gunicorn_port, chunks)
+
+    assert status == 202, body
+    event = RawEvent.objects.get(pk=json.loads(body)["id"])
+    assert bytes(event.body) == b"".join(chunks)
+    assert "transfer-encoding" not in event.headers
+
+
+@pytest.mark.postgres
+def test_oversized_chunked_request_through_gunicorn_is_413(gunicorn_port):
+    status, body = _post_chunked(gunicorn_port, [b"x" * 1024] * (GUNICORN_LIMIT // 1024 + 1))
+
+    assert status == 413
+    assert json.loads(body)["error"] == "body_too_large"
     assert not RawEvent.objects.exists()
