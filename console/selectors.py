@@ -4,6 +4,7 @@ import json
 from collections.abc import Iterable
 from datetime import datetime
 
+from django.db import connection
 from django.db.models import (
     BinaryField,
     BooleanField,
@@ -154,6 +155,20 @@ def raw_events_by_status(*, ids: Iterable[int]) -> list[dict]:
 
 def operator_action_list() -> QuerySet[OperatorAction]:
     return OperatorAction.objects.order_by("-started_at", "-id")
+
+
+def operator_actions_on(*, target_model: str, object_id: int, limit: int = 10) -> list:
+    """The latest operator actions that touched one object: "has someone replayed this?".
+
+    Needs JSON containment (PostgreSQL); on SQLite, a try-it-out database, the list is empty.
+    """
+    if not connection.features.supports_json_field_contains:
+        return []
+    return list(
+        OperatorAction.objects.filter(
+            target_model=target_model, target_ids__contains=[object_id]
+        ).order_by("-started_at", "-id")[:limit]
+    )
 
 
 def queue_depths() -> dict:

@@ -5,6 +5,8 @@ the actions below reach via console.services (and so are recorded). Bodies and h
 shown only with `ingress.view_raw_payload`; source secrets are never read here at all.
 """
 
+from collections import Counter
+
 from django.contrib import admin
 from django.contrib.admin import DateFieldListFilter
 from django.db.models import QuerySet
@@ -25,13 +27,14 @@ from console.presentation import (
 )
 from console.selectors import (
     PAYLOAD_FIELDS,
+    operator_actions_on,
     raw_event_deliveries,
     raw_event_search,
     raw_events_by_status,
 )
 from console.services import raw_events_replay, raw_events_reverify
 from ingress.handlers import all_handlers
-from ingress.models import Delivery, DeliveryAttempt, RawEvent
+from ingress.models import Delivery, DeliveryAttempt, RawEvent, SignatureStatus
 from ingress.providers import PROVIDERS
 from ingress.sources import all_sources
 
@@ -201,13 +204,16 @@ class RawEventAdmin(ReadOnlyAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).defer(*PAYLOAD_FIELDS)
 
+    summary_fields = ("status_summary", "deliveries_table", "operator_actions")
+
     def get_fieldsets(self, request, obj=None):
+        # What an on-call engineer asks first comes first: what happened, then why.
         payload = self.payload_fields if _can_view_payload(request) else ("payload_hidden",)
         return [
-            ("Received", {"fields": self.received_fields}),
+            ("What happened", {"fields": self.summary_fields}),
             ("Verification", {"fields": self.verification_fields}),
             ("Dedup and dispatch", {"fields": self.dispatch_fields}),
-            ("Deliveries and attempts", {"fields": ("deliveries_table",)}),
+            ("Received", {"fields": self.received_fields}),
             ("Payload", {"fields": payload}),
         ]
 
@@ -217,8 +223,8 @@ class RawEventAdmin(ReadOnlyAdmin):
             *self.verification_fields,
             *self.dispatch_fields,
             *self.payload_fields,
+            *self.summary_fields,
             "payload_hidden",
-            "deliveries_table",
         )
 
     def get_search_results(self, request, queryset, search_term):
@@ -381,12 +387,51 @@ class RawEventAdmin(ReadOnlyAdmin):
     def payload_hidden(self, obj: RawEvent) -> str:
         return PAYLOAD_HIDDEN
 
+    @admin.display(description="status")
+    def status_summary(self, obj: RawEvent) -> str:
+        if obj.signature_status == SignatureStatus.VERIFIED:
+            verdict = f"verified (secret #{obj.matched_secret_index})"
+        elif obj.signature_status == SignatureStatus.REJECTED:
+            verdict = f"rejected: {obj.rejection_reason}"
+        else:
+            verdict = "waiting for verification"
+        counts = Counter(d.status for d in raw_event_deliveries(raw_event_id=obj.pk))
+        deliveries = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        handled = (
+            f"handled {format_seconds(seconds_between(obj.verified_at, obj.handled_at))} "
+            "after the verdict"
+            if obj.handled_at
+            else "not handled"
+        )
+        return " → ".join(
+            (verdict, obj.get_dispatch_status_display(), deliveries or "no deliveries", handled)
+        )
+
     @admin.display(description="deliveries")
     def deliveries_table(self, obj: RawEvent) -> str:
-        return render_to_string(
-            "console/admin/raw_event_deliveries.html",
-            {"deliveries": raw_event_deliveries(raw_event_id=obj.pk)},
-        )
+        rows = [
+            (
+                delivery,
+                [
+                    (
+                        attempt,
+                        format_seconds(seconds_between(attempt.started_at, attempt.finished_at)),
+                    )
+                    for attempt in delivery.history.all()
+                ],
+            )
+            for delivery in raw_event_deliveries(raw_event_id=obj.pk)
+        ]
+        return render_to_string("console/admin/raw_event_deliveries.html", {"rows": rows})
+
+    @admin.display(description="operator actions")
+    def operator_actions(self, obj: RawEvent) -> str:
+        actions = operator_actions_on(target_model=RawEvent._meta.label_lower, object_id=obj.pk)
+        rows = [
+            (action, next((item for item in action.results if item["id"] == obj.pk), None))
+            for action in actions
+        ]
+        return render_to_string("console/admin/object_operator_actions.html", {"rows": rows})
 
 
 class DeliveryAttemptInline(admin.TabularInline):

@@ -1,0 +1,144 @@
+"""The console in a real browser: Playwright driving Debian's chromium against live_server.
+
+An on-call engineer's path: sign in, find an event by a fragment of its body, open it,
+replay it, confirm, and watch the delivery appear and then run.
+
+Set EVENTDROP_SCREENSHOTS=1 to refresh the screenshot kept in docs/.
+"""
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from django.db import connections
+from django.test import Client
+
+from ingress.handlers import unregister, webhook_handler
+from ingress.inbox import inbox_run_once
+from ingress.models import Delivery, RawEvent
+from tests.console.conftest import receive_github
+
+# Playwright's sync API runs an asyncio loop in this thread; Django's ORM calls made here by
+# the test itself are still plain synchronous calls.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not shutil.which(CHROMIUM), reason=f"{CHROMIUM} missing (apt-get install chromium)"
+    ),
+]
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+            # Django keeps connections per async context, and Playwright's sync API gives this
+            # thread one of its own: close what the test opened inside it, or the test
+            # database cannot be dropped at the end of the session.
+            connections.close_all()
+
+
+@pytest.fixture
+def page(browser, live_server, django_user_model):
+    django_user_model.objects.create_superuser("oncall", "oncall@example.com", "pw-oncall-1")
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/ingress/rawevent/")
+    page.fill("#id_username", "oncall")
+    page.fill("#id_password", "pw-oncall-1")
+    page.click("input[type=submit]")
+    page.wait_for_url("**/admin/ingress/rawevent/")
+    yield page
+    context.close()
+
+
+def screenshot(page, name: str, tmp_path: Path) -> Path:
+    target = DOCS / name if os.environ.get("EVENTDROP_SCREENSHOTS") == "1" else tmp_path / name
+    page.screenshot(path=str(target), full_page=True)
+    return target
+
+
+def test_find_open_and_replay_an_event(page, tmp_path):
+    from playwright.sync_api import expect
+
+    # A push arrives while no handler for it is deployed: verified, but nothing to deliver.
+    body = {"ref": "refs/heads/main", "pusher": {"name": "ada"}, "head_commit": "c0ffee42beef"}
+    event = receive_github(Client(), body, delivery="6a1e2f00-browser", event="push")
+    other = receive_github(Client(), {"ref": "refs/heads/other"}, delivery="other")
+    inbox_run_once()
+    event.refresh_from_db()
+    assert (event.signature_status, event.dispatch_status) == ("verified", "no_handler")
+
+    calls: list[int] = []
+    detail_url = re.compile(rf"/admin/ingress/rawevent/{event.id}/change/")
+
+    def on_push_deployed_later(raw_event, payload):
+        calls.append(raw_event.id)
+
+    webhook_handler(provider="github", event_types=["push"])(on_push_deployed_later)
+    try:
+        # Search by a fragment of the body.
+        page.fill("#searchbar", "c0ffee42beef")
+        page.press("#searchbar", "Enter")
+        rows = page.locator("#result_list tbody tr")
+        expect(rows).to_have_count(1)
+        expect(rows.first).to_contain_text("6a1e2f00-browser")
+        assert str(other.id) not in rows.first.inner_text().split()
+
+        rows.first.locator("th.field-id a").click()
+        page.wait_for_url(detail_url)
+        expect(page.locator("#raw-event-body")).to_contain_text('"head_commit": "c0ffee42beef"')
+        expect(page.locator("#raw-event-no-deliveries")).to_be_visible()
+
+        # Replay, confirm on the page that says how many rows it will touch.
+        page.click("#console-replay")
+        expect(page.locator("#operator-action-count")).to_contain_text(
+            "This will touch 1 raw event."
+        )
+        page.click("#operator-action-confirm")
+        page.wait_for_url(detail_url)
+        expect(page.locator("ul.messagelist")).to_contain_text("Replay: 1 succeeded")
+        deliveries = page.locator("#raw-event-deliveries")
+        expect(deliveries).to_contain_text("on_push_deployed_later")
+        expect(deliveries.locator(".delivery-row")).to_contain_text("pending")
+
+        # The worker runs it; the page shows the attempt.
+        inbox_run_once()
+        page.reload()
+        expect(deliveries.locator(".delivery-row")).to_contain_text("done")
+        expect(deliveries.locator(".attempt-row")).to_contain_text("attempt 1: done")
+        expect(page.locator("#object-operator-actions")).to_contain_text(
+            "replay raw events by oncall via admin: ok — 1 deliveries queued"
+        )
+        assert calls == [event.id]
+        assert Delivery.objects.get(raw_event_id=event.id).status == "done"
+        assert RawEvent.objects.get(pk=event.id).handled_at is not None
+        shot = screenshot(page, "console-event-detail.png", tmp_path)
+        assert shot.stat().st_size > 10_000
+        assert json.loads(bytes(RawEvent.objects.get(pk=event.id).body)) == body
+    finally:
+        unregister(f"{on_push_deployed_later.__module__}.{on_push_deployed_later.__qualname__}")
