@@ -135,18 +135,20 @@ def _day_events(day: date) -> QuerySet[RawEvent]:
     )
 
 
+def _with_unfinished_delivery() -> QuerySet:
+    return Delivery.objects.filter(_UNFINISHED_DELIVERY).values("raw_event_id")
+
+
 def _in_flight() -> Q:
-    unfinished = Delivery.objects.filter(_UNFINISHED_DELIVERY).values("raw_event_id")
-    return Q(signature_status=Status.PENDING) | Q(id__in=unfinished)
+    return Q(signature_status=Status.PENDING) | Q(id__in=_with_unfinished_delivery())
 
 
 def _has_in_flight(events: QuerySet[RawEvent]) -> bool:
     # The two halves of _in_flight() as two queries: ORed in one, they force a scan of the
     # whole day; apart, each is an index lookup.
-    unfinished = Delivery.objects.filter(_UNFINISHED_DELIVERY).values("raw_event_id")
     return (
         events.filter(signature_status=Status.PENDING).exists()
-        or events.filter(id__in=unfinished).exists()
+        or events.filter(id__in=_with_unfinished_delivery()).exists()
     )
 
 
@@ -186,12 +188,11 @@ def _delete_events(events: QuerySet[RawEvent]) -> int:
 def _rejected_expired(now: datetime) -> QuerySet[RawEvent]:
     days = getattr(settings, "RAW_EVENT_REJECTED_RETENTION_DAYS", 30)
     cutoff = now - timedelta(days=days)
-    unfinished = Delivery.objects.filter(_UNFINISHED_DELIVERY).values("raw_event_id")
     return RawEvent.objects.filter(
         signature_status=Status.REJECTED,
         received_at__gte=cutoff - REJECTED_SWEEP_WINDOW,
         received_at__lt=cutoff,
-    ).exclude(id__in=unfinished)
+    ).exclude(id__in=_with_unfinished_delivery())
 
 
 def _expiry_boundary(now: datetime, retention_days: int) -> datetime:
