@@ -82,10 +82,10 @@ def stripe_checkout_worst_case() -> WorstCase:
 _STATEMENT_TIMEOUT = re.compile(r"statement_timeout\s*=\s*(\d+)")
 
 
-def database_statement_worst_case() -> WorstCase:
+def database_statement_worst_case(database: dict | None = None) -> WorstCase:
     """One statement on the default database: connect, then at most the statement timeout
     (on PostgreSQL it includes lock waits); on SQLite, the busy timeout."""
-    database = settings.DATABASES["default"]
+    database = database or settings.DATABASES["default"]
     options = database.get("OPTIONS", {})
     if "postgresql" in database["ENGINE"]:
         connect = options.get("connect_timeout")

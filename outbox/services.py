@@ -476,5 +476,8 @@ def outbox_recover(*, now: datetime | None = None) -> RecoveryReport:
     stuck = recaps_stuck_rendering(
         older_than=now - timedelta(hours=settings.RECAP_STUCK_RENDERING_HOURS)
     ).count()
-    logger.info("outbox.recover", extra={"created": created, "rearmed": rearmed, "stuck": stuck})
+    logger.info(
+        "outbox.recover",
+        extra={"created_rows": created, "rearmed_rows": rearmed, "stuck_rendering": stuck},
+    )
     return RecoveryReport(created=created, rearmed=rearmed, stuck_rendering=stuck)

@@ -91,6 +91,9 @@ class FakeRenderer:
         self.posts_by_key: Counter[str] = Counter()
         self.deadlines_ms: list[int] = []
         self.health_checks = 0
+        # POST /renders being answered right now, and the most ever at once (bulkhead tests).
+        self.in_flight = 0
+        self.max_in_flight = 0
         self.callbacks_sent: list[tuple[str, str, int | None]] = []
         self._timers: list[threading.Timer] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
@@ -160,6 +163,7 @@ class FakeRenderer:
                 "renders": len(self.renders),
                 "posts_by_key": dict(self.posts_by_key),
                 "health_checks": self.health_checks,
+                "max_in_flight": self.max_in_flight,
                 "callbacks_sent": len(self.callbacks_sent),
             }
 
@@ -315,6 +319,17 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path != "/renders":
             self._json(404, {"error": "not_found"})
             return
+        with fake.lock:
+            fake.in_flight += 1
+            fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+        try:
+            self._render()
+        finally:
+            with fake.lock:
+                fake.in_flight -= 1
+
+    def _render(self) -> None:
+        fake = self.fake
         body = self._body()
         key = self.headers.get("Idempotency-Key", "")
         deadline_ms = self.headers.get("X-Request-Deadline-Ms", "")

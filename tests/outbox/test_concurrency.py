@@ -1,0 +1,63 @@
+"""Several dispatchers at once on PostgreSQL, with real threads and the real fake service."""
+
+import threading
+
+import pytest
+from django.db import connection
+
+from outbox.dispatcher import dispatch_run
+from outbox.models import RecapSideEffect
+from tests.recaps.fixtures import T0
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def run_in_threads(count: int, work) -> tuple[list, list[BaseException]]:
+    results: list = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
+
+    def worker():
+        try:
+            barrier.wait(timeout=10)
+            results.append(work())
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results, errors
+
+
+def test_two_dispatchers_over_one_backlog_never_dispatch_a_row_twice(
+    fake_renderer, paid_recap, settings
+):
+    settings.RENDER_MAX_CONCURRENCY = 4
+    # Each render takes a little while, so both dispatchers are busy at the same time.
+    fake_renderer.configure(mode="slow", delay=0.05)
+    rows = [paid_recap()[1] for _ in range(40)]
+
+    reports, errors = run_in_threads(2, lambda: dispatch_run(now=T0, budget_seconds=30))
+
+    assert errors == []
+    assert sorted(r.claimed for r in reports)[0] > 0  # both took part
+    assert sum(r.claimed for r in reports) == 40
+    assert RecapSideEffect.objects.filter(status="done", attempts=1).count() == 40
+    assert set(fake_renderer.posts_by_key) == {row.idempotency_key for row in rows}
+    assert set(fake_renderer.posts_by_key.values()) == {1}  # no row went out twice
+    assert len(fake_renderer.renders) == 40
+
+
+def test_the_bulkhead_caps_concurrent_render_calls(fake_renderer, paid_recap, settings):
+    settings.RENDER_MAX_CONCURRENCY = 3
+    fake_renderer.configure(mode="slow", delay=0.2)
+    for _ in range(9):
+        paid_recap()
+    report = dispatch_run(now=T0)
+    assert report.claimed == 9 and report.count("done") == 9
+    assert fake_renderer.max_in_flight == 3

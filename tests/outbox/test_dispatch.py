@@ -1,0 +1,243 @@
+"""The dispatcher against the real fake render service: every path of the error contract."""
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from outbox.dispatcher import dispatch_run
+from outbox.models import AttemptOutcome, RecapSideEffect
+from recaps.models import RecapStatus
+from recaps.render_client import RenderClient
+from tests.recaps.fixtures import T0
+
+pytestmark = pytest.mark.django_db
+
+
+def run(at=T0, **kwargs):
+    return dispatch_run(now=at, **kwargs)
+
+
+def reload(*objects):
+    for obj in objects:
+        obj.refresh_from_db()
+
+
+def outcomes(side_effect):
+    return list(side_effect.history.values_list("outcome", flat=True))
+
+
+def test_accepted_render_marks_the_row_done_and_the_recap_rendering(fake_renderer, paid_recap):
+    recap, side_effect = paid_recap()
+    report = run()
+    reload(recap, side_effect)
+    assert report.claimed == 1 and report.count(AttemptOutcome.DONE) == 1
+    assert side_effect.status == "done" and side_effect.attempts == 1
+    assert recap.status == RecapStatus.RENDERING
+    assert recap.render_id == fake_renderer.renders[side_effect.idempotency_key].render_id
+    # The idempotency key is the row's, and the remaining deadline travelled with the call.
+    assert fake_renderer.posts_by_key == {side_effect.idempotency_key: 1}
+    assert 0 < fake_renderer.deadlines_ms[0] <= 1000
+    render = fake_renderer.renders[side_effect.idempotency_key]
+    assert render.recap_id == str(recap.id) and render.photos == 6
+    assert outcomes(side_effect) == [AttemptOutcome.DONE]
+
+
+def test_one_run_dispatches_the_whole_backlog_not_one_recap(fake_renderer, paid_recap):
+    pairs = [paid_recap() for _ in range(12)]
+    report = run()
+    assert report.claimed == 12 and report.count(AttemptOutcome.DONE) == 12
+    assert RecapSideEffect.objects.filter(status="done").count() == 12
+    assert len(fake_renderer.renders) == 12
+    assert {r.recap_id for r in fake_renderer.renders.values()} == {str(r.id) for r, _ in pairs}
+
+
+@pytest.mark.parametrize(
+    ("mode", "error_class"),
+    [
+        ("unhealthy", "health_red"),
+        ("down", "connection_error"),
+        ("error_5xx", "http_500"),
+        ("hang", "read_timeout"),
+        ("slow", "read_timeout"),
+        ("drip", "deadline_exceeded"),
+        ("rate_limited", "http_429"),
+    ],
+)
+def test_transient_failures_go_back_to_pending_and_never_fail_the_recap(
+    fake_renderer, paid_recap, mode, error_class
+):
+    fake_renderer.configure(mode=mode, delay=3.0, drip_interval=0.1, retry_after=120)
+    recap, side_effect = paid_recap()
+    report = run()
+    reload(recap, side_effect)
+    assert report.count(AttemptOutcome.TRANSIENT) == 1
+    assert side_effect.status == "pending" and side_effect.attempts == 1
+    assert side_effect.last_error_class == error_class
+    assert side_effect.next_attempt_at > T0
+    assert recap.status == RecapStatus.PAID and recap.failure_reason == ""
+    assert outcomes(side_effect) == [AttemptOutcome.TRANSIENT]
+
+
+def test_retry_after_is_honoured(fake_renderer, paid_recap):
+    fake_renderer.configure(mode="rate_limited", retry_after=600)
+    _, side_effect = paid_recap()
+    run()
+    side_effect.refresh_from_db()
+    assert side_effect.next_attempt_at >= T0 + timedelta(seconds=600)
+
+
+def test_a_slow_drip_is_cut_at_the_call_deadline_not_the_read_timeout(fake_renderer, paid_recap):
+    # Every byte arrives within the 0.4 s read timeout; the whole answer would take ~7 s.
+    fake_renderer.configure(mode="drip", drip_interval=0.1)
+    _, side_effect = paid_recap()
+    started = time.monotonic()
+    run()
+    elapsed = time.monotonic() - started
+    side_effect.refresh_from_db()
+    assert side_effect.last_error_class == "deadline_exceeded"
+    assert elapsed < 1.0 + 1.0 + 0.5  # health + render deadline, with scheduling slack
+
+
+@pytest.mark.parametrize(
+    ("setup", "error_class", "calls"),
+    [
+        ("error_4xx", "http_422", 1),
+        ("too_few_photos", "too_few_photos", 0),
+        ("event_deleted", "event_not_found", 0),
+        ("not_configured", "not_configured", 0),
+    ],
+)
+def test_permanent_failures_are_dead_at_once_and_fail_the_recap_with_the_reason(
+    fake_renderer, paid_recap, settings, setup, error_class, calls
+):
+    recap, side_effect = paid_recap(photos=2 if setup == "too_few_photos" else None)
+    if setup == "error_4xx":
+        fake_renderer.configure(mode="error_4xx")
+    elif setup == "event_deleted":
+        recap.event.delete()
+    elif setup == "not_configured":
+        settings.RENDER_SERVICE_URL = ""
+    report = run()
+    reload(recap, side_effect)
+    assert report.count(AttemptOutcome.PERMANENT) == 1
+    assert side_effect.status == "dead" and side_effect.last_error_class == error_class
+    assert recap.status == RecapStatus.FAILED
+    assert error_class in recap.failure_reason
+    assert sum(fake_renderer.posts_by_key.values()) == calls
+
+
+def test_too_few_photos_reason_names_the_counts(fake_renderer, paid_recap):
+    recap, _ = paid_recap(photos=2)
+    run()
+    recap.refresh_from_db()
+    assert "The event has 2 photos; a recap needs at least 5." in recap.failure_reason
+
+
+def test_an_unclassified_error_is_permanent_the_conservative_default(fake_renderer, paid_recap):
+    class Exploding(RenderClient):
+        def request_render(self, **kwargs):
+            raise ValueError("something nobody classified yet")
+
+    recap, side_effect = paid_recap()
+    run(client_factory=Exploding)
+    reload(recap, side_effect)
+    assert side_effect.status == "dead"
+    assert side_effect.last_error_class == "unclassified:ValueError"
+    assert recap.status == RecapStatus.FAILED
+
+
+def test_dead_after_five_transient_attempts_and_only_then_failed(fake_renderer, paid_recap):
+    fake_renderer.configure(mode="error_5xx")
+    recap, side_effect = paid_recap()
+    at = T0
+    for attempt in range(1, 6):
+        run(at)
+        reload(recap, side_effect)
+        assert side_effect.attempts == attempt
+        if attempt < 5:
+            assert side_effect.status == "pending"
+            assert recap.status == RecapStatus.PAID
+        at = side_effect.next_attempt_at + timedelta(hours=1)
+    assert side_effect.status == "dead"
+    assert recap.status == RecapStatus.FAILED
+    assert recap.failure_reason == (
+        "render request gave up after 5 attempt(s): http_500: The render service answered HTTP 500."
+    )
+    history = list(side_effect.history.all())
+    assert [h.outcome for h in history] == ["transient"] * 4 + ["dead"]
+    assert [h.number for h in history] == [1, 2, 3, 4, 5]
+    assert all(h.error == "The render service answered HTTP 500." for h in history)
+
+
+def test_each_row_is_tried_once_per_run_even_with_a_zero_backoff(
+    fake_renderer, paid_recap, monkeypatch
+):
+    monkeypatch.setattr("eventdrop.retry.random.uniform", lambda a, b: 0.0)
+    fake_renderer.configure(mode="error_5xx")
+    _, side_effect = paid_recap()
+    run()
+    side_effect.refresh_from_db()
+    assert side_effect.attempts == 1 and side_effect.next_attempt_at == T0
+
+
+def test_an_ambiguous_timeout_then_a_retry_renders_once(fake_renderer, paid_recap):
+    # The service accepts the render but answers after our read timeout: we cannot tell
+    # whether it arrived. The retry carries the same idempotency key.
+    fake_renderer.configure(mode="slow", delay=1.5)
+    recap, side_effect = paid_recap()
+    run()
+    side_effect.refresh_from_db()
+    assert side_effect.status == "pending" and side_effect.last_error_class == "read_timeout"
+    assert len(fake_renderer.renders) == 1  # it did arrive
+
+    fake_renderer.configure(mode="ok")
+    run(side_effect.next_attempt_at + timedelta(seconds=1))
+    reload(recap, side_effect)
+    assert side_effect.status == "done"
+    assert fake_renderer.posts_by_key[side_effect.idempotency_key] == 2
+    assert len(fake_renderer.renders_for_recap(str(recap.id))) == 1
+    assert recap.render_id == fake_renderer.renders[side_effect.idempotency_key].render_id
+
+
+def test_a_recap_already_ready_is_not_sent_again(fake_renderer, paid_recap):
+    from recaps.services import recap_mark_ready
+
+    recap, side_effect = paid_recap()
+    # The callback of an earlier (ambiguous) attempt arrived while the row waited.
+    RecapSideEffect.objects.filter(pk=side_effect.pk).update(status="pending")
+    recap_mark_ready(recap_id=recap.id, video_url="https://v.example/x.mp4", render_id="r1")
+    RecapSideEffect.objects.filter(pk=side_effect.pk).update(status="pending")
+    run()
+    reload(recap, side_effect)
+    assert side_effect.status == "done" and recap.status == RecapStatus.READY
+    assert fake_renderer.posts_by_key == {}
+
+
+def test_the_run_claims_only_while_a_worst_case_dispatch_fits(fake_renderer, paid_recap):
+    paid_recap()
+    # Worst case with the fixture's limits: health 1.0 s + 1 x render 1.0 s = 2.0 s.
+    assert run(budget_seconds=1.95).claimed == 0
+    assert run(budget_seconds=2.5).claimed == 1
+
+
+def test_a_budget_cut_run_leaves_the_rest_for_the_next(fake_renderer, paid_recap):
+    for _ in range(5):
+        paid_recap()
+    offset = [0.0]
+
+    def clock():
+        return time.monotonic() + offset[0]
+
+    class ThreeSecondClient(RenderClient):
+        """Every dispatch 'takes' three seconds of the run's clock."""
+
+        def request_render(self, **kwargs):
+            accepted = super().request_render(**kwargs)
+            offset[0] += 3.0
+            return accepted
+
+    # 8.5 s budget, 2 s worst case: claims at 0, 3 and 6 s fit; at 9 s nothing is left.
+    report = run(budget_seconds=8.5, clock=clock, client_factory=ThreeSecondClient)
+    assert report.claimed == 3 and report.count(AttemptOutcome.DONE) == 3
+    assert RecapSideEffect.objects.filter(status="pending").count() == 2

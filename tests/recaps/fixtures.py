@@ -1,0 +1,52 @@
+"""Fixtures shared by tests/recaps and tests/outbox (imported by both conftest modules)."""
+
+import os
+from datetime import UTC, datetime
+
+import pytest
+
+from outbox.models import RecapSideEffect
+from recaps.fake_renderer import FakeRenderer
+from recaps.services import recap_mark_paid
+from tests.recaps.factories import EventFactory, RecapFactory
+
+# A fixed, simulated "now" for tests that move time by hand.
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def fake_renderer(settings):
+    """The fake render service on an ephemeral port, with short client limits.
+
+    Callbacks are off here (nothing listens for them); the end-to-end test turns them on
+    and points them at a live server.
+    """
+    fake = FakeRenderer(secret=os.environ["RENDERER_WEBHOOK_SECRET"], callbacks=False)
+    settings.RENDER_SERVICE_URL = fake.url
+    settings.RENDER_CALLBACK_URL = "http://127.0.0.1:9/webhooks/renderer/"
+    settings.RENDER_HEALTH_CONNECT_TIMEOUT_SECONDS = 0.5
+    settings.RENDER_HEALTH_READ_TIMEOUT_SECONDS = 0.5
+    settings.RENDER_HEALTH_TIMEOUT_SECONDS = 1.0
+    settings.RENDER_CONNECT_TIMEOUT_SECONDS = 0.5
+    settings.RENDER_READ_TIMEOUT_SECONDS = 0.4
+    settings.RENDER_TIMEOUT_SECONDS = 1.0
+    with fake:
+        yield fake
+
+
+def pay(recap, *, now=None, reference=None):
+    recap_mark_paid(
+        recap_id=recap.id, payment_reference=reference or f"pi_{recap.id.hex[:12]}", now=now
+    )
+    return RecapSideEffect.objects.get(recap=recap)
+
+
+@pytest.fixture
+def paid_recap():
+    def make(*, now=T0, photos=None, **kwargs):
+        event = EventFactory(photos=photos) if photos is not None else EventFactory()
+        recap = RecapFactory(event=event, **kwargs)
+        side_effect = pay(recap, now=now)
+        return recap, side_effect
+
+    return make
