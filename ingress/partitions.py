@@ -200,9 +200,7 @@ def _expiry_boundary(now: datetime, retention_days: int) -> datetime:
     return _day_start((now - timedelta(days=retention_days)).astimezone(UTC).date())
 
 
-def _defer_on_lock_timeout(
-    exc: OperationalError, result: "PartitionMaintenance", step: str
-) -> None:
+def _defer_on_lock_timeout(exc: OperationalError, result: PartitionMaintenance, step: str) -> None:
     """Record `step` as deferred if it failed on lock_timeout; re-raise anything else."""
     if getattr(exc.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
         raise exc
