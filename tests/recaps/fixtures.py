@@ -50,3 +50,15 @@ def paid_recap():
         return recap, side_effect
 
     return make
+
+
+@pytest.fixture
+def fake_stripe(settings):
+    from tests.recaps.fake_stripe import FakeStripe
+
+    with FakeStripe() as fake:
+        settings.STRIPE_API_BASE = fake.url
+        settings.STRIPE_CONNECT_TIMEOUT_SECONDS = 0.5
+        settings.STRIPE_READ_TIMEOUT_SECONDS = 0.3
+        settings.STRIPE_MAX_NETWORK_RETRIES = 0
+        yield fake

@@ -1,0 +1,252 @@
+"""The Stripe and render-callback handlers, called directly and through the real inbox."""
+
+import json
+import uuid
+
+import pytest
+import stripe
+
+from ingress.handlers import PermanentHandlerError, handlers_for
+from ingress.inbox import inbox_run_once
+from ingress.models import Delivery, RawEvent
+from outbox.models import RecapSideEffect
+from recaps.errors import RECAP_ALREADY_PAID, RECAP_NOT_FOUND
+from recaps.handlers import BAD_RECAP_ID, NO_VIDEO_URL, mark_recap_paid, record_render_result
+from recaps.models import RecapStatus
+from recaps.services import recap_mark_ready, recap_mark_rendering
+from tests.recaps.factories import RecapFactory
+from tests.recaps.fixtures import T0, pay
+
+pytestmark = pytest.mark.django_db
+
+STRIPE = RawEvent(id=1, source="stripe", provider="stripe")
+RENDERER = RawEvent(id=2, source="renderer", provider="standard")
+
+
+def session_event(recap_id, *, event_type="checkout.session.completed", paid="paid", pi="pi_1"):
+    return {
+        "id": f"evt_{uuid.uuid4().hex[:10]}",
+        "object": "event",
+        "type": event_type,
+        "data": {
+            "object": {
+                "id": "cs_test_1",
+                "object": "checkout.session",
+                "payment_status": paid,
+                "payment_intent": pi,
+                "metadata": {"recap_id": str(recap_id)},
+            }
+        },
+    }
+
+
+def test_both_handlers_are_registered_for_their_events():
+    for event_type in ("checkout.session.completed", "checkout.session.async_payment_succeeded"):
+        assert [s.name for s in handlers_for("stripe", event_type)] == [
+            "recaps.handlers.mark_recap_paid"
+        ]
+    for event_type in ("render.completed", "render.failed"):
+        assert [s.name for s in handlers_for("standard", event_type)] == [
+            "recaps.handlers.record_render_result"
+        ]
+
+
+def test_paid_once_on_duplicate_deliveries():
+    recap = RecapFactory()
+    payload = session_event(recap.id)
+    mark_recap_paid(STRIPE, payload)
+    recap.refresh_from_db()
+    paid_at = recap.paid_at
+    mark_recap_paid(STRIPE, payload)  # Stripe redelivered, or an operator replayed
+    mark_recap_paid(
+        STRIPE, session_event(recap.id, event_type="checkout.session.async_payment_succeeded")
+    )
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.PAID and recap.payment_reference == "pi_1"
+    assert recap.paid_at == paid_at
+    assert RecapSideEffect.objects.filter(recap=recap).count() == 1
+
+
+def test_completed_but_unpaid_waits_for_async_payment_succeeded():
+    recap = RecapFactory()
+    mark_recap_paid(STRIPE, session_event(recap.id, paid="unpaid"))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.PENDING_PAYMENT
+    assert not RecapSideEffect.objects.exists()
+    mark_recap_paid(
+        STRIPE, session_event(recap.id, event_type="checkout.session.async_payment_succeeded")
+    )
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.PAID
+
+
+@pytest.mark.parametrize("payment_status", ["unpaid", "no_payment_required", None])
+def test_anything_but_paid_is_ignored(payment_status):
+    recap = RecapFactory()
+    mark_recap_paid(STRIPE, session_event(recap.id, paid=payment_status))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.PENDING_PAYMENT
+
+
+def test_unknown_recap_is_permanent():
+    with pytest.raises(PermanentHandlerError) as exc:
+        mark_recap_paid(STRIPE, session_event(uuid.uuid4()))
+    assert str(exc.value) == RECAP_NOT_FOUND
+
+
+def test_a_recap_id_that_is_not_a_uuid_is_permanent():
+    with pytest.raises(PermanentHandlerError) as exc:
+        mark_recap_paid(STRIPE, session_event("42"))
+    assert str(exc.value) == BAD_RECAP_ID.format(value="42")
+
+
+def test_a_checkout_without_a_recap_is_not_ours():
+    payload = session_event("x")
+    del payload["data"]["object"]["metadata"]
+    mark_recap_paid(STRIPE, payload)  # no error, nothing written
+    assert not RecapSideEffect.objects.exists()
+
+
+def test_a_second_payment_for_a_paid_recap_is_refused_for_a_refund():
+    recap = RecapFactory()
+    mark_recap_paid(STRIPE, session_event(recap.id, pi="pi_1"))
+    with pytest.raises(PermanentHandlerError) as exc:
+        mark_recap_paid(STRIPE, session_event(recap.id, pi="pi_2"))
+    assert str(exc.value) == RECAP_ALREADY_PAID
+
+
+# --- render callbacks -----------------------------------------------------------------------
+
+
+def render_event(recap, kind="completed", **data):
+    side_effect = RecapSideEffect.objects.filter(recap=recap).first()
+    body = {
+        "recap_id": str(recap.id),
+        "render_id": "rnd_1",
+        "idempotency_key": side_effect.idempotency_key if side_effect else "",
+        **data,
+    }
+    if kind == "completed":
+        body.setdefault("video_url", "https://videos.example/rnd_1.mp4")
+    else:
+        body.setdefault("error", {"code": "photos_unreadable", "message": "no photo decoded"})
+    return {"type": f"render.{kind}", "timestamp": "2026-06-01T12:00:00Z", "data": body}
+
+
+def rendering_recap():
+    recap = RecapFactory()
+    pay(recap, now=T0)
+    recap_mark_rendering(recap_id=recap.id, render_id="rnd_1", now=T0)
+    return recap
+
+
+def test_completed_marks_the_recap_ready_with_its_video():
+    recap = rendering_recap()
+    record_render_result(RENDERER, render_event(recap))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.READY
+    assert recap.video_url == "https://videos.example/rnd_1.mp4"
+
+
+def test_duplicate_and_late_callbacks_are_harmless():
+    recap = rendering_recap()
+    record_render_result(RENDERER, render_event(recap))
+    recap.refresh_from_db()
+    ready_at = recap.ready_at
+    record_render_result(RENDERER, render_event(recap, video_url="https://other/x.mp4"))
+    record_render_result(RENDERER, render_event(recap, kind="failed"))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.READY and recap.ready_at == ready_at
+    assert recap.video_url == "https://videos.example/rnd_1.mp4"
+
+
+def test_failed_marks_the_recap_failed_with_the_services_reason():
+    recap = rendering_recap()
+    record_render_result(RENDERER, render_event(recap, kind="failed"))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.FAILED
+    assert recap.failure_reason == "render failed: photos_unreadable: no photo decoded"
+
+
+def test_a_failure_of_an_older_render_is_ignored():
+    recap = rendering_recap()
+    record_render_result(RENDERER, render_event(recap, kind="failed", idempotency_key="old"))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.RENDERING
+
+
+def test_a_late_completion_rescues_a_failed_recap():
+    recap = rendering_recap()
+    record_render_result(RENDERER, render_event(recap, kind="failed"))
+    record_render_result(RENDERER, render_event(recap))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.READY and recap.failure_reason == ""
+
+
+def test_a_callback_for_an_unknown_recap_is_permanent():
+    payload = {
+        "type": "render.completed",
+        "data": {"recap_id": str(uuid.uuid4()), "video_url": "https://v/x.mp4"},
+    }
+    with pytest.raises(PermanentHandlerError) as exc:
+        record_render_result(RENDERER, payload)
+    assert str(exc.value) == RECAP_NOT_FOUND
+
+
+def test_a_completion_without_a_video_is_permanent():
+    recap = rendering_recap()
+    with pytest.raises(PermanentHandlerError) as exc:
+        record_render_result(RENDERER, render_event(recap, video_url=""))
+    assert str(exc.value) == NO_VIDEO_URL
+
+
+def test_another_standard_webhooks_source_is_ignored():
+    recap = rendering_recap()
+    other = RawEvent(id=3, source="acme", provider="standard")
+    record_render_result(other, render_event(recap))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.RENDERING
+
+
+def test_ready_settles_a_row_still_waiting():
+    recap = RecapFactory()
+    side_effect = pay(recap, now=T0)
+    recap_mark_ready(recap_id=recap.id, video_url="https://v/x.mp4")
+    side_effect.refresh_from_db()
+    assert side_effect.status == "done"
+
+
+# --- through the real inbox: signed events, verify, dedup, deliveries -----------------------
+
+
+def post_stripe(client, payload):
+    body = json.dumps(payload)
+    header = stripe.WebhookSignature.generate_signature_header(body, "whsec_test_stripe_secret")
+    response = client.post(
+        "/webhooks/stripe/", body, content_type="application/json", HTTP_STRIPE_SIGNATURE=header
+    )
+    assert response.status_code == 202
+
+
+def test_through_the_inbox_duplicates_and_both_events_pay_once(client):
+    recap = RecapFactory()
+    completed = session_event(recap.id)
+    post_stripe(client, completed)
+    post_stripe(client, completed)  # the same event again: dedup drops it
+    post_stripe(
+        client, session_event(recap.id, event_type="checkout.session.async_payment_succeeded")
+    )
+    inbox_run_once()
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.PAID
+    assert RecapSideEffect.objects.filter(recap=recap).count() == 1
+    assert Delivery.objects.filter(handler="recaps.handlers.mark_recap_paid").count() == 2
+    assert set(Delivery.objects.values_list("status", flat=True)) == {"done"}
+
+
+def test_through_the_inbox_an_unknown_recap_dies_permanently(client):
+    post_stripe(client, session_event(uuid.uuid4()))
+    inbox_run_once()
+    delivery = Delivery.objects.get()
+    assert delivery.status == "dead" and delivery.attempts == 1
+    assert delivery.last_error == f"PermanentHandlerError: {RECAP_NOT_FOUND}"
