@@ -50,14 +50,17 @@ def test_a_free_recap_carries_no_payment():
 
 def test_one_payment_pays_one_recap():
     RecapFactory(payment_reference="pi_same")
-    with pytest.raises(IntegrityError, match="recap_payment_reference_unique"):
+    # PostgreSQL names the constraint, SQLite the columns.
+    unique = "recap_payment_reference_unique|UNIQUE constraint failed: recap_videos.payment_ref"
+    with pytest.raises(IntegrityError, match=unique):
         RecapFactory(payment_reference="pi_same")
 
 
 def test_one_side_effect_per_recap_and_type():
     recap = RecapFactory()
     RecapSideEffect.objects.create(recap=recap, effect_type="render")
-    with pytest.raises(IntegrityError, match="recap_side_effect_unique"), transaction.atomic():
+    unique = "recap_side_effect_unique|UNIQUE constraint failed: recap_side_effects.recap_id"
+    with pytest.raises(IntegrityError, match=unique), transaction.atomic():
         RecapSideEffect.objects.create(recap=recap, effect_type="render")
     with pytest.raises(IntegrityError, match="recap_side_effect_status_valid"):
         RecapSideEffect.objects.filter(recap=recap).update(status="lost")
