@@ -7,11 +7,12 @@ from django.contrib.admin import DateFieldListFilter
 from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
 
+from console.admin_actions import OperatorAdmin
 from console.models import OperatorAction
 
 
 @admin.register(OperatorAction)
-class OperatorActionAdmin(admin.ModelAdmin):
+class OperatorActionAdmin(OperatorAdmin):
     list_display = (
         "id",
         "started_at",
@@ -54,15 +55,6 @@ class OperatorActionAdmin(admin.ModelAdmin):
     )
     readonly_fields = fields
     actions = None
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="target ids")
     def target_ids_display(self, obj: OperatorAction) -> str:

@@ -1,4 +1,5 @@
-"""The confirmation flow every operator action in the admin goes through.
+"""The confirmation flow every operator action in the admin goes through, and the base of
+every console ModelAdmin.
 
 Like Django's "delete selected": the first POST (from the changelist or a detail page's
 button) shows how many rows the action will touch, how they split by status, and asks for
@@ -16,12 +17,14 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from console.models import ItemOutcome, OperatorAction, OperatorActionOutcome
+from console.selectors import operator_actions_on
 from console.services import BULK_LIMIT, NOTE_REQUIRED, TOO_MANY_SELECTED, OperatorActionError
 
 # At most this many selected rows are listed by name on the confirmation page; all of them
@@ -31,6 +34,41 @@ LISTED_OBJECTS = 50
 DETAILED_RESULTS = 10
 
 ACTION_RECORDED = "{verb}: {succeeded} succeeded, {refused} refused, {failed} failed"
+OPERATE_PERMISSION = "console.operate"
+
+
+class OperatorAdmin(admin.ModelAdmin):
+    """Rows written only by services: no add, change or delete (so no "delete selected").
+
+    Actions declared with `permissions=["operate"]` are offered to users holding
+    `console.operate`, and every one of them goes through confirm_operator_action().
+    """
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_operate_permission(self, request):
+        return request.user.has_perm(OPERATE_PERMISSION)
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @dataclass(frozen=True)
@@ -41,6 +79,17 @@ class ConfirmSpec:
     breakdown: Callable[[Sequence[int]], list[tuple[str, int]]] | None = None
     warnings: Sequence[str] = field(default_factory=tuple)
     note_label: str = ""  # non-empty: a reason is asked for, required, and recorded
+
+
+def render_operator_actions(obj) -> str:
+    """The latest operator actions on one object, with this object's own outcome in each."""
+    pk = obj.pk if isinstance(obj.pk, int) else str(obj.pk)
+    actions = operator_actions_on(target_model=obj._meta.label_lower, object_id=pk)
+    rows = [
+        (action, next((item for item in action.results if item["id"] == pk), None))
+        for action in actions
+    ]
+    return render_to_string("console/admin/object_operator_actions.html", {"rows": rows})
 
 
 def _safe_next(request: HttpRequest) -> str | None:

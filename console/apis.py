@@ -29,6 +29,7 @@ from console.services import (
     OperatorActionError,
     raw_events_replay,
     raw_events_reverify,
+    side_effects_rearm,
 )
 from ingress.models import (
     Delivery,
@@ -276,6 +277,18 @@ class RawEventReverifyApi(APIView):
             request,
             lambda ids: raw_events_reverify(
                 actor=request.user, raw_event_ids=ids, via=OperatorActionVia.API
+            ),
+        )
+
+
+class SideEffectRearmApi(APIView):
+    permission_classes = (IsAdminUser, has_perm("console.operate"))
+
+    def post(self, request: Request) -> Response:
+        return _run_action(
+            request,
+            lambda ids: side_effects_rearm(
+                actor=request.user, side_effect_ids=ids, via=OperatorActionVia.API
             ),
         )
 

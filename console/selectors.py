@@ -21,6 +21,9 @@ from django.utils.text import smart_split, unescape_string_literal
 from console.models import OperatorAction
 from ingress.models import Delivery, DeliveryAttempt, RawEvent
 from ingress.selectors import inbox_depths
+from outbox.models import RecapSideEffect
+from outbox.selectors import side_effect_depths
+from recaps.models import RecapVideo
 
 # Columns a list never needs: a page of 100 rows must not drag 100 MiB of bodies along.
 PAYLOAD_FIELDS = ("body", "headers")
@@ -153,24 +156,39 @@ def raw_events_by_status(*, ids: Iterable[int]) -> list[dict]:
     )
 
 
+def side_effects_by_status(*, ids: Iterable[int]) -> list[dict]:
+    return list(
+        RecapSideEffect.objects.filter(id__in=list(ids))
+        .values("status")
+        .annotate(count=Count("id"))
+        .order_by("status")
+    )
+
+
+def recaps_by_status(*, ids: Iterable[object]) -> list[dict]:
+    return list(
+        RecapVideo.objects.filter(id__in=list(ids))
+        .values("status")
+        .annotate(count=Count("id"))
+        .order_by("status")
+    )
+
+
 def operator_action_list() -> QuerySet[OperatorAction]:
     return OperatorAction.objects.order_by("-started_at", "-id")
 
 
-def operator_actions_on(*, target_model: str, object_id: int, limit: int = 10) -> list:
-    """The latest operator actions that touched one object: "has someone replayed this?".
-
-    Needs JSON containment (PostgreSQL); on SQLite, a try-it-out database, the list is empty.
-    """
-    if not connection.features.supports_json_field_contains:
-        return []
-    return list(
-        OperatorAction.objects.filter(
-            target_model=target_model, target_ids__contains=[object_id]
-        ).order_by("-started_at", "-id")[:limit]
+def operator_actions_on(*, target_model: str, object_id: int | str, limit: int = 10) -> list:
+    """The latest operator actions that touched one object: "has someone replayed this?"."""
+    actions = OperatorAction.objects.filter(target_model=target_model).order_by(
+        "-started_at", "-id"
     )
+    if connection.features.supports_json_field_contains:
+        return list(actions.filter(target_ids__contains=[object_id])[:limit])
+    # SQLite (trying the project out) has no JSON containment: look through recent actions.
+    return [action for action in actions[:500] if object_id in action.target_ids][:limit]
 
 
 def queue_depths() -> dict:
     """Depths of every queue an operator can act on, by pipeline stage."""
-    return {"ingress": inbox_depths()}
+    return {"ingress": inbox_depths(), "outbox": side_effect_depths()}

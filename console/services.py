@@ -24,6 +24,10 @@ from console.selectors import PAYLOAD_FIELDS
 from eventdrop.errors import EventDropError
 from ingress.inbox import raw_event_replay, raw_event_reverify
 from ingress.models import RawEvent, SignatureStatus
+from outbox.models import RecapSideEffect
+from outbox.services import side_effect_mark_dead, side_effect_rearm
+from recaps.models import RecapVideo
+from recaps.services import recap_retry_render
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +44,9 @@ UNEXPECTED_ERROR = "Unexpected {error}; see the logs for operator action #{actio
 REPLAY_QUEUED = "{count} deliveries queued"
 REVERIFY_VERIFIED = "verified with secret #{index}; {dispatch}"
 REVERIFY_STILL_REJECTED = "still rejected: {reason}"
+SIDE_EFFECT_REARMED = "re-armed: {status}, due now"
+SIDE_EFFECT_MARKED_DEAD = "marked {status}; the recap is failed with the reason"
+RECAP_RENDER_QUEUED = "render queued; recap is {status}"
 
 
 class OperatorActionError(EventDropError):
@@ -59,12 +66,13 @@ class ItemResult:
     data: dict
 
 
-def _unique_ids(ids: Sequence[int]) -> list[int]:
-    return list(dict.fromkeys(int(pk) for pk in ids))
+def _json_pk(pk: object) -> int | str:
+    # Raw events and side effects have integer keys, recaps UUIDs: keep both JSON-friendly.
+    return pk if isinstance(pk, int) else str(pk)
 
 
-def _load(queryset: models.QuerySet, ids: Sequence[int]) -> list[models.Model]:
-    ids = _unique_ids(ids)
+def _load(queryset: models.QuerySet, ids: Sequence[object]) -> list[models.Model]:
+    ids = list(dict.fromkeys(ids))
     if not ids:
         raise OperatorActionError(NOTHING_SELECTED)
     if len(ids) > BULK_LIMIT:
@@ -104,7 +112,7 @@ def _run(
         action=action,
         via=via,
         target_model=objects[0]._meta.label_lower,
-        target_ids=[obj.pk for obj in objects],
+        target_ids=[_json_pk(obj.pk) for obj in objects],
         requested=len(objects),
         note=note,
     )
@@ -119,12 +127,21 @@ def _run(
             # Anything else may quote data; the operator gets the class name and where to look.
             logger.exception(
                 "console.operator_action.item_failed",
-                extra={"operator_action_id": record.id, "action": action, "object_id": obj.pk},
+                extra={
+                    "operator_action_id": record.id,
+                    "action": action,
+                    "object_id": _json_pk(obj.pk),
+                },
             )
             detail = UNEXPECTED_ERROR.format(error=type(exc).__name__, action_id=record.id)
             result = ItemResult(outcome=ItemOutcome.ERROR, detail=detail, data={})
         results.append(
-            {"id": obj.pk, "outcome": result.outcome, "detail": result.detail, **result.data}
+            {
+                "id": _json_pk(obj.pk),
+                "outcome": result.outcome,
+                "detail": result.detail,
+                **result.data,
+            }
         )
 
     record.results = results
@@ -212,4 +229,71 @@ def raw_events_reverify(
         action=OperatorActionKind.RAW_EVENT_REVERIFY,
         objects=_load(_raw_events(), raw_event_ids),
         perform=_reverify,
+    )
+
+
+# --- recap side effects and recaps -----------------------------------------------------------
+
+
+def _side_effect_result(row: RecapSideEffect, detail: str) -> ItemResult:
+    return ItemResult(
+        outcome=ItemOutcome.OK,
+        detail=detail.format(status=row.status),
+        data={"status": row.status, "recap_id": str(row.recap_id)},
+    )
+
+
+def side_effects_rearm(
+    *, actor: AbstractBaseUser, side_effect_ids: Sequence[int], via: str
+) -> OperatorAction:
+    """Make each row due now with fresh attempts; a failed recap goes back to paid."""
+    return _run(
+        actor=actor,
+        via=via,
+        action=OperatorActionKind.SIDE_EFFECT_REARM,
+        objects=_load(RecapSideEffect.objects.all(), side_effect_ids),
+        perform=lambda row: _side_effect_result(
+            side_effect_rearm(side_effect=row), SIDE_EFFECT_REARMED
+        ),
+    )
+
+
+def side_effects_mark_dead(
+    *, actor: AbstractBaseUser, side_effect_ids: Sequence[int], reason: str, via: str
+) -> OperatorAction:
+    """Give up on each row by hand; its recap is failed with the reason (recorded here too)."""
+    reason = reason.strip()
+    if not reason:
+        raise OperatorActionError(NOTE_REQUIRED)
+    return _run(
+        actor=actor,
+        via=via,
+        action=OperatorActionKind.SIDE_EFFECT_MARK_DEAD,
+        objects=_load(RecapSideEffect.objects.all(), side_effect_ids),
+        perform=lambda row: _side_effect_result(
+            side_effect_mark_dead(side_effect=row, reason=reason), SIDE_EFFECT_MARKED_DEAD
+        ),
+        note=reason,
+    )
+
+
+def _retry_render(recap: RecapVideo) -> ItemResult:
+    recap = recap_retry_render(recap=recap)
+    return ItemResult(
+        outcome=ItemOutcome.OK,
+        detail=RECAP_RENDER_QUEUED.format(status=recap.status),
+        data={"status": recap.status},
+    )
+
+
+def recaps_retry_render(
+    *, actor: AbstractBaseUser, recap_ids: Sequence[object], via: str
+) -> OperatorAction:
+    """Render each recap (again) through the outbox; ready and unpaid recaps are refused."""
+    return _run(
+        actor=actor,
+        via=via,
+        action=OperatorActionKind.RECAP_RETRY_RENDER,
+        objects=_load(RecapVideo.objects.all(), recap_ids),
+        perform=_retry_render,
     )

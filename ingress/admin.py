@@ -17,7 +17,13 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from console.admin_actions import ConfirmSpec, confirm_operator_action
+from console.admin_actions import (
+    ConfirmSpec,
+    OperatorAdmin,
+    ReadOnlyInline,
+    confirm_operator_action,
+    render_operator_actions,
+)
 from console.models import OperatorActionVia
 from console.presentation import (
     body_view,
@@ -27,7 +33,6 @@ from console.presentation import (
 )
 from console.selectors import (
     PAYLOAD_FIELDS,
-    operator_actions_on,
     raw_event_deliveries,
     raw_event_search,
     raw_events_by_status,
@@ -39,7 +44,6 @@ from ingress.providers import PROVIDERS
 from ingress.sources import all_sources
 
 VIEW_PAYLOAD_PERMISSION = "ingress.view_raw_payload"
-OPERATE_PERMISSION = "console.operate"
 PAYLOAD_HIDDEN = (
     "Body and headers are hidden: viewing them needs the permission "
     "“Can view raw webhook payloads (body and headers)”."
@@ -63,10 +67,6 @@ REVERIFY_WARNING = "Events that are not rejected are refused and reported."
 
 def _can_view_payload(request: HttpRequest) -> bool:
     return request.user.has_perm(VIEW_PAYLOAD_PERMISSION)
-
-
-def _can_operate(request: HttpRequest) -> bool:
-    return request.user.has_perm(OPERATE_PERMISSION)
 
 
 class SourceFilter(admin.SimpleListFilter):
@@ -117,21 +117,8 @@ def _raw_event_link(raw_event_id: int | None) -> str:
     return format_html('<a href="{}">#{}</a>', url, raw_event_id)
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows written only by services: no add, change or delete (and so no delete action)."""
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
 @admin.register(RawEvent)
-class RawEventAdmin(ReadOnlyAdmin):
+class RawEventAdmin(OperatorAdmin):
     list_display = (
         "id",
         "received_at",
@@ -262,15 +249,12 @@ class RawEventAdmin(ReadOnlyAdmin):
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         extra_context = {
             **(extra_context or {}),
-            "can_operate": _can_operate(request),
+            "can_operate": self.has_operate_permission(request),
             "changelist_url": reverse("admin:ingress_rawevent_changelist"),
         }
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     # --- actions -------------------------------------------------------------------------
-
-    def has_operate_permission(self, request):
-        return _can_operate(request)
 
     @admin.action(description="Replay selected events to their handlers", permissions=["operate"])
     def replay_selected(self, request, queryset: QuerySet[RawEvent]):
@@ -426,31 +410,18 @@ class RawEventAdmin(ReadOnlyAdmin):
 
     @admin.display(description="operator actions")
     def operator_actions(self, obj: RawEvent) -> str:
-        actions = operator_actions_on(target_model=RawEvent._meta.label_lower, object_id=obj.pk)
-        rows = [
-            (action, next((item for item in action.results if item["id"] == obj.pk), None))
-            for action in actions
-        ]
-        return render_to_string("console/admin/object_operator_actions.html", {"rows": rows})
+        return render_operator_actions(obj)
 
 
-class DeliveryAttemptInline(admin.TabularInline):
+class DeliveryAttemptInline(ReadOnlyInline):
     model = DeliveryAttempt
     fields = ("number", "started_at", "finished_at", "outcome", "error")
     readonly_fields = fields
-    extra = 0
-    can_delete = False
     ordering = ("started_at", "id")
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(ReadOnlyAdmin):
+class DeliveryAdmin(OperatorAdmin):
     list_display = (
         "id",
         "event_link",

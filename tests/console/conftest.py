@@ -101,3 +101,46 @@ def receive_github(
     )
     assert response.status_code == 202, response.content
     return RawEvent.objects.get(pk=response.json()["id"])
+
+
+@pytest.fixture
+def fake_renderer(settings):
+    """The project's fake render service on an ephemeral port, with short client limits."""
+    from recaps.fake_renderer import FakeRenderer
+
+    fake = FakeRenderer(secret=os.environ["RENDERER_WEBHOOK_SECRET"], callbacks=False)
+    settings.RENDER_SERVICE_URL = fake.url
+    settings.RENDER_CALLBACK_URL = "http://127.0.0.1:9/webhooks/renderer/"
+    settings.RENDER_HEALTH_CONNECT_TIMEOUT_SECONDS = 0.5
+    settings.RENDER_HEALTH_READ_TIMEOUT_SECONDS = 0.5
+    settings.RENDER_HEALTH_TIMEOUT_SECONDS = 1.0
+    settings.RENDER_CONNECT_TIMEOUT_SECONDS = 0.5
+    settings.RENDER_READ_TIMEOUT_SECONDS = 0.4
+    settings.RENDER_TIMEOUT_SECONDS = 1.0
+    with fake:
+        yield fake
+
+
+@pytest.fixture
+def dead_side_effect(fake_renderer, admin_user, client):
+    """A render row that died after every attempt failed with a 5xx, and its failed recap."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from outbox.dispatcher import dispatch_run
+    from outbox.models import CircuitBreaker, RecapSideEffect
+    from tests.console.samples import paid_recap
+
+    recap = paid_recap(client, admin_user)
+    fake_renderer.configure(mode="error_5xx")
+    start = timezone.now()
+    for day in range(8):
+        dispatch_run(now=start + timedelta(days=day))
+    row = RecapSideEffect.objects.get(recap=recap)
+    assert row.status == "dead", row.status
+    # The service has recovered: healthy again, and its breaker (opened in the simulated
+    # future above) forgotten, so a re-armed row is dispatched on the next run.
+    fake_renderer.configure(mode="ok")
+    CircuitBreaker.objects.all().delete()
+    return row

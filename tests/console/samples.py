@@ -5,13 +5,18 @@ test fails for a model without one, so a new admin cannot dodge the "every actio
 check by having nothing to act on.
 """
 
+import uuid
 from collections.abc import Callable
 
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from console.models import OperatorAction
 from ingress.inbox import inbox_run_once
 from ingress.models import Delivery, DeliveryAttempt, RawEvent
+from outbox.models import CircuitBreaker, RecapSideEffect
+from recaps.models import Event, Photo, RecapVideo
+from recaps.services import recap_mark_paid
 from tests.console.conftest import receive_github
 
 
@@ -63,7 +68,31 @@ def operator_action(client, user) -> OperatorAction:
     )
 
 
+def paid_recap(client, user, *, photos: int = 6) -> RecapVideo:
+    """A paid recap with its render side effect pending, through the real payment service."""
+    event = Event.objects.create(title="Summer party")
+    Photo.objects.bulk_create(
+        Photo(event=event, storage_key=f"events/{event.pk}/photo-{n}.jpg") for n in range(photos)
+    )
+    buyer = get_user_model().objects.create_user(f"buyer-{uuid.uuid4().hex[:8]}")
+    recap = RecapVideo.objects.create(event=event, buyer=buyer)
+    recap_mark_paid(recap_id=recap.id, payment_reference=f"pi_{recap.id.hex[:12]}")
+    recap.refresh_from_db()
+    return recap
+
+
+def side_effect(client, user) -> RecapSideEffect:
+    return RecapSideEffect.objects.get(recap=paid_recap(client, user))
+
+
+def circuit_breaker(client, user) -> CircuitBreaker:
+    return CircuitBreaker.objects.create(name="render-service-sample")
+
+
 SAMPLES: dict[str, Callable] = {
+    "outbox.recapsideeffect": side_effect,
+    "outbox.circuitbreaker": circuit_breaker,
+    "recaps.recapvideo": paid_recap,
     "ingress.rawevent": verified_event,
     "ingress.delivery": delivery,
     "console.operatoraction": operator_action,

@@ -109,5 +109,6 @@ def test_every_declared_action_resolves_and_runs(
     assert done.status_code == 302
     assert OperatorAction.objects.count() == recorded + 1
     record = OperatorAction.objects.latest("id")
-    assert record.target_ids == [obj.pk] and record.actor == admin_user
+    assert record.target_ids == [obj.pk if isinstance(obj.pk, int) else str(obj.pk)]
+    assert record.actor == admin_user
     assert record.outcome != "running"

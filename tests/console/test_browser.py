@@ -142,3 +142,45 @@ def test_find_open_and_replay_an_event(page, tmp_path):
         assert json.loads(bytes(RawEvent.objects.get(pk=event.id).body)) == body
     finally:
         unregister(f"{on_push_deployed_later.__module__}.{on_push_deployed_later.__qualname__}")
+
+
+def test_rearm_a_dead_side_effect_and_see_it_dispatched(
+    page, live_server, dead_side_effect, tmp_path
+):
+    from playwright.sync_api import expect
+
+    from outbox.dispatcher import dispatch_run
+    from outbox.models import RecapSideEffect
+    from recaps.models import RecapStatus, RecapVideo
+
+    page.goto(f"{live_server.url}/admin/outbox/recapsideeffect/?status__exact=dead")
+    rows = page.locator("#result_list tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("http_500")
+
+    rows.first.locator("input.action-select").check()
+    page.select_option("select[name=action]", "rearm_selected")
+    page.click("button[name=index]")
+    expect(page.locator("#operator-action-count")).to_contain_text(
+        "This will touch 1 recap side effect."
+    )
+    expect(page.locator("#operator-action-breakdown")).to_contain_text("dead")
+    page.click("#operator-action-confirm")
+    expect(page.locator("ul.messagelist")).to_contain_text("Re-arm: 1 succeeded")
+    expect(rows).to_have_count(0)  # no longer dead
+
+    # The dispatcher's next run sends it to the (recovered) render service.
+    report = dispatch_run()
+    assert report.claimed == 1
+    page.goto(f"{live_server.url}/admin/outbox/recapsideeffect/{dead_side_effect.pk}/change/")
+    expect(page.locator(".field-status")).to_contain_text("done")
+    history = page.locator("#history-group")
+    expect(history).to_contain_text("re-armed by an operator")
+    expect(history).to_contain_text("gave up after the last attempt")
+    expect(history.locator("tr.has_original, tr.form-row").last).to_contain_text("done")
+    expect(page.locator("#object-operator-actions")).to_contain_text(
+        "re-arm side effects by oncall via admin: ok — re-armed: pending, due now"
+    )
+    screenshot(page, "console-side-effect.png", tmp_path)
+    assert RecapSideEffect.objects.get(pk=dead_side_effect.pk).status == "done"
+    assert RecapVideo.objects.get().status == RecapStatus.RENDERING

@@ -1,0 +1,236 @@
+"""The console's view of the recap outbox: find stuck or dead side effects and re-arm them.
+
+Read-only: rows change only through outbox.services (via console.services, so every re-arm
+and mark-dead is recorded). A row's page shows every attempt with its error class and
+message, so a dead row explains itself.
+"""
+
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from console.admin_actions import (
+    ConfirmSpec,
+    OperatorAdmin,
+    ReadOnlyInline,
+    confirm_operator_action,
+    render_operator_actions,
+)
+from console.models import OperatorActionVia
+from console.presentation import format_seconds
+from console.selectors import side_effects_by_status
+from console.services import side_effects_mark_dead, side_effects_rearm
+from outbox.models import CircuitBreaker, RecapSideEffect, RecapSideEffectAttempt
+
+REARM_DESCRIPTION = (
+    "Each row becomes due now with a fresh set of attempts, under the same idempotency key "
+    "(a render the service already accepted is not started twice); a failed recap goes back "
+    "to paid. The dispatcher picks the rows up on its next run."
+)
+REARM_WARNING = (
+    "Done rows and rows a live worker is dispatching right now are refused and reported; to "
+    "render a done recap again, use “Retry render” on the recap."
+)
+MARK_DEAD_DESCRIPTION = (
+    "Each row stops being retried and its recap becomes failed, with your reason as the "
+    "failure reason the buyer's support sees."
+)
+MARK_DEAD_WARNING = "Done and already dead rows are refused and reported."
+
+
+class AttemptsFilter(admin.SimpleListFilter):
+    title = "attempts"
+    parameter_name = "attempts"
+
+    def lookups(self, request, model_admin):
+        last = settings.OUTBOX_MAX_ATTEMPTS
+        return [*((str(n), str(n)) for n in range(last)), (f"{last}+", f"{last} or more")]
+
+    def queryset(self, request, queryset):
+        value = self.value() or ""
+        if value.endswith("+") and value[:-1].isdigit():
+            return queryset.filter(attempts__gte=int(value[:-1]))
+        if value.isdigit():
+            return queryset.filter(attempts=int(value))
+        return queryset
+
+
+class AgeFilter(admin.SimpleListFilter):
+    """How long the row has been in its current state (updated_at): what "stuck" means."""
+
+    title = "in this state for"
+    parameter_name = "state_age"
+    AGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "1d": timedelta(days=1)}
+
+    def lookups(self, request, model_admin):
+        return [("15m", "over 15 minutes"), ("1h", "over an hour"), ("1d", "over a day")]
+
+    def queryset(self, request, queryset):
+        age = self.AGES.get(self.value() or "")
+        if age is None:
+            return queryset
+        return queryset.filter(updated_at__lt=timezone.now() - age)
+
+
+class AttemptInline(ReadOnlyInline):
+    model = RecapSideEffectAttempt
+    fields = ("number", "outcome", "error_class", "error", "started_at", "finished_at")
+    readonly_fields = fields
+    ordering = ("id",)
+    verbose_name = "attempt"
+    verbose_name_plural = "history (every attempt, re-arm and give-up, oldest first)"
+
+
+@admin.register(RecapSideEffect)
+class RecapSideEffectAdmin(OperatorAdmin):
+    list_display = (
+        "id",
+        "recap_link",
+        "effect_type",
+        "status",
+        "attempts",
+        "last_error_class",
+        "short_error",
+        "next_attempt_at",
+        "state_age",
+        "created_at",
+    )
+    list_filter = (
+        "status",
+        "last_error_class",
+        AttemptsFilter,
+        AgeFilter,
+        "effect_type",
+        ("created_at", admin.DateFieldListFilter),
+    )
+    search_fields = ("recap__id",)
+    search_help_text = "Side effect id or recap id (exact)."
+    ordering = ("status", "next_attempt_at", "id")
+    list_select_related = ("recap",)
+    inlines = (AttemptInline,)
+    actions = ("rearm_selected", "mark_dead_selected")
+    fields = (
+        "recap_link",
+        "recap_status",
+        "effect_type",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "claimed_at",
+        "idempotency_key",
+        "last_error_class",
+        "last_error",
+        "created_at",
+        "updated_at",
+        "finished_at",
+        "operator_actions",
+    )
+    readonly_fields = (*fields, "short_error", "state_age")
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip().removeprefix("#")
+        if not term:
+            return queryset, False
+        if term.isdigit() and len(term) < 19:
+            return queryset.filter(id=int(term)), False
+        try:
+            return queryset.filter(recap_id=uuid.UUID(term)), False
+        except ValueError:
+            return queryset.none(), False
+
+    @admin.action(description="Re-arm selected side effects", permissions=["operate"])
+    def rearm_selected(self, request, queryset: QuerySet[RecapSideEffect]):
+        return confirm_operator_action(
+            self,
+            request,
+            queryset,
+            ConfirmSpec(
+                verb="Re-arm",
+                description=REARM_DESCRIPTION,
+                warnings=(REARM_WARNING,),
+                breakdown=_status_breakdown,
+                run=lambda request, ids, note: side_effects_rearm(
+                    actor=request.user, side_effect_ids=ids, via=OperatorActionVia.ADMIN
+                ),
+            ),
+        )
+
+    @admin.action(description="Mark selected side effects dead", permissions=["operate"])
+    def mark_dead_selected(self, request, queryset: QuerySet[RecapSideEffect]):
+        return confirm_operator_action(
+            self,
+            request,
+            queryset,
+            ConfirmSpec(
+                verb="Mark dead",
+                description=MARK_DEAD_DESCRIPTION,
+                warnings=(MARK_DEAD_WARNING,),
+                breakdown=_status_breakdown,
+                note_label="Reason (kept as the recap's failure reason):",
+                run=lambda request, ids, note: side_effects_mark_dead(
+                    actor=request.user,
+                    side_effect_ids=ids,
+                    reason=note,
+                    via=OperatorActionVia.ADMIN,
+                ),
+            ),
+        )
+
+    @admin.display(description="operator actions")
+    def operator_actions(self, obj) -> str:
+        return render_operator_actions(obj)
+
+    @admin.display(description="recap", ordering="recap_id")
+    def recap_link(self, obj: RecapSideEffect) -> str:
+        url = reverse("admin:recaps_recapvideo_change", args=[obj.recap_id])
+        return format_html('<a href="{}">{}</a>', url, obj.recap_id)
+
+    @admin.display(description="recap status")
+    def recap_status(self, obj: RecapSideEffect) -> str:
+        recap = obj.recap
+        if recap.failure_reason:
+            return f"{recap.status}: {recap.failure_reason}"
+        return recap.status
+
+    @admin.display(description="last error")
+    def short_error(self, obj: RecapSideEffect) -> str:
+        return obj.last_error[:120] + ("…" if len(obj.last_error) > 120 else "")
+
+    @admin.display(description="in this state for", ordering="updated_at")
+    def state_age(self, obj: RecapSideEffect) -> str:
+        return format_seconds((timezone.now() - obj.updated_at).total_seconds())
+
+
+def _status_breakdown(ids) -> list[tuple[str, int]]:
+    return [(row["status"], row["count"]) for row in side_effects_by_status(ids=ids)]
+
+
+@admin.register(CircuitBreaker)
+class CircuitBreakerAdmin(OperatorAdmin):
+    """Shown so on-call can see why rows are being skipped; changed only by the dispatcher."""
+
+    list_display = (
+        "name",
+        "state",
+        "consecutive_failures",
+        "last_error_class",
+        "opened_at",
+        "open_until",
+        "updated_at",
+    )
+    readonly_fields = (
+        "name",
+        "state",
+        "consecutive_failures",
+        "last_error_class",
+        "opened_at",
+        "open_until",
+        "probe_started_at",
+        "updated_at",
+    )
