@@ -11,8 +11,10 @@ SELECT … FOR UPDATE, is enough at this rate (a few writes per dispatched row).
 
 While open, a dispatch is skipped as transient *without a network call and without
 spending one of the row's attempts* (we never asked the service anything). After the
-cool-down exactly one caller gets a probe permit; if that probe's worker dies, another probe
-is allowed once the worst case of one dispatch has passed.
+cool-down exactly one caller gets a probe permit; the dispatcher spends it on a health
+check, not on a row (see outbox/dispatcher.py `_probe`), so an outage of any length costs
+each row at most the attempts made before the breaker opened. If the probe's worker dies,
+another probe is allowed once the worst case of one dispatch has passed.
 """
 
 import logging

@@ -43,7 +43,7 @@ from outbox.services import (
     side_effects_claim,
     side_effects_rearm_stale,
 )
-from recaps.errors import EventNotFound, RenderCircuitOpen, TooFewPhotos
+from recaps.errors import EventNotFound, RenderCircuitOpen, RenderError, TooFewPhotos
 from recaps.models import RecapStatus
 from recaps.render_client import RenderClient, RenderClientConfig
 from recaps.selectors import event_photo_keys, recap_get
@@ -178,9 +178,12 @@ def dispatch_one(
     )
 
 
-def _claim_limit(free: int, in_flight: int, at: datetime, config: BreakerConfig) -> int:
-    """How many rows to claim now, given the shared breaker (read without a lock: a stale
-    view only costs a skipped, refunded attempt, which dispatch_one handles)."""
+def _claim_limit(free: int, at: datetime, config: BreakerConfig) -> int | None:
+    """How many rows to claim now, given the shared breaker; None means "probe first".
+
+    Read without a lock: a stale view only costs a skipped, refunded attempt, which
+    dispatch_one handles.
+    """
     breaker = circuit_breaker_get(name=RENDER_SERVICE_BREAKER)
     if breaker is None or breaker.state == BreakerState.CLOSED:
         return free
@@ -190,9 +193,43 @@ def _claim_limit(free: int, in_flight: int, at: datetime, config: BreakerConfig)
         breaker.state == BreakerState.HALF_OPEN
         and at < breaker.probe_started_at + config.probe_timeout
     ):
-        return 0
-    # Cool-down over: one probe, and nothing else until it reports back.
-    return 0 if in_flight else 1
+        return 0  # another dispatcher's probe is under way
+    return None
+
+
+def _probe(
+    *,
+    now: datetime,
+    clock: Callable[[], float],
+    client_factory: ClientFactory,
+    config: BreakerConfig,
+) -> bool:
+    """The half-open probe: a health check, not a row's dispatch.
+
+    A probe made with a real row would charge that row an attempt per failed probe, and
+    the same earliest-due rows would be picked every cool-down: a long outage would kill
+    them one by one, which is exactly the seed's loss, only slower. The health check costs
+    no row anything.
+    """
+    permit = circuit_breaker_acquire(name=RENDER_SERVICE_BREAKER, now=now, config=config)
+    if not permit.allowed:
+        return False
+    client_config = RenderClientConfig.from_settings()
+    client = client_factory(client_config, clock=clock)
+    try:
+        client.check_health(deadline=clock() + client_config.health.total)
+    except RenderError as exc:
+        circuit_breaker_record_failure(
+            name=RENDER_SERVICE_BREAKER,
+            error_class=classify(exc).error_class,
+            now=now,
+            config=config,
+        )
+        return False
+    finally:
+        client.close()
+    circuit_breaker_record_success(name=RENDER_SERVICE_BREAKER)
+    return True
 
 
 def dispatch_run(
@@ -229,7 +266,16 @@ def dispatch_run(
         while True:
             free = concurrency - len(in_flight)
             if not exhausted and free > 0 and run_deadline - clock() >= worst:
-                limit = _claim_limit(free, len(in_flight), current(), breaker_config)
+                limit = _claim_limit(free, current(), breaker_config)
+                if limit is None:
+                    # Cool-down over: probe once, before any row is risked.
+                    probed = not in_flight and _probe(
+                        now=current(),
+                        clock=clock,
+                        client_factory=client_factory,
+                        config=breaker_config,
+                    )
+                    limit = free if probed else 0
                 claims = (
                     side_effects_claim(limit=limit, now=current(), exclude=seen) if limit else []
                 )

@@ -54,3 +54,25 @@ def test_a_two_minute_render_outage_loses_no_recap(fake_renderer, paid_recap, ou
     for recap in paid:
         assert len(fake_renderer.renders_for_recap(str(recap.id))) == 1
     assert set(fake_renderer.posts_by_key.values()) == {1}
+
+
+def test_a_long_outage_costs_each_row_at_most_the_attempts_before_the_breaker_opened(
+    fake_renderer, paid_recap
+):
+    # An hour down, the dispatcher running every two minutes throughout. Once the breaker
+    # is open its probes are health checks, so no row pays for them: nothing dies.
+    fake_renderer.configure(mode="down")
+    rows = [paid_recap(now=T0)[1] for _ in range(10)]
+    at = T0
+    for _ in range(30):
+        dispatch_run(now=at)
+        at += EVERY_TWO_MINUTES
+    attempts = list(RecapSideEffect.objects.values_list("attempts", flat=True))
+    assert max(attempts) == 1 and attempts.count(1) == 5  # the threshold, no more
+    assert not RecapSideEffect.objects.filter(status="dead").exists()
+    assert fake_renderer.posts_by_key == {}  # down: nothing ever arrived
+
+    fake_renderer.configure(mode="ok")
+    dispatch_run(now=at + timedelta(hours=1))
+    assert set(RecapVideo.objects.values_list("status", flat=True)) == {RecapStatus.RENDERING}
+    assert set(fake_renderer.renders) == {row.idempotency_key for row in rows}
