@@ -1,0 +1,73 @@
+"""The inbox's operator commands and the scheduled pass, run as an operator would."""
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django_q.models import Schedule
+
+from eventdrop.schedules import SCHEDULES
+from ingress.models import RawEvent
+from ingress.tasks import inbox_pass
+from tests.support.signing import github_headers
+
+pytestmark = pytest.mark.django_db
+
+
+def receive(client, *, secret=None, delivery="cmd-1"):
+    body = json.dumps({"zen": "Keep it logically awesome."}).encode()
+    response = client.post(
+        "/webhooks/github/",
+        body,
+        content_type="application/json",
+        **github_headers(body, secret=secret, event="ping", delivery=delivery),
+    )
+    assert response.status_code == 202
+    return response.json()["id"]
+
+
+def run(*args) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_process_inbox_once_reports_what_it_did(client):
+    receive(client)
+    assert run("process_inbox", "--once") == "verified 1, delivered 0, re-armed 0\n"
+    assert RawEvent.objects.get().dispatch_status == "no_handler"
+
+
+def test_reverify_events_needs_a_selection_and_reports_outcomes(client, monkeypatch):
+    with pytest.raises(CommandError):
+        run("reverify_events")
+    event_id = receive(client, secret="rotated-in secret")
+    run("process_inbox", "--once")
+    assert run("reverify_events", "--source", "github", "--dry-run") == (
+        "would re-verify 1 rejected event(s)\n"
+    )
+    assert "bad_signature: 1" in run("reverify_events", str(event_id))
+    with pytest.raises(CommandError, match="ISO datetime"):
+        run("reverify_events", "--since", "yesterday")
+
+
+def test_list_handlers_prints_the_registry():
+    output = run("list_handlers")
+    assert output.strip()  # either the registered handlers or an explicit "none"
+
+
+def test_scheduled_pass_drains_until_idle(client):
+    for n in range(3):
+        receive(client, delivery=f"sched-{n}")
+    totals = inbox_pass()
+    assert totals["verified"] == 3
+    assert not RawEvent.objects.filter(signature_status="pending").exists()
+
+
+def test_ensure_schedules_writes_every_declared_schedule_idempotently():
+    run("ensure_schedules")
+    run("ensure_schedules")
+    names = set(Schedule.objects.values_list("name", flat=True))
+    assert names == {name for name, *_ in SCHEDULES}
+    assert Schedule.objects.count() == len(SCHEDULES)
