@@ -2,6 +2,7 @@
 
 from datetime import datetime
 
+from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
 from recaps.errors import RecapNotFound
@@ -15,7 +16,7 @@ def recap_get(*, recap_id: object) -> RecapVideo:
         raise RecapNotFound() from exc
 
 
-def recap_list_for_buyer(*, buyer) -> QuerySet[RecapVideo]:
+def recap_list_for_buyer(*, buyer: AbstractBaseUser) -> QuerySet[RecapVideo]:
     return RecapVideo.objects.filter(buyer=buyer).order_by("-created_at")
 
 

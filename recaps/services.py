@@ -18,6 +18,7 @@ from datetime import datetime
 
 import stripe
 from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
@@ -51,7 +52,7 @@ def _locked(recap_id: object) -> RecapVideo:
 
 
 @transaction.atomic
-def recap_create(*, event: Event, buyer, is_free: bool = False) -> RecapVideo:
+def recap_create(*, event: Event, buyer: AbstractBaseUser, is_free: bool = False) -> RecapVideo:
     recap = RecapVideo.objects.create(event=event, buyer=buyer, is_free=is_free)
     logger.info("recaps.created", extra={"recap_id": str(recap.id), "event_id": event.id})
     return recap
@@ -83,7 +84,7 @@ def _stripe_client() -> stripe.StripeClient:
     )
 
 
-def recap_checkout_create(*, recap: RecapVideo, buyer) -> Checkout:
+def recap_checkout_create(*, recap: RecapVideo, buyer: AbstractBaseUser) -> Checkout:
     """A Stripe Checkout Session for the recap, with its id in the session's metadata.
 
     Deliberately not atomic as a whole: a transaction held open across a network call
@@ -133,7 +134,7 @@ def recap_checkout_create(*, recap: RecapVideo, buyer) -> Checkout:
 
 
 @transaction.atomic
-def _recap_for_checkout(*, recap_id: object, buyer) -> RecapVideo:
+def _recap_for_checkout(*, recap_id: object, buyer: AbstractBaseUser) -> RecapVideo:
     recap = _locked(recap_id)
     if recap.buyer_id != buyer.pk:
         raise RecapPermissionDenied(RECAP_NOT_YOURS)
@@ -188,7 +189,9 @@ def recap_mark_paid(
 
 
 @transaction.atomic
-def recap_redeem_free(*, recap_id: object, user, now: datetime | None = None) -> RecapVideo:
+def recap_redeem_free(
+    *, recap_id: object, user: AbstractBaseUser, now: datetime | None = None
+) -> RecapVideo:
     """The buyer redeems a free recap: the same path as a payment, without one."""
     recap = _locked(recap_id)
     if recap.buyer_id != user.pk:

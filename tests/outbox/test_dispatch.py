@@ -241,3 +241,21 @@ def test_a_budget_cut_run_leaves_the_rest_for_the_next(fake_renderer, paid_recap
     report = run(budget_seconds=8.5, clock=clock, client_factory=ThreeSecondClient)
     assert report.claimed == 3 and report.count(AttemptOutcome.DONE) == 3
     assert RecapSideEffect.objects.filter(status="pending").count() == 2
+
+
+def test_dispatch_side_effects_once_prints_the_run(fake_renderer, paid_recap, capsys):
+    from django.core.management import call_command
+
+    paid_recap(now=T0 - timedelta(minutes=1))
+    call_command("dispatch_side_effects", "--once")
+    out = capsys.readouterr().out
+    assert out.startswith("dispatch_side_effects: claimed 1: done 1, retry later 0, dead 0, ")
+    assert "of 60.0 s budget (worst-case dispatch 2.0 s)" in out
+
+
+def test_the_scheduled_tasks_run_the_dispatcher_and_the_recovery(fake_renderer, paid_recap):
+    from outbox.tasks import dispatch_side_effects, recover_recaps
+
+    paid_recap(now=T0 - timedelta(minutes=1))
+    assert dispatch_side_effects().startswith("claimed 1: done 1")
+    assert recover_recaps().startswith("created 0 missing side effects")
