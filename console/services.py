@@ -42,6 +42,7 @@ NOTE_REQUIRED = "Give a reason: it is recorded with the action."
 UNEXPECTED_ERROR = "Unexpected {error}; see the logs for operator action #{action_id}."
 
 REPLAY_QUEUED = "{count} deliveries queued"
+REPLAY_NOTHING_QUEUED = "nothing queued: no handler is registered for {provider} {event_type!r}"
 REVERIFY_VERIFIED = "verified with secret #{index}; {dispatch}"
 REVERIFY_STILL_REJECTED = "still rejected: {reason}"
 SIDE_EFFECT_REARMED = "re-armed: {status}, due now"
@@ -179,11 +180,16 @@ def _raw_events() -> models.QuerySet[RawEvent]:
 
 def _replay(raw_event: RawEvent) -> ItemResult:
     queued = raw_event_replay(raw_event=raw_event)
-    return ItemResult(
-        outcome=ItemOutcome.OK,
-        detail=REPLAY_QUEUED.format(count=queued),
-        data={"deliveries_queued": queued},
+    # Not a refusal (a handler deployed later makes the same replay useful), but the
+    # operator must not read "succeeded" as "something will run".
+    detail = (
+        REPLAY_QUEUED.format(count=queued)
+        if queued
+        else REPLAY_NOTHING_QUEUED.format(
+            provider=raw_event.provider, event_type=raw_event.event_type
+        )
     )
+    return ItemResult(outcome=ItemOutcome.OK, detail=detail, data={"deliveries_queued": queued})
 
 
 def _reverify(raw_event: RawEvent) -> ItemResult:

@@ -7,6 +7,7 @@ import pytest
 from console.models import OperatorAction
 from console.services import (
     NOTHING_SELECTED,
+    REPLAY_NOTHING_QUEUED,
     UNEXPECTED_ERROR,
     OperatorActionError,
     UnknownObjects,
@@ -126,3 +127,13 @@ def test_the_database_refuses_an_inconsistent_record(operator):
             succeeded=1,
             outcome="succeeded",
         )
+
+
+def test_a_replay_that_queues_nothing_says_so(client, operator):
+    event = receive_github(client, event="star")
+    inbox_run_once()
+    record = raw_events_replay(actor=operator, raw_event_ids=[event.pk], via="api")
+    assert record.results[0]["detail"] == REPLAY_NOTHING_QUEUED.format(
+        provider="github", event_type="star"
+    )
+    assert record.results[0]["deliveries_queued"] == 0
