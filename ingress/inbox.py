@@ -224,7 +224,8 @@ class _Claimed:
     id: int
     raw_event_id: int
     handler: str
-    attempts: int
+    attempts: int  # this one included, since the delivery was last armed
+    number: int  # lifetime attempt number, for the history
 
 
 @dataclass(frozen=True)
@@ -241,14 +242,18 @@ def _claim_due_deliveries(limit: int, now: datetime) -> list[_Claimed]:
             Delivery.objects.select_for_update(skip_locked=True)
             .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
             .order_by("next_attempt_at")
-            .values_list("id", "raw_event_id", "handler", "attempts")[:limit]
+            .values_list("id", "raw_event_id", "handler", "attempts", "total_attempts")[:limit]
         )
         if due:
             Delivery.objects.filter(id__in=[row[0] for row in due]).update(
-                status=DeliveryStatus.PROCESSING, claimed_at=now, attempts=F("attempts") + 1
+                status=DeliveryStatus.PROCESSING,
+                claimed_at=now,
+                attempts=F("attempts") + 1,
+                total_attempts=F("total_attempts") + 1,
             )
     return [
-        _Claimed(id, event_id, handler, attempts + 1) for id, event_id, handler, attempts in due
+        _Claimed(id, event_id, handler, attempts + 1, total + 1)
+        for id, event_id, handler, attempts, total in due
     ]
 
 
@@ -294,7 +299,7 @@ def _record_failure(failure: _Failure) -> None:
             _mark_events_handled({claimed.raw_event_id}, now)
         DeliveryAttempt.objects.create(
             delivery_id=claimed.id,
-            number=claimed.attempts,
+            number=claimed.number,
             started_at=failure.started,
             finished_at=now,
             outcome=outcome,
@@ -352,7 +357,7 @@ def deliveries_run_due(*, limit: int | None = None, now: datetime | None = None)
             attempts.append(
                 DeliveryAttempt(
                     delivery_id=item.id,
-                    number=item.attempts,
+                    number=item.number,
                     started_at=started,
                     finished_at=timezone.now(),
                     outcome=DeliveryAttempt.Outcome.DONE,
@@ -428,22 +433,20 @@ def raw_event_replay(*, raw_event: RawEvent) -> int:
     # that had no handler reaches a new one.
     for spec in handlers_for(event.provider, event.event_type):
         Delivery.objects.get_or_create(
-            raw_event_id=event.id,
-            handler=spec.name,
-            defaults={"next_attempt_at": now},
+            raw_event_id=event.id, handler=spec.name, defaults={"next_attempt_at": now}
         )
-    rearmed = (
-        Delivery.objects.filter(raw_event_id=event.id)
-        .exclude(status=DeliveryStatus.PROCESSING)
-        .update(
-            status=DeliveryStatus.PENDING,
-            attempts=0,
-            next_attempt_at=now,
-            claimed_at=None,
-            finished_at=None,
-        )
+    deliveries = Delivery.objects.filter(raw_event_id=event.id)
+    # A delivery running right now is left to finish; it is not counted as re-armed.
+    rearmed = deliveries.exclude(status=DeliveryStatus.PROCESSING).update(
+        status=DeliveryStatus.PENDING,
+        attempts=0,
+        next_attempt_at=now,
+        claimed_at=None,
+        finished_at=None,
     )
-    event.dispatch_status = DispatchStatus.DISPATCHED if rearmed else DispatchStatus.NO_HANDLER
+    event.dispatch_status = (
+        DispatchStatus.DISPATCHED if deliveries.exists() else DispatchStatus.NO_HANDLER
+    )
     event.handled_at = None
     event.save(update_fields=["dispatch_status", "handled_at"])
     logger.info("ingress.replay", extra={"raw_event_id": event.id, "deliveries": rearmed})

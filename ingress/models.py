@@ -162,7 +162,10 @@ class Delivery(models.Model):
     status = models.CharField(
         max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
     )
+    # Attempts since the delivery was last armed (created, replayed, re-armed): drives the
+    # backoff and the dead threshold. total_attempts never resets and numbers the history.
     attempts = models.PositiveIntegerField(default=0)
+    total_attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")

@@ -20,7 +20,7 @@ from ingress.inbox import (
     raw_event_reverify,
     raw_events_verify_batch,
 )
-from ingress.models import Delivery, DeliveryAttempt, RawEvent
+from ingress.models import Delivery, RawEvent
 from ingress.sources import reset_sources_cache
 from tests.support.signing import github_headers, stripe_event, stripe_headers
 
@@ -184,7 +184,20 @@ def test_replay_runs_the_handler_again(client, push_handler):
     assert raw_event_replay(raw_event=event) == 1
     inbox_run_once()
     assert [call[0] for call in push_handler.calls] == [event.id, event.id]
-    assert DeliveryAttempt.objects.filter(outcome="done").count() == 2
+    delivery = Delivery.objects.get()
+    assert (delivery.attempts, delivery.total_attempts) == (1, 2)
+    # the history keeps counting across replays
+    assert list(delivery.history.values_list("number", "outcome")) == [(1, "done"), (2, "done")]
+
+
+def test_replay_leaves_a_running_delivery_alone(client, push_handler):
+    event = receive_github(client)
+    raw_events_verify_batch()
+    Delivery.objects.update(status="processing", claimed_at=timezone.now())
+    assert raw_event_replay(raw_event=event) == 0
+    event.refresh_from_db()
+    assert event.dispatch_status == "dispatched"
+    assert Delivery.objects.get().status == "processing"
 
 
 def test_replay_reaches_a_handler_registered_after_arrival(client, push_handler):
