@@ -38,6 +38,10 @@ def test_two_dispatchers_over_one_backlog_never_dispatch_a_row_twice(
     fake_renderer, paid_recap, settings
 ):
     settings.RENDER_MAX_CONCURRENCY = 4
+    # Eight calls at once on a shared machine: generous limits, so that only a real double
+    # dispatch (not a slow answer) can fail this test.
+    settings.RENDER_READ_TIMEOUT_SECONDS = 5.0
+    settings.RENDER_TIMEOUT_SECONDS = 6.0
     # Each render takes a little while, so both dispatchers are busy at the same time.
     fake_renderer.configure(mode="slow", delay=0.05)
     rows = [paid_recap()[1] for _ in range(40)]

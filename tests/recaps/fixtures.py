@@ -24,12 +24,14 @@ def fake_renderer(settings):
     fake = FakeRenderer(secret=os.environ["RENDERER_WEBHOOK_SECRET"], callbacks=False)
     settings.RENDER_SERVICE_URL = fake.url
     settings.RENDER_CALLBACK_URL = "http://127.0.0.1:9/webhooks/renderer/"
-    settings.RENDER_HEALTH_CONNECT_TIMEOUT_SECONDS = 0.5
-    settings.RENDER_HEALTH_READ_TIMEOUT_SECONDS = 0.5
-    settings.RENDER_HEALTH_TIMEOUT_SECONDS = 1.0
-    settings.RENDER_CONNECT_TIMEOUT_SECONDS = 0.5
-    settings.RENDER_READ_TIMEOUT_SECONDS = 0.4
-    settings.RENDER_TIMEOUT_SECONDS = 1.0
+    # Short enough for timeout tests to be quick, long enough for a loaded CI machine.
+    # Worst case of one dispatch: health 2.0 s + 1 x render 2.0 s = 4.0 s.
+    settings.RENDER_HEALTH_CONNECT_TIMEOUT_SECONDS = 1.0
+    settings.RENDER_HEALTH_READ_TIMEOUT_SECONDS = 1.0
+    settings.RENDER_HEALTH_TIMEOUT_SECONDS = 2.0
+    settings.RENDER_CONNECT_TIMEOUT_SECONDS = 1.0
+    settings.RENDER_READ_TIMEOUT_SECONDS = 1.0
+    settings.RENDER_TIMEOUT_SECONDS = 2.0
     with fake:
         yield fake
 

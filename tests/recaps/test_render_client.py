@@ -25,8 +25,8 @@ def config(url: str, **overrides) -> RenderClientConfig:
     values = {
         "base_url": url,
         "callback_url": "http://127.0.0.1:9/cb/",
-        "health": CallLimits(connect=0.5, read=0.5, total=1.0),
-        "render": CallLimits(connect=0.5, read=0.4, total=1.0),
+        "health": CallLimits(connect=1.0, read=1.0, total=2.0),
+        "render": CallLimits(connect=1.0, read=1.0, total=2.0),
         "attempts": 1,
         "backoff": RetryPolicy(max_attempts=1, base_seconds=0.01, cap_seconds=0.02),
     }
@@ -44,8 +44,8 @@ def test_request_carries_the_key_the_callback_and_the_remaining_deadline(fake_re
     render = fake_renderer.renders[KEY]
     assert accepted.render_id == render.render_id and not accepted.replayed
     assert render.callback_url == "http://127.0.0.1:9/cb/" and render.recap_id == "r1"
-    # The render call's own 1.0 s deadline is what is left when it starts.
-    assert 900 <= fake_renderer.deadlines_ms[0] <= 1000
+    # The render call's own 2.0 s deadline is what is left when it starts.
+    assert 1800 <= fake_renderer.deadlines_ms[0] <= 2000
     assert request(RenderClient(config(fake_renderer.url))).replayed
 
 
@@ -53,8 +53,8 @@ def test_the_deadline_header_is_what_is_left_of_the_callers_deadline(fake_render
     RenderClient(config(fake_renderer.url)).request_render(
         idempotency_key=KEY, body=BODY, deadline=time.monotonic() + 1.5
     )
-    # The header is min(the call's own 1.0 s, what is left of the caller's deadline).
-    assert fake_renderer.deadlines_ms[0] <= 1000
+    # The header is min(the call's own 2.0 s, what is left of the caller's deadline).
+    assert fake_renderer.deadlines_ms[0] <= 1500
     RenderClient(config(fake_renderer.url)).request_render(
         idempotency_key=KEY + "x", body=BODY, deadline=time.monotonic() + 0.6
     )
@@ -82,14 +82,15 @@ def test_a_hanging_service_is_a_read_timeout(fake_renderer):
     with pytest.raises(RenderTimedOut) as exc:
         request(RenderClient(config(fake_renderer.url)))
     assert exc.value.phase == "read"
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 1.8  # the 1.0 s read timeout, not the 5 s hang
 
 
 def test_a_slow_drip_stops_at_the_call_deadline(fake_renderer):
     fake_renderer.configure(mode="drip", drip_interval=0.05)  # each byte well within 0.4 s
+    cfg = config(fake_renderer.url, render=CallLimits(connect=0.5, read=0.4, total=1.0))
     started = time.monotonic()
     with pytest.raises(RenderDeadlineExceeded):
-        request(RenderClient(config(fake_renderer.url)))
+        request(RenderClient(cfg))
     elapsed = time.monotonic() - started
     assert 0.9 < elapsed < 1.4
 
