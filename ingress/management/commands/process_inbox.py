@@ -1,14 +1,12 @@
-import logging
-import signal
-import time
-
 from django.conf import settings
-from django.core.management.base import BaseCommand
-from django.db import DatabaseError, close_old_connections
+from django.core.management.base import BaseCommand, CommandError
 
-from ingress.inbox import inbox_run_once
+from eventdrop.worker_loop import run_until_stopped
+from ingress.inbox import InboxPass, inbox_run_once
 
-logger = logging.getLogger(__name__)
+
+def _summary(result: InboxPass) -> str:
+    return f"verified {result.verified}, delivered {result.delivered}, re-armed {result.rearmed}"
 
 
 class Command(BaseCommand):
@@ -23,35 +21,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, once: bool, batch_size: int | None, **options):
         if batch_size is not None and batch_size < 1:
-            self.stderr.write("--batch-size must be at least 1")
-            raise SystemExit(2)
+            raise CommandError("--batch-size must be at least 1")
         if once:
-            result = inbox_run_once(limit=batch_size)
-            self.stdout.write(
-                f"verified {result.verified}, delivered {result.delivered}, "
-                f"re-armed {result.rearmed}"
-            )
+            self.stdout.write(_summary(inbox_run_once(limit=batch_size)))
             return
-
-        stopping = False
-
-        def stop(signum, frame):
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        self.stdout.write("process_inbox: running (Ctrl-C to stop)")
-        while not stopping:
-            close_old_connections()
-            try:
-                result = inbox_run_once(limit=batch_size)
-            except DatabaseError:
-                # The database is down or restarting: nothing is lost (rows stay pending),
-                # so wait and try again instead of dying and relying on a supervisor.
-                logger.exception("ingress.inbox.pass_failed")
-                time.sleep(5)
-                continue
-            if result.idle:
-                time.sleep(settings.INBOX_IDLE_SLEEP_SECONDS)
-        self.stdout.write("process_inbox: stopped")
+        run_until_stopped(
+            name="process_inbox",
+            run_pass=lambda: inbox_run_once(limit=batch_size),
+            is_idle=lambda result: result.idle,
+            idle_sleep_seconds=settings.INBOX_IDLE_SLEEP_SECONDS,
+            write=self.stdout.write,
+        )

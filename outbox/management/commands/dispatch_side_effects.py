@@ -1,14 +1,8 @@
-import logging
-import signal
-import time
-
 from django.conf import settings
 from django.core.management.base import BaseCommand
-from django.db import DatabaseError, close_old_connections
 
+from eventdrop.worker_loop import run_until_stopped
 from outbox.dispatcher import dispatch_run
-
-logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -25,26 +19,11 @@ class Command(BaseCommand):
             self.stdout.write(f"dispatch_side_effects: {dispatch_run().summary()}")
             return
 
-        stopping = False
-
-        def stop(signum, frame):
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        self.stdout.write("dispatch_side_effects: running (Ctrl-C to stop)")
-        while not stopping:
-            close_old_connections()
-            try:
-                report = dispatch_run()
-            except DatabaseError:
-                # Rows stay where they are; the next run picks them up.
-                logger.exception("outbox.dispatch.run_failed")
-                time.sleep(settings.OUTBOX_IDLE_SLEEP_SECONDS)
-                continue
-            if report.claimed:
-                self.stdout.write(f"dispatch_side_effects: {report.summary()}")
-            else:
-                time.sleep(settings.OUTBOX_IDLE_SLEEP_SECONDS)
-        self.stdout.write("dispatch_side_effects: stopped")
+        run_until_stopped(
+            name="dispatch_side_effects",
+            run_pass=dispatch_run,
+            is_idle=lambda report: not report.claimed,
+            idle_sleep_seconds=settings.OUTBOX_IDLE_SLEEP_SECONDS,
+            write=self.stdout.write,
+            describe=lambda report: report.summary() if report.claimed else None,
+        )
