@@ -59,15 +59,12 @@ def _store_backlog(count: int) -> int:
     from django.db import connection
 
     from ingress.models import DedupKey, Delivery, DeliveryAttempt, RawEvent
-    from ingress.services import raw_event_store
-    from ingress.sources import all_sources
-    from tests.support.signing import stripe_headers
+    from tests.support.signing import store_signed_stripe_event
 
     # TRUNCATE, not DELETE: a run must not inherit the previous run's dead tuples.
     tables = ", ".join(m._meta.db_table for m in (DeliveryAttempt, Delivery, DedupKey, RawEvent))
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {tables}")
-    source = all_sources()["stripe"]
     filler = "x" * 1200
     distinct = 0
     for n in range(count):
@@ -77,19 +74,7 @@ def _store_backlog(count: int) -> int:
         body = json.dumps(
             {"id": event_id, "object": "event", "type": EVENT_TYPE, "data": {"note": filler}}
         ).encode()
-        headers = {
-            "stripe-signature": stripe_headers(body)["HTTP_STRIPE_SIGNATURE"],
-            "content-type": "application/json",
-        }
-        raw_event_store(
-            source=source,
-            method="POST",
-            path="/webhooks/stripe/",
-            query_string="",
-            headers=headers,
-            body=body,
-            remote_addr="127.0.0.1",
-        )
+        store_signed_stripe_event(body)
     # What autovacuum would have done by the time a real backlog of this size is worked off.
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
@@ -169,8 +154,10 @@ def main() -> None:
             f"{r['deliveries']:>11} {r['duplicates']:>6}"
         )
     if len(results) > 1:
-        print(f"scaling {results[-1]['workers']} vs {results[0]['workers']} worker(s): "
-              f"{results[-1]['events_per_second'] / results[0]['events_per_second']:.2f}x")
+        print(
+            f"scaling {results[-1]['workers']} vs {results[0]['workers']} worker(s): "
+            f"{results[-1]['events_per_second'] / results[0]['events_per_second']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

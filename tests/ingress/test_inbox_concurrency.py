@@ -13,9 +13,7 @@ from django.db import connection
 from ingress.handlers import unregister, webhook_handler
 from ingress.inbox import deliveries_run_due, inbox_run_once, raw_events_verify_batch
 from ingress.models import Delivery, RawEvent
-from ingress.services import raw_event_store
-from ingress.sources import all_sources
-from tests.support.signing import stripe_event, stripe_headers
+from tests.support.signing import store_signed_stripe_event, stripe_event
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -35,19 +33,8 @@ def counting_handler():
 
 
 def store_stripe(event_id: str, *, timestamp: int | None = None) -> RawEvent:
-    body = stripe_event(event_id, "test.concurrency")
-    headers = {
-        "stripe-signature": stripe_headers(body, timestamp=timestamp)["HTTP_STRIPE_SIGNATURE"],
-        "content-type": "application/json",
-    }
-    return raw_event_store(
-        source=all_sources()["stripe"],
-        method="POST",
-        path="/webhooks/stripe/",
-        query_string="",
-        headers=headers,
-        body=body,
-        remote_addr="127.0.0.1",
+    return store_signed_stripe_event(
+        stripe_event(event_id, "test.concurrency"), timestamp=timestamp
     )
 
 

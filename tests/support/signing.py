@@ -54,3 +54,23 @@ def standard_headers(
 def _env(name: str) -> str:
     # eventdrop/settings_test.py puts the test secrets into the environment.
     return os.environ[name]
+
+
+def store_signed_stripe_event(body: bytes, *, timestamp: int | None = None):
+    """Store a Stripe-signed body through the real receive service, as the view would."""
+    from ingress.services import raw_event_store
+    from ingress.sources import all_sources
+
+    headers = {
+        "stripe-signature": stripe_headers(body, timestamp=timestamp)["HTTP_STRIPE_SIGNATURE"],
+        "content-type": "application/json",
+    }
+    return raw_event_store(
+        source=all_sources()["stripe"],
+        method="POST",
+        path="/webhooks/stripe/",
+        query_string="",
+        headers=headers,
+        body=body,
+        remote_addr="127.0.0.1",
+    )
