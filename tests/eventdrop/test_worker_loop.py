@@ -3,9 +3,13 @@
 import os
 import signal
 
+import pytest
 from django.db import OperationalError
 
 from eventdrop.worker_loop import run_until_stopped
+
+# close_old_connections() between passes touches the connection.
+pytestmark = pytest.mark.django_db
 
 
 def test_survives_database_errors_and_finishes_the_pass_on_sigterm():
