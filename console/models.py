@@ -76,6 +76,9 @@ class OperatorAction(models.Model):
         default_permissions = ("view",)
         permissions = [
             ("operate", "Can replay, re-verify, re-arm, mark dead and retry from the console"),
+            # Read-only, but it reveals volumes per source and failure reasons: not every
+            # staff member needs it (console/ops.py, the /ops/ page and /metrics).
+            ("view_ops", "Can view the operations page and /metrics"),
         ]
         indexes = [
             models.Index(fields=["-started_at"], name="operatoraction_started"),
