@@ -8,12 +8,14 @@ and which we only answer after its signature checks out.
 """
 
 import logging
+import time
 
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
+from prometheus_client import Histogram
 
 from ingress.services import raw_event_store
 from ingress.sources import Source, get_source
@@ -38,6 +40,21 @@ _DROPPED_HEADERS = frozenset(
     }
 )
 _READ_CHUNK = 64 * 1024
+
+# ACK latency as far as this process sees it: from the view's first line to the committed
+# row (header checks, body read, INSERT and commit; not the web server or the network).
+# Observing costs a lock and a few additions in memory: no query, no I/O. With several
+# worker processes PROMETHEUS_MULTIPROC_DIR makes prometheus_client keep it in a shared
+# mmap'd file instead (docs/console.md). registry=None: only /metrics exports it
+# (console/metrics.py), and the ops page reads its p99 (console/ops.py).
+ACK_SECONDS = Histogram(
+    "eventdrop_ingress_ack_seconds",
+    "Seconds from the receive view's start to an acknowledged (stored) webhook.",
+    ["source"],
+    # 0.125 and 0.25 are the ops page's yellow and red lines for ACK p99 (SLO < 250 ms).
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.125, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    registry=None,
+)
 
 
 def _error(status: int, code: str, message: str, **headers: str) -> JsonResponse:
@@ -92,6 +109,7 @@ def _slack_handshake(source: Source, headers: dict[str, str], body: bytes) -> st
 
 @csrf_exempt
 def receive_webhook(request: HttpRequest, source_name: str) -> JsonResponse:
+    started = time.perf_counter()
     source = get_source(source_name)
     if source is None:
         return _error(404, "unknown_source", f"No enabled webhook source named {source_name!r}.")
@@ -155,6 +173,8 @@ def receive_webhook(request: HttpRequest, source_name: str) -> JsonResponse:
             "The event store is unavailable; retry later.",
             Retry_After=retry_after,
         )
+    # Only acknowledged requests: the SLO is on ACKs, and a 503 is not one.
+    ACK_SECONDS.labels(source=source.name).observe(time.perf_counter() - started)
 
     if challenge is not None:
         return JsonResponse({"challenge": challenge}, status=200)
