@@ -279,3 +279,10 @@ OUTBOX_STALE_PROCESSING_SECONDS = env_int("OUTBOX_STALE_PROCESSING_SECONDS", 900
 OUTBOX_IDLE_SLEEP_SECONDS = env_float("OUTBOX_IDLE_SLEEP_SECONDS", 5.0)
 # Nightly recovery counts recaps `rendering` longer than this (a lost completion callback).
 RECAP_STUCK_RENDERING_HOURS = env_int("RECAP_STUCK_RENDERING_HOURS", 24)
+
+# --- Operations page and metrics -----------------------------------------------------------
+# /ops/ and /metrics need the console.view_ops permission (console/views_ops.py). Prometheus
+# authenticates with `Authorization: Bearer <METRICS_BEARER_TOKEN>`; unset, /metrics answers
+# only signed-in staff with the permission. With several web worker processes also set
+# PROMETHEUS_MULTIPROC_DIR (read by prometheus_client itself; see docs/console.md).
+METRICS_BEARER_TOKEN = os.environ.get("METRICS_BEARER_TOKEN", "")

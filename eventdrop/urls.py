@@ -1,9 +1,13 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from console.views_ops import metrics, ops_page
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("webhooks/", include("ingress.urls")),
     path("recaps/", include("recaps.urls")),
     path("api/", include("console.urls")),
+    path("ops/", ops_page, name="ops"),
+    path("metrics", metrics, name="metrics"),
 ]

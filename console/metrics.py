@@ -1,0 +1,158 @@
+"""Prometheus exposition for /metrics: the ops page's figures, read at scrape time.
+
+OpsCollector runs the same queries as /ops/ (console/ops.py) on every scrape, so Prometheus
+sees what on-call sees; nothing is kept in a process between scrapes. Next to it the
+receive view's ACK histogram, from this process or, with PROMETHEUS_MULTIPROC_DIR, merged
+from every worker process's file.
+
+Label values come only from closed sets: configured source names (anything else in the
+store is counted as "other"), the status choices, the rejection reasons, the breaker's
+states. No payload, header, id or secret ever becomes a label.
+"""
+
+from collections import Counter
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from console.ops import OpsSnapshot, ack_latency_collectors, ops_snapshot
+from ingress.models import DeliveryStatus, RejectionReason, SignatureStatus
+from ingress.sources import all_sources
+from outbox.breaker import RENDER_SERVICE_BREAKER
+from outbox.models import BreakerState, SideEffectStatus
+
+OTHER = "other"
+
+
+def _gauge(name: str, documentation: str, value: float | None) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation)
+    if value is not None:  # absent rather than a made-up 0 (e.g. a p95 of no events)
+        family.add_metric([], value)
+    return family
+
+
+def _labelled(name: str, documentation: str, labels: list[str], values: dict) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=labels)
+    for label_values, value in sorted(values.items()):
+        family.add_metric(list(label_values), value)
+    return family
+
+
+class OpsCollector(Collector):
+    """No describe(): registering it must not run its queries."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield from ops_families(ops_snapshot())
+
+
+def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
+    sources = sorted(all_sources())
+
+    def source_label(name: str) -> str:
+        return name if name in sources else OTHER
+
+    # Every source, (source, status) and (source, reason), zeros included: a series that
+    # vanishes when nothing happened is "no data" to an alert rule, not 0.
+    hour = Counter(dict.fromkeys(((s,) for s in sources), 0))
+    day = Counter(dict.fromkeys(((s, st) for s in sources for st in SignatureStatus.values), 0))
+    rejected = Counter(dict.fromkeys(((s, r) for s in sources for r in RejectionReason.values), 0))
+    for volume in snapshot.sources:
+        source = source_label(volume.source)
+        hour[(source,)] += volume.last_hour
+        day[(source, SignatureStatus.PENDING.value)] += volume.pending_24h
+        day[(source, SignatureStatus.VERIFIED.value)] += volume.verified_24h
+        day[(source, SignatureStatus.REJECTED.value)] += volume.rejected_24h
+    for rejection in snapshot.rejections:
+        reason = rejection.reason if rejection.reason in RejectionReason.values else OTHER
+        rejected[(source_label(rejection.source), reason)] += rejection.last_24h
+
+    yield _labelled(
+        "eventdrop_raw_events_received_last_hour",
+        "Webhooks stored in the last hour, per source.",
+        ["source"],
+        hour,
+    )
+    yield _labelled(
+        "eventdrop_raw_events_received_last_24h",
+        "Webhooks stored in the last 24 h, per source and current signature status.",
+        ["source", "signature_status"],
+        day,
+    )
+    yield _labelled(
+        "eventdrop_raw_events_rejected_last_24h",
+        "Webhooks received in the last 24 h and rejected, per source and reason.",
+        ["source", "reason"],
+        rejected,
+    )
+
+    inbox, outbox = snapshot.inbox, snapshot.outbox
+    yield _gauge(
+        "eventdrop_raw_events_pending",
+        "Raw events waiting for verification.",
+        inbox["raw_events_pending"],
+    )
+    yield _gauge(
+        "eventdrop_raw_events_oldest_pending_age_seconds",
+        "Age of the oldest raw event waiting for verification (0: none waiting).",
+        inbox["raw_events_oldest_pending_age_seconds"] or 0.0,
+    )
+    yield _labelled(
+        "eventdrop_deliveries",
+        "Handler deliveries per status (dead: gave up, needs a human).",
+        ["status"],
+        {(status,): inbox["deliveries"][status] for status in DeliveryStatus.values},
+    )
+    yield _gauge(
+        "eventdrop_deliveries_oldest_due_age_seconds",
+        "How long the oldest due delivery has waited (0: none due).",
+        inbox["deliveries_oldest_due_age_seconds"] or 0.0,
+    )
+    yield _labelled(
+        "eventdrop_side_effects",
+        "Recap side effects (render requests) per status (dead: gave up, needs a human).",
+        ["status"],
+        {(status,): outbox[status] for status in SideEffectStatus.values},
+    )
+    yield _gauge("eventdrop_side_effects_due", "Side effects due now.", outbox["due"])
+    yield _gauge(
+        "eventdrop_side_effects_stale_processing",
+        "Side effects processing longer than OUTBOX_STALE_PROCESSING_SECONDS (worker died).",
+        outbox["stale_processing"],
+    )
+    yield _gauge(
+        "eventdrop_side_effects_oldest_due_age_seconds",
+        "How long the oldest due side effect has waited (0: none due).",
+        outbox["oldest_due_age_seconds"] or 0.0,
+    )
+    yield _gauge(
+        "eventdrop_verification_lag_p95_seconds",
+        "p95 of received -> verdict for events received in the last hour (waiting ones "
+        "count with their age so far).",
+        snapshot.lags.verification_p95,
+    )
+    yield _gauge(
+        "eventdrop_processing_lag_p95_seconds",
+        "p95 of verdict -> handled for dispatched events received in the last hour "
+        "(unfinished ones count with their age so far).",
+        snapshot.lags.processing_p95,
+    )
+    yield _labelled(
+        "eventdrop_circuit_breaker_state",
+        "1 for the breaker's current state, 0 for the others.",
+        ["breaker", "state"],
+        {
+            (RENDER_SERVICE_BREAKER, state): int(state == snapshot.breaker_state)
+            for state in BreakerState.values
+        },
+    )
+
+
+def metrics_registry() -> CollectorRegistry:
+    """A registry per scrape: the database figures plus the ACK histogram's collector(s)."""
+    registry = CollectorRegistry()
+    registry.register(OpsCollector())
+    for collector in ack_latency_collectors():
+        registry.register(collector)
+    return registry

@@ -1,0 +1,448 @@
+"""The operations figures and their colours: what /ops/ shows and /metrics exports.
+
+Every figure is read when asked for, by aggregate queries in the database, each bounded by
+a window on an indexed column or served by a partial index. `received_at` is indexed and,
+on PostgreSQL, the raw event table's daily partition key: a window on it prunes the scan to
+the one or two partitions it overlaps. Queue depths come from `ingress.selectors` and
+`outbox.selectors` (partial indexes on the pending and due rows). Nothing is cached, so the
+page and a scrape cost the same handful of queries (about seven).
+
+Colours come from one table, SLOS: red where DESIGN.md's SLO is missed, yellow from
+YELLOW_FRACTION of that line, so on-call sees a figure approach the line before it is crossed.
+"""
+
+import math
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from django.db import connection
+from django.db.models import Count, F, FloatField, Func, Q, Value
+from django.db.models.aggregates import Aggregate
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from console.presentation import format_seconds
+from ingress.models import DispatchStatus, RawEvent, SignatureStatus
+from ingress.selectors import inbox_depths
+from ingress.sources import all_sources
+from ingress.views import ACK_SECONDS
+from outbox.breaker import RENDER_SERVICE_BREAKER
+from outbox.models import BreakerState, CircuitBreaker
+from outbox.selectors import circuit_breaker_get, side_effect_depths
+
+VIEW_OPS_PERMISSION = "console.view_ops"
+
+HOUR = timedelta(hours=1)
+DAY = timedelta(hours=24)
+# Lags are "now": events received in the last hour. An event older than that still waiting
+# shows in the oldest-pending and oldest-due ages instead.
+LAG_WINDOW = HOUR
+LAG_PERCENTILE = 0.95
+ACK_PERCENTILE = 0.99
+# SQLite has no percentile_cont: there the p95 is computed in Python over at most this many
+# of the window's most recent events, so a busy SQLite store cannot make the page slow.
+SQLITE_LAG_SAMPLE = 5000
+
+
+# --- Levels and the SLO table -----------------------------------------------------------------
+
+
+class Level(StrEnum):
+    GREEN = "green"
+    YELLOW = "yellow"
+    RED = "red"
+    NO_DATA = "no-data"
+
+
+# Yellow from this fraction of the red line, for every figure in SLOS.
+YELLOW_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Slo:
+    """One coloured figure: red from `red_at` (the SLO is missed), yellow from half of it."""
+
+    key: str
+    label: str
+    red_at: float
+    unit: str  # "seconds" or "rows"
+    basis: str  # where the red line comes from
+
+    @property
+    def yellow_at(self) -> float:
+        return self.red_at * YELLOW_FRACTION
+
+    def level(self, value: float | None) -> Level:
+        if value is None:
+            return Level.NO_DATA
+        if value >= self.red_at:
+            return Level.RED
+        if value >= self.yellow_at:
+            return Level.YELLOW
+        return Level.GREEN
+
+    def display(self, value: float | None) -> str:
+        if value is None:
+            return "no data"
+        return format_seconds(value) if self.unit == "seconds" else str(math.ceil(value))
+
+    @property
+    def display_yellow(self) -> str:
+        # Counts are whole: with a red line of 1 row there is no yellow band.
+        if self.unit == "rows" and math.ceil(self.yellow_at) >= self.red_at:
+            return "—"
+        return self.display(self.yellow_at)
+
+    @property
+    def display_red(self) -> str:
+        return self.display(self.red_at)
+
+
+SLOS: dict[str, Slo] = {
+    slo.key: slo
+    for slo in (
+        Slo("ack_p99", "ACK latency p99", 0.250, "seconds", "SLO: ACK p99 < 250 ms"),
+        Slo(
+            "verification_lag_p95",
+            "Verification lag p95 (received → verdict, last hour)",
+            60,
+            "seconds",
+            "SLO: verification lag p95 < 60 s",
+        ),
+        Slo(
+            "processing_lag_p95",
+            "Processing lag p95 (verdict → handled, last hour)",
+            300,
+            "seconds",
+            "SLO: processing lag p95 < 5 min",
+        ),
+        Slo(
+            "raw_events_oldest_pending_age",
+            "Oldest event waiting for verification",
+            60,
+            "seconds",
+            "verification SLO: an event waiting longer has already missed it",
+        ),
+        Slo(
+            "deliveries_oldest_due_age",
+            "Oldest due delivery",
+            300,
+            "seconds",
+            "processing SLO: a delivery due longer has already missed it",
+        ),
+        Slo(
+            "side_effects_oldest_due_age",
+            "Oldest due side effect",
+            600,
+            "seconds",
+            "no SLO in DESIGN.md: five missed runs of the two-minute dispatcher",
+        ),
+        Slo("dead_deliveries", "Dead deliveries", 1, "rows", "SLO: dead rows = 0"),
+        Slo("dead_side_effects", "Dead side effects", 1, "rows", "SLO: dead rows = 0"),
+    )
+}
+
+BREAKER_LEVELS = {
+    BreakerState.CLOSED: Level.GREEN,
+    BreakerState.HALF_OPEN: Level.YELLOW,
+    BreakerState.OPEN: Level.RED,
+}
+
+
+# --- Reads --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceVolume:
+    source: str
+    last_hour: int
+    last_24h: int
+    pending_24h: int
+    verified_24h: int
+    rejected_24h: int
+
+
+@dataclass(frozen=True)
+class RejectionCount:
+    source: str
+    reason: str
+    last_hour: int
+    last_24h: int
+
+
+def raw_event_volume(*, now: datetime) -> list[dict]:
+    """Events received in the last 24 h per (source, status, reason), and of those in the
+    last hour. One grouped scan of the day's partitions."""
+    return list(
+        RawEvent.objects.filter(received_at__gte=now - DAY)
+        .values("source", "signature_status", "rejection_reason")
+        .annotate(
+            last_hour=Count("id", filter=Q(received_at__gte=now - HOUR)), last_24h=Count("id")
+        )
+        .order_by()
+    )
+
+
+def _volume_by_source(rows: list[dict]) -> list[SourceVolume]:
+    totals: dict[str, dict[str, int]] = {name: defaultdict(int) for name in all_sources()}
+    for row in rows:
+        counts = totals.setdefault(row["source"], defaultdict(int))
+        counts["last_hour"] += row["last_hour"]
+        counts["last_24h"] += row["last_24h"]
+        counts[row["signature_status"]] += row["last_24h"]
+    return [
+        SourceVolume(
+            source=source,
+            last_hour=counts["last_hour"],
+            last_24h=counts["last_24h"],
+            pending_24h=counts[SignatureStatus.PENDING],
+            verified_24h=counts[SignatureStatus.VERIFIED],
+            rejected_24h=counts[SignatureStatus.REJECTED],
+        )
+        for source, counts in sorted(totals.items())
+    ]
+
+
+def _rejections(rows: list[dict]) -> list[RejectionCount]:
+    rejected = [
+        RejectionCount(
+            source=row["source"],
+            reason=row["rejection_reason"],
+            last_hour=row["last_hour"],
+            last_24h=row["last_24h"],
+        )
+        for row in rows
+        if row["signature_status"] == SignatureStatus.REJECTED
+    ]
+    return sorted(rejected, key=lambda r: (-r.last_24h, r.source, r.reason))
+
+
+class PercentileCont(Aggregate):
+    """PostgreSQL's percentile_cont: the interpolated percentile, computed in the database."""
+
+    function = "percentile_cont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression, *, fraction: float, **extra):
+        # A float we own, formatted into the SQL (never user input).
+        super().__init__(expression, fraction=repr(float(fraction)), **extra)
+
+
+class EpochSeconds(Func):
+    """An interval in seconds."""
+
+    template = "EXTRACT(EPOCH FROM %(expressions)s)"
+    output_field = FloatField()
+
+
+@dataclass(frozen=True)
+class Lags:
+    verification_p95: float | None
+    processing_p95: float | None
+    verification_events: int
+    processing_events: int
+    # SQLite only: the window held more events than SQLITE_LAG_SAMPLE; the p95 is of the
+    # most recent ones.
+    sampled: bool = False
+
+
+def percentile(values: Iterable[float], fraction: float) -> float | None:
+    """Linear interpolation between closest ranks: what percentile_cont returns."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    position = fraction * (len(ordered) - 1)
+    lower = math.floor(position)
+    upper = min(lower + 1, len(ordered) - 1)
+    return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)
+
+
+def raw_event_lags(*, now: datetime) -> Lags:
+    """p95 of received → verdict and verdict → handled for events received in LAG_WINDOW.
+
+    An event still waiting counts with the time it has waited so far (the lag it will have
+    at least), so a stalled worker turns the figure red at once instead of hiding its backlog
+    behind the few events that did get through. Processing lag counts dispatched events only:
+    rejected, duplicate and unhandled events have nothing to process.
+    """
+    since = now - LAG_WINDOW
+    if connection.vendor != "postgresql":
+        return _raw_event_lags_sampled(since=since, now=now)
+    dispatched = Q(dispatch_status=DispatchStatus.DISPATCHED, verified_at__isnull=False)
+    verification = EpochSeconds(Coalesce(F("verified_at"), Value(now)) - F("received_at"))
+    processing = EpochSeconds(Coalesce(F("handled_at"), Value(now)) - F("verified_at"))
+    row = RawEvent.objects.filter(received_at__gte=since).aggregate(
+        verification_p95=PercentileCont(verification, fraction=LAG_PERCENTILE),
+        processing_p95=PercentileCont(processing, fraction=LAG_PERCENTILE, filter=dispatched),
+        verification_events=Count("id"),
+        processing_events=Count("id", filter=dispatched),
+    )
+    return Lags(**row)
+
+
+def _raw_event_lags_sampled(*, since: datetime, now: datetime) -> Lags:
+    rows = list(
+        RawEvent.objects.filter(received_at__gte=since)
+        .order_by("-received_at")
+        .values_list("received_at", "verified_at", "handled_at", "dispatch_status")[
+            : SQLITE_LAG_SAMPLE + 1
+        ]
+    )
+    sampled = len(rows) > SQLITE_LAG_SAMPLE
+    rows = rows[:SQLITE_LAG_SAMPLE]
+    verification = [
+        ((verified or now) - received).total_seconds() for received, verified, *_ in rows
+    ]
+    processing = [
+        ((handled or now) - verified).total_seconds()
+        for _, verified, handled, status in rows
+        if verified is not None and status == DispatchStatus.DISPATCHED
+    ]
+    return Lags(
+        verification_p95=percentile(verification, LAG_PERCENTILE),
+        processing_p95=percentile(processing, LAG_PERCENTILE),
+        verification_events=len(verification),
+        processing_events=len(processing),
+        sampled=sampled,
+    )
+
+
+# --- ACK latency (in-process histogram, not the database) -------------------------------------
+
+
+@dataclass(frozen=True)
+class AckLatency:
+    p99: float | None
+    count: int
+
+
+def ack_latency_collectors() -> list:
+    """Where the receive view's ACK histogram lives: this process's memory, or, in
+    prometheus_client's multiprocess mode, every worker process's file in
+    PROMETHEUS_MULTIPROC_DIR (merged when collected)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return [MultiProcessCollector(None)]
+    return [ACK_SECONDS]
+
+
+def histogram_quantile(fraction: float, buckets: list[tuple[float, float]]) -> float | None:
+    """Prometheus's histogram_quantile over (upper bound, cumulative count) pairs, ascending.
+
+    Linear interpolation inside the bucket holding the rank; a rank in the +Inf bucket
+    answers the highest finite bound, as Prometheus does.
+    """
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = fraction * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for upper_bound, count in buckets:
+        if count >= rank:
+            if math.isinf(upper_bound):
+                return lower_bound
+            share = (rank - lower_count) / (count - lower_count)
+            return lower_bound + (upper_bound - lower_bound) * share
+        lower_bound, lower_count = upper_bound, count
+    return lower_bound
+
+
+def ack_latency(*, collectors: list | None = None) -> AckLatency:
+    """ACK p99 over every source, since the process started (or, in multiprocess mode,
+    since PROMETHEUS_MULTIPROC_DIR was last emptied). Prometheus has the windowed view."""
+    name = ACK_SECONDS.describe()[0].name
+    cumulative: dict[float, float] = defaultdict(float)
+    for collector in collectors if collectors is not None else ack_latency_collectors():
+        for family in collector.collect():
+            if family.name != name:
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    cumulative[float(sample.labels["le"])] += sample.value
+    buckets = sorted(cumulative.items())
+    return AckLatency(
+        p99=histogram_quantile(ACK_PERCENTILE, buckets),
+        count=int(buckets[-1][1]) if buckets else 0,
+    )
+
+
+# --- The snapshot -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figure:
+    slo: Slo
+    value: float | None
+
+    @property
+    def level(self) -> Level:
+        return self.slo.level(self.value)
+
+    @property
+    def display(self) -> str:
+        return self.slo.display(self.value)
+
+
+@dataclass(frozen=True)
+class OpsSnapshot:
+    taken_at: datetime
+    sources: list[SourceVolume]
+    rejections: list[RejectionCount]
+    inbox: dict  # ingress.selectors.inbox_depths()
+    outbox: dict  # outbox.selectors.side_effect_depths()
+    lags: Lags
+    ack: AckLatency
+    breaker: CircuitBreaker | None
+
+    @property
+    def breaker_state(self) -> str:
+        # No row yet: the breaker has never tripped.
+        return self.breaker.state if self.breaker is not None else BreakerState.CLOSED
+
+    @property
+    def breaker_level(self) -> Level:
+        return BREAKER_LEVELS[self.breaker_state]
+
+    def values(self) -> dict[str, float | None]:
+        """The value of every figure in SLOS. A queue with nothing waiting has age 0."""
+        return {
+            "ack_p99": self.ack.p99,
+            "verification_lag_p95": self.lags.verification_p95,
+            "processing_lag_p95": self.lags.processing_p95,
+            "raw_events_oldest_pending_age": self.inbox["raw_events_oldest_pending_age_seconds"]
+            or 0.0,
+            "deliveries_oldest_due_age": self.inbox["deliveries_oldest_due_age_seconds"] or 0.0,
+            "side_effects_oldest_due_age": self.outbox["oldest_due_age_seconds"] or 0.0,
+            "dead_deliveries": self.inbox["deliveries"]["dead"],
+            "dead_side_effects": self.outbox["dead"],
+        }
+
+    def figures(self) -> list[Figure]:
+        values = self.values()
+        return [Figure(slo=slo, value=values[key]) for key, slo in SLOS.items()]
+
+    def worst_level(self) -> Level:
+        levels = {figure.level for figure in self.figures()} | {self.breaker_level}
+        for level in (Level.RED, Level.YELLOW, Level.GREEN):
+            if level in levels:
+                return level
+        return Level.NO_DATA
+
+
+def ops_snapshot(*, now: datetime | None = None) -> OpsSnapshot:
+    now = now or timezone.now()
+    volume = raw_event_volume(now=now)
+    return OpsSnapshot(
+        taken_at=now,
+        sources=_volume_by_source(volume),
+        rejections=_rejections(volume),
+        inbox=inbox_depths(now=now),
+        outbox=side_effect_depths(now=now),
+        lags=raw_event_lags(now=now),
+        ack=ack_latency(),
+        breaker=circuit_breaker_get(name=RENDER_SERVICE_BREAKER),
+    )

@@ -1,0 +1,117 @@
+"""The ops page (/ops/) and the Prometheus endpoint (/metrics). Reads only.
+
+Both need `console.view_ops`. The page is the admin's: staff sign in there (anonymous and
+non-staff users are sent to the admin login) and see it in the admin's frame. /metrics also
+takes `Authorization: Bearer <METRICS_BEARER_TOKEN>` for Prometheus; with no token
+configured only a signed-in staff member with the permission can read it.
+"""
+
+import hmac
+from datetime import datetime
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from console.metrics import metrics_registry
+from console.ops import DAY, VIEW_OPS_PERMISSION, YELLOW_FRACTION, ops_snapshot
+from console.presentation import format_seconds
+from ingress.models import RejectionReason, SignatureStatus
+
+# The page reloads itself: left open on a screen, it never shows stale colours for long.
+REFRESH_SECONDS = 60
+
+
+def _admin_filter_since(since: datetime) -> str:
+    # The admin's date filter parameter, in the form docs/console.md documents.
+    return since.isoformat(sep=" ", timespec="seconds")
+
+
+def _rejected_link(*, source: str, reason: str, since: datetime) -> str:
+    query = urlencode(
+        {
+            "signature_status__exact": SignatureStatus.REJECTED,
+            "rejection_reason__exact": reason,
+            "source": source,
+            "received_at__gte": _admin_filter_since(since),
+        }
+    )
+    return f"{reverse('admin:ingress_rawevent_changelist')}?{query}"
+
+
+@never_cache
+@staff_member_required
+def ops_page(request: HttpRequest) -> TemplateResponse:
+    if not request.user.has_perm(VIEW_OPS_PERMISSION):
+        raise PermissionDenied
+    snapshot = ops_snapshot()
+    since = snapshot.taken_at - DAY
+    reasons = dict(RejectionReason.choices)
+    rejections = [
+        {
+            "row": row,
+            "meaning": reasons.get(row.reason, ""),
+            "link": _rejected_link(source=row.source, reason=row.reason, since=since),
+        }
+        for row in snapshot.rejections
+    ]
+    context = {
+        **admin.site.each_context(request),
+        "title": "Operations",
+        "snapshot": snapshot,
+        "figures": snapshot.figures(),
+        "worst_level": snapshot.worst_level(),
+        "rejections": rejections,
+        "yellow_percent": round(YELLOW_FRACTION * 100),
+        "refresh_seconds": REFRESH_SECONDS,
+        "raw_events_since_query": urlencode({"received_at__gte": _admin_filter_since(since)}),
+        "oldest_pending": format_seconds(snapshot.inbox["raw_events_oldest_pending_age_seconds"]),
+        "oldest_due_delivery": format_seconds(snapshot.inbox["deliveries_oldest_due_age_seconds"]),
+        "oldest_due_side_effect": format_seconds(snapshot.outbox["oldest_due_age_seconds"]),
+    }
+    return TemplateResponse(request, "console/ops.html", context)
+
+
+def _unauthorized() -> HttpResponse:
+    response = HttpResponse("Authentication required.\n", status=401, content_type="text/plain")
+    response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+    return response
+
+
+def _metrics_refusal(request: HttpRequest) -> HttpResponse | None:
+    """None when the request may read /metrics, else the answer to give."""
+    header = request.headers.get("Authorization")
+    if header is not None:
+        # A presented credential decides alone: a wrong token is refused even for a browser
+        # that also carries a staff session.
+        scheme, _, presented = header.partition(" ")
+        token = settings.METRICS_BEARER_TOKEN
+        if (
+            token
+            and scheme.lower() == "bearer"
+            and hmac.compare_digest(presented.strip().encode(), token.encode())
+        ):
+            return None
+        return _unauthorized()
+    if not request.user.is_authenticated:
+        return _unauthorized()
+    if not (request.user.is_staff and request.user.has_perm(VIEW_OPS_PERMISSION)):
+        return HttpResponse("Forbidden.\n", status=403, content_type="text/plain")
+    return None
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    refusal = _metrics_refusal(request)
+    if refusal is not None:
+        return refusal
+    return HttpResponse(generate_latest(metrics_registry()), content_type=CONTENT_TYPE_LATEST)
