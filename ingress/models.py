@@ -44,6 +44,16 @@ class DispatchStatus(models.TextChoices):
     NOT_DISPATCHED = "not_dispatched", "rejected, never dispatched"
 
 
+class RawEventOrigin(models.TextChoices):
+    """How a raw event got into the store (set on insert, never changed)."""
+
+    RECEIVED = "received", "received (a webhook request)"
+    # Fetched by a reconciliation run from the provider's API over TLS with our API key,
+    # because the webhook never reached us: there is no signature, and the inbox treats the
+    # fetch itself as the proof of origin (ingress/reconcile/verdict.py).
+    BACKFILLED = "backfilled", "backfilled (fetched from the provider's API)"
+
+
 class RawEvent(models.Model):
     id = models.BigAutoField(primary_key=True)
     # What was received, exactly.
@@ -89,6 +99,18 @@ class RawEvent(models.Model):
     )
     # All deliveries of this event finished (done or dead): verified -> handled lag.
     handled_at = models.DateTimeField(null=True, blank=True)
+    # Only ingress/reconcile/services.py writes anything but `received`: the receive path
+    # cannot, so no sender can claim an unsigned event was fetched by us. db_default keeps
+    # INSERTs from code that predates the column working during a rolling deploy, and makes
+    # the column a catalog-only change on the partitioned table (no rewrite). No check
+    # constraint: Django adds one validated at once, scanning every partition under a lock
+    # that blocks webhook INSERTs meanwhile.
+    origin = models.CharField(
+        max_length=16,
+        choices=RawEventOrigin.choices,
+        default=RawEventOrigin.RECEIVED,
+        db_default=RawEventOrigin.RECEIVED,
+    )
 
     class Meta:
         indexes = [
@@ -226,3 +248,106 @@ class DeliveryAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of delivery #{self.delivery_id}: {self.outcome}"
+
+
+class ReconciliationStatus(models.TextChoices):
+    RUNNING = "running", "running"
+    COMPLETE = "complete", "complete (the whole window was compared)"
+    INCOMPLETE = "incomplete", "incomplete (stopped early; counts cover what was compared)"
+    FAILED = "failed", "failed (could not compare)"
+
+
+class ReconciliationRun(models.Model):
+    """One comparison of a provider's own list of events with our dedup index, and its drift.
+
+    Written by ingress/reconcile/services.py only: started `running`, counters updated after
+    every page (a run killed mid-way still shows how far it got), finished once. `drift` is
+    missing / provider_count over what was compared, measured *before* any repair, so it says
+    how much the ingress lost; NULL while running and for failed runs, which compared nothing
+    worth a figure. The seed's SLO: below 0.01 % (RECONCILE_DRIFT_SLO).
+    """
+
+    provider = models.CharField(max_length=32)
+    source = models.CharField(max_length=64)
+    # What at the provider was listed beyond the source, e.g. "repo acme/app hook 123".
+    scope = models.CharField(max_length=255, blank=True, default="")
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField()
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(
+        max_length=16, choices=ReconciliationStatus.choices, default=ReconciliationStatus.RUNNING
+    )
+    pages = models.PositiveIntegerField(default=0)
+    # Distinct events (Stripe) or deliveries by GUID (GitHub) the provider listed in the window.
+    provider_count = models.PositiveIntegerField(default=0)
+    known_count = models.PositiveIntegerField(default=0)  # in the dedup index
+    pending_count = models.PositiveIntegerField(default=0)  # stored, waiting for verification
+    missing_count = models.PositiveIntegerField(default=0)
+    backfilled_count = models.PositiveIntegerField(default=0)  # Stripe: fetched and stored
+    redelivered_count = models.PositiveIntegerField(default=0)  # GitHub: redelivery requested
+    drift = models.FloatField(null=True, blank=True)
+    # The provider's ids of the missing events (the first few hundred; see services).
+    missing_ids = models.JSONField(default=list, blank=True)
+    notes = models.TextField(blank=True, default="")
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=ReconciliationStatus.values),
+                name="reconciliationrun_status_valid",
+            ),
+            # One run at a time per thing reconciled; a crashed run is marked failed by the
+            # next start once it is older than its budget allows (see services).
+            models.UniqueConstraint(
+                fields=["provider", "source", "scope"],
+                condition=Q(status="running"),
+                name="reconciliationrun_one_running",
+            ),
+            models.CheckConstraint(
+                condition=Q(window_start__lt=models.F("window_end")),
+                name="reconciliationrun_window_ordered",
+            ),
+            models.CheckConstraint(
+                condition=Q(
+                    provider_count=models.F("known_count")
+                    + models.F("pending_count")
+                    + models.F("missing_count")
+                ),
+                name="reconciliationrun_counts_add_up",
+            ),
+            models.CheckConstraint(
+                condition=Q(
+                    missing_count__gte=models.F("backfilled_count") + models.F("redelivered_count")
+                ),
+                name="reconciliationrun_repairs_within_missing",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(status="running", finished_at__isnull=True)
+                    | ~Q(status="running") & Q(finished_at__isnull=False)
+                ),
+                name="reconciliationrun_finished_when_done",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(status__in=["complete", "incomplete"], drift__gte=0, drift__lte=1)
+                    | Q(status__in=["running", "failed"], drift__isnull=True)
+                ),
+                name="reconciliationrun_drift_when_compared",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="failed") | ~Q(error=""),
+                name="reconciliationrun_failure_has_error",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["provider", "source", "-started_at"], name="reconrun_provider_started"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.provider} reconciliation #{self.pk} ({self.status})"
