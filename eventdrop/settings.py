@@ -286,3 +286,26 @@ RECAP_STUCK_RENDERING_HOURS = env_int("RECAP_STUCK_RENDERING_HOURS", 24)
 # only signed-in staff with the permission. With several web worker processes also set
 # PROMETHEUS_MULTIPROC_DIR (read by prometheus_client itself; see docs/console.md).
 METRICS_BEARER_TOKEN = os.environ.get("METRICS_BEARER_TOKEN", "")
+
+# --- Reconciliation (ingress/reconcile/, docs/reconciliation.md) ---------------------------
+# Nightly runs compare the providers' own lists with the dedup index and record the drift.
+# The seed's SLO: under 0.01 % of the events a provider lists may be missing.
+RECONCILE_DRIFT_SLO = env_float("RECONCILE_DRIFT_SLO", 0.0001)
+# Default window: from LOOKBACK_HOURS before its end (two nights, so one failed night is
+# covered by the next) up to SETTLE_SECONDS ago (younger events may still be on their way).
+RECONCILE_LOOKBACK_HOURS = env_int("RECONCILE_LOOKBACK_HOURS", 48)
+RECONCILE_SETTLE_SECONDS = env_int("RECONCILE_SETTLE_SECONDS", 600)
+# Bounds of one run: pages listed, and wall-clock time (a call is only started while what
+# is left covers its worst case; below Q_TIMEOUT for the nightly task).
+RECONCILE_MAX_PAGES = env_int("RECONCILE_MAX_PAGES", 200)
+RECONCILE_RUN_BUDGET_SECONDS = env_float("RECONCILE_RUN_BUDGET_SECONDS", 240.0)
+# Stripe event types the webhook endpoint receives (at most 20); empty: those our Stripe
+# handlers are registered for. Stripe is reached with STRIPE_API_KEY / STRIPE_API_BASE.
+RECONCILE_STRIPE_EVENT_TYPES = env_list("RECONCILE_STRIPE_EVENT_TYPES")
+# GitHub hooks for the nightly run: `owner/repo:HOOK_ID` or `org:HOOK_ID`, comma-separated.
+RECONCILE_GITHUB_HOOKS = env_list("RECONCILE_GITHUB_HOOKS")
+GITHUB_API_BASE = os.environ.get("GITHUB_API_BASE", "https://api.github.com")
+GITHUB_API_TOKEN = os.environ.get("GITHUB_API_TOKEN", "")
+GITHUB_CONNECT_TIMEOUT_SECONDS = env_float("GITHUB_CONNECT_TIMEOUT_SECONDS", 3.0)
+GITHUB_READ_TIMEOUT_SECONDS = env_float("GITHUB_READ_TIMEOUT_SECONDS", 10.0)
+GITHUB_MAX_RETRIES = env_int("GITHUB_MAX_RETRIES", 1)

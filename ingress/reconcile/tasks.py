@@ -1,0 +1,37 @@
+"""django-q2 entry points for the nightly runs (thin: they call stripe.py / github.py)."""
+
+import logging
+
+from django.conf import settings
+
+from ingress.reconcile.errors import ReconcileBusy, ReconcileInvalid
+from ingress.reconcile.github import GitHubHook, github_reconcile
+from ingress.reconcile.stripe import stripe_reconcile
+
+logger = logging.getLogger(__name__)
+
+NO_GITHUB_HOOKS = "No GitHub hooks to reconcile (RECONCILE_GITHUB_HOOKS is empty)."
+
+
+def reconcile_stripe_nightly() -> str:
+    """The default window (RECONCILE_LOOKBACK_HOURS up to RECONCILE_SETTLE_SECONDS ago)."""
+    try:
+        outcome = stripe_reconcile(scheduled=True)
+    except (ReconcileBusy, ReconcileInvalid) as exc:
+        logger.warning("ingress.reconcile.not_started", extra={"provider": "stripe"})
+        return str(exc)
+    return outcome.summary(settings.RECONCILE_DRIFT_SLO)
+
+
+def reconcile_github_nightly() -> str:
+    """Every hook in RECONCILE_GITHUB_HOOKS, one run each; one hook's trouble stops no other."""
+    lines = []
+    for spec in settings.RECONCILE_GITHUB_HOOKS:
+        try:
+            outcome = github_reconcile(hook=GitHubHook.parse(spec), scheduled=True)
+        except (ReconcileBusy, ReconcileInvalid) as exc:
+            logger.warning("ingress.reconcile.not_started", extra={"provider": "github"})
+            lines.append(str(exc))
+            continue
+        lines.append(outcome.summary(settings.RECONCILE_DRIFT_SLO))
+    return "\n".join(lines) or NO_GITHUB_HOOKS
