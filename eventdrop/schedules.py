@@ -19,4 +19,17 @@ SCHEDULES: list[tuple[str, str, str, int | None]] = [
     # Flow 3: the recap outbox dispatcher (one budgeted run) and the nightly recovery.
     ("outbox.dispatch_side_effects", "outbox.tasks.dispatch_side_effects", Schedule.MINUTES, 2),
     ("outbox.recover_recaps", "outbox.tasks.recover_recaps", Schedule.DAILY, None),
+    # Nightly reconciliation against the providers' own lists (drift, backfill, redelivery).
+    (
+        "ingress.reconcile_stripe",
+        "ingress.reconcile.tasks.reconcile_stripe_nightly",
+        Schedule.DAILY,
+        None,
+    ),
+    (
+        "ingress.reconcile_github",
+        "ingress.reconcile.tasks.reconcile_github_nightly",
+        Schedule.DAILY,
+        None,
+    ),
 ]
