@@ -7,6 +7,7 @@ shown only with `ingress.view_raw_payload`; source secrets are never read here a
 
 from collections import Counter
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin import DateFieldListFilter
 from django.db.models import QuerySet
@@ -39,7 +40,14 @@ from console.selectors import (
 )
 from console.services import raw_events_replay, raw_events_reverify
 from ingress.handlers import all_handlers
-from ingress.models import Delivery, DeliveryAttempt, RawEvent, SignatureStatus
+from ingress.models import (
+    Delivery,
+    DeliveryAttempt,
+    RawEvent,
+    RawEventOrigin,
+    ReconciliationRun,
+    SignatureStatus,
+)
 from ingress.providers import PROVIDERS
 from ingress.sources import all_sources
 
@@ -468,3 +476,74 @@ class DeliveryAdmin(OperatorAdmin):
     @admin.display(description="last error")
     def short_error(self, obj: Delivery) -> str:
         return obj.last_error[:120] + ("…" if len(obj.last_error) > 120 else "")
+
+
+@admin.register(ReconciliationRun)
+class ReconciliationRunAdmin(OperatorAdmin):
+    """Reconciliation runs and their drift: written by ingress/reconcile only, read here."""
+
+    list_display = (
+        "id",
+        "started_at",
+        "provider",
+        "source",
+        "scope",
+        "status",
+        "window_start",
+        "window_end",
+        "provider_count",
+        "pending_count",
+        "missing_count",
+        "repaired",
+        "drift_display",
+    )
+    list_filter = ("provider", "status", ("started_at", DateFieldListFilter))
+    ordering = ("-started_at", "-id")
+    show_full_result_count = False
+    fields = (
+        "provider",
+        "source",
+        "scope",
+        "status",
+        "error",
+        "notes",
+        "window_start",
+        "window_end",
+        "started_at",
+        "finished_at",
+        "pages",
+        "provider_count",
+        "known_count",
+        "pending_count",
+        "missing_count",
+        "backfilled_count",
+        "backfilled_link",
+        "redelivered_count",
+        "drift_display",
+        "missing_ids",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="backfilled / redelivered")
+    def repaired(self, obj: ReconciliationRun) -> int:
+        return obj.backfilled_count + obj.redelivered_count
+
+    @admin.display(description="drift", ordering="drift")
+    def drift_display(self, obj: ReconciliationRun) -> str:
+        if obj.drift is None:
+            return "—"
+        slo = settings.RECONCILE_DRIFT_SLO
+        verdict = "over the SLO" if obj.drift > slo else "within the SLO"
+        return f"{obj.drift * 100:.4f} % ({verdict} of {slo * 100:.4f} %)"
+
+    @admin.display(description="backfilled events")
+    def backfilled_link(self, obj: ReconciliationRun) -> str:
+        # Backfilled rows carry origin=backfilled and were stored while the run ran.
+        if not obj.backfilled_count:
+            return "—"
+        query = {"origin": RawEventOrigin.BACKFILLED, "source": obj.source}
+        query["received_at__gte"] = obj.started_at.isoformat()
+        if obj.finished_at:
+            query["received_at__lte"] = obj.finished_at.isoformat()
+        url = reverse("admin:ingress_rawevent_changelist") + "?" + urlencode(query)
+        return format_html('<a href="{}">raw events backfilled by this run</a>', url)

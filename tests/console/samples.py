@@ -7,13 +7,26 @@ check by having nothing to act on.
 
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from console.models import OperatorAction
 from ingress.inbox import inbox_run_once
-from ingress.models import Delivery, DeliveryAttempt, RawEvent
+from ingress.models import (
+    Delivery,
+    DeliveryAttempt,
+    RawEvent,
+    ReconciliationRun,
+    ReconciliationStatus,
+)
+from ingress.reconcile.services import (
+    Tally,
+    reconciliation_run_finish,
+    reconciliation_run_start,
+)
+from ingress.reconcile.window import Window
 from outbox.models import CircuitBreaker, RecapSideEffect
 from recaps.models import Event, Photo, RecapVideo
 from recaps.services import recap_mark_paid
@@ -89,11 +102,26 @@ def circuit_breaker(client, user) -> CircuitBreaker:
     return CircuitBreaker.objects.create(name="render-service-sample")
 
 
+def reconciliation_run(client, user) -> ReconciliationRun:
+    """A finished Stripe run that found and backfilled one missing event."""
+    now = timezone.now()
+    run = reconciliation_run_start(
+        provider="stripe",
+        source="stripe",
+        scope="",
+        window=Window(since=now - timedelta(days=2), until=now - timedelta(minutes=10)),
+    )
+    tally = Tally(pages=1, backfilled_count=1)
+    tally.add(known=9, pending=0, missing=["evt_sample"])
+    return reconciliation_run_finish(run=run, tally=tally, status=ReconciliationStatus.COMPLETE)
+
+
 SAMPLES: dict[str, Callable] = {
     "outbox.recapsideeffect": side_effect,
     "outbox.circuitbreaker": circuit_breaker,
     "recaps.recapvideo": paid_recap,
     "ingress.rawevent": verified_event,
     "ingress.delivery": delivery,
+    "ingress.reconciliationrun": reconciliation_run,
     "console.operatoraction": operator_action,
 }
