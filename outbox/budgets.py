@@ -56,8 +56,8 @@ def render_dispatch_worst_case(config: RenderClientConfig | None = None) -> Wors
     return WorstCase(total, " + ".join(terms) + f" = {_s(total)}")
 
 
-def stripe_checkout_worst_case() -> WorstCase:
-    """Creating a Checkout Session through the stripe SDK's RequestsClient.
+def stripe_call_worst_case() -> WorstCase:
+    """Any one call through eventdrop.stripe_api.stripe_client (checkout, reconciliation).
 
     Per try: connect + read timeout (`requests` buffers Stripe's small JSON answer; its read
     timeout is the silence allowed between bytes, which Stripe's API never drips). The SDK
@@ -103,7 +103,7 @@ def database_statement_worst_case(database: dict | None = None) -> WorstCase:
 
 OPERATIONS: dict[str, Callable[[], WorstCase]] = {
     "render.dispatch": render_dispatch_worst_case,
-    "stripe.checkout_session": stripe_checkout_worst_case,
+    "stripe.checkout_session": stripe_call_worst_case,
     "database.statement": database_statement_worst_case,
 }
 

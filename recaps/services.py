@@ -22,6 +22,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from eventdrop.stripe_api import stripe_client
 from recaps.errors import (
     RECAP_IS_FREE,
     RECAP_NOT_FREE,
@@ -67,23 +68,6 @@ class Checkout:
     url: str
 
 
-def _stripe_client() -> stripe.StripeClient:
-    if not settings.STRIPE_API_KEY:
-        raise CheckoutNotConfigured()
-    # Explicit (connect, read) timeouts and a bounded number of SDK retries: the stripe SDK
-    # defaults to an 80 s timeout. outbox/budgets.py adds these up against the purchase
-    # request's budget.
-    http_client = stripe.RequestsClient(
-        timeout=(settings.STRIPE_CONNECT_TIMEOUT_SECONDS, settings.STRIPE_READ_TIMEOUT_SECONDS)
-    )
-    return stripe.StripeClient(
-        settings.STRIPE_API_KEY,
-        base_addresses={"api": settings.STRIPE_API_BASE},
-        http_client=http_client,
-        max_network_retries=settings.STRIPE_MAX_NETWORK_RETRIES,
-    )
-
-
 def recap_checkout_create(*, recap: RecapVideo, buyer: AbstractBaseUser) -> Checkout:
     """A Stripe Checkout Session for the recap, with its id in the session's metadata.
 
@@ -95,7 +79,8 @@ def recap_checkout_create(*, recap: RecapVideo, buyer: AbstractBaseUser) -> Chec
     session instead of a second one.
     """
     recap = _recap_for_checkout(recap_id=recap.pk, buyer=buyer)
-    client = _stripe_client()
+    if not settings.STRIPE_API_KEY:
+        raise CheckoutNotConfigured()
     title = recap.event.title if recap.event else "EventDrop recap"
     params = {
         "mode": "payment",
@@ -116,10 +101,11 @@ def recap_checkout_create(*, recap: RecapVideo, buyer: AbstractBaseUser) -> Chec
         "cancel_url": settings.RECAP_CHECKOUT_CANCEL_URL.format(recap_id=recap.id),
     }
     try:
-        session = client.v1.checkout.sessions.create(
-            params=params,  # type: ignore[arg-type]
-            options={"idempotency_key": f"recap-checkout-{recap.id}"},
-        )
+        with stripe_client() as client:
+            session = client.v1.checkout.sessions.create(
+                params=params,  # type: ignore[arg-type]
+                options={"idempotency_key": f"recap-checkout-{recap.id}"},
+            )
     except stripe.StripeError as exc:
         logger.warning(
             "recaps.checkout.failed",

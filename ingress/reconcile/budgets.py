@@ -4,7 +4,7 @@ A run makes one provider call per page (and, for GitHub, one per redelivery). Ea
 worst case is computed from the settings its client runs with:
 
 - Stripe: the SDK's RequestsClient with (connect, read) timeouts and max_network_retries —
-  the arithmetic of outbox.budgets.stripe_checkout_worst_case, which holds for every call of
+  the arithmetic of outbox.budgets.stripe_call_worst_case, which holds for every call of
   that client (defaults: 2 x (2.0 + 4.0) s + 0.5 s SDK retry sleep = 12.5 s).
 - GitHub: `requests` with (connect, read) timeouts, GITHUB_MAX_RETRIES retries of a GET on
   timeouts, connection errors and 5xx, with capped exponential backoff and full jitter
@@ -31,7 +31,7 @@ from ingress.reconcile.errors import (
     ReconcileFailed,
     ReconcileStopped,
 )
-from outbox.budgets import WorstCase, stripe_checkout_worst_case
+from outbox.budgets import WorstCase, stripe_call_worst_case
 
 # Pauses between GitHub GET retries (the retry count is GITHUB_MAX_RETRIES).
 GITHUB_RETRY_BASE_SECONDS = 0.5
@@ -59,7 +59,7 @@ def github_call_worst_case() -> WorstCase:
 
 
 CALL_WORST_CASES: dict[str, Callable[[], WorstCase]] = {
-    "stripe": stripe_checkout_worst_case,
+    "stripe": stripe_call_worst_case,
     "github": github_call_worst_case,
 }
 

@@ -23,7 +23,7 @@ Caveats worth knowing:
 import json
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,6 +32,7 @@ import stripe
 from django.conf import settings
 from django.utils import timezone
 
+from eventdrop.stripe_api import stripe_client
 from ingress.handlers import all_handlers
 from ingress.reconcile.budgets import RunClock, budget_fit_check
 from ingress.reconcile.config import reconcile_source, require_tls
@@ -77,10 +78,7 @@ def stripe_event_types() -> list[str] | None:
     return types
 
 
-@contextmanager
-def stripe_client() -> Iterator[stripe.StripeClient]:
-    """The SDK client: explicit (connect, read) timeouts and bounded SDK retries, as for
-    checkout (recaps/services.py), so outbox.budgets' arithmetic holds for every call."""
+def _stripe_client_checked() -> AbstractContextManager[stripe.StripeClient]:
     if not settings.STRIPE_API_KEY:
         raise ReconcileFailed(NOT_CONFIGURED.format(setting="STRIPE_API_KEY", provider="Stripe"))
     require_tls(
@@ -88,18 +86,7 @@ def stripe_client() -> Iterator[stripe.StripeClient]:
         setting="STRIPE_API_BASE",
         purpose="fetch events that will be trusted without a signature",
     )
-    http_client = stripe.RequestsClient(
-        timeout=(settings.STRIPE_CONNECT_TIMEOUT_SECONDS, settings.STRIPE_READ_TIMEOUT_SECONDS)
-    )
-    try:
-        yield stripe.StripeClient(
-            settings.STRIPE_API_KEY,
-            base_addresses={"api": settings.STRIPE_API_BASE},
-            http_client=http_client,
-            max_network_retries=settings.STRIPE_MAX_NETWORK_RETRIES,
-        )
-    finally:
-        http_client.close()
+    return stripe_client()
 
 
 @dataclass(frozen=True)
@@ -204,7 +191,7 @@ def _describe(event: dict[str, Any]) -> str:
 def _compare(state: RunState, *, source: Source, window: Window, scheduled: bool) -> None:
     budget_fit_check(provider="stripe", scheduled=scheduled)
     types = stripe_event_types()
-    with stripe_client() as client:
+    with _stripe_client_checked() as client:
         _compare_pages(state, client=client, source=source, window=window, types=types)
 
 

@@ -13,7 +13,7 @@ from outbox.budgets import (
     budget_violations,
     database_statement_worst_case,
     render_dispatch_worst_case,
-    stripe_checkout_worst_case,
+    stripe_call_worst_case,
 )
 from outbox.checks import check_time_budgets
 
@@ -53,7 +53,7 @@ def test_seed_render_worst_case_arithmetic(seed_numbers):
 
 
 def test_default_stripe_worst_case_counts_timeouts_retries_and_sdk_sleep():
-    worst = stripe_checkout_worst_case()
+    worst = stripe_call_worst_case()
     assert worst.seconds == 12.5
     assert worst.arithmetic == ("2 x (connect 2.0 s + read 4.0 s) + SDK retry sleep 0.5 s = 12.5 s")
 
