@@ -146,6 +146,7 @@ class RawEventAdmin(OperatorAdmin):
         "signature_status",
         "rejection_reason",
         "dispatch_status",
+        "origin",
         SourceFilter,
         ProviderFilter,
         ("received_at", DateFieldListFilter),
@@ -177,6 +178,7 @@ class RawEventAdmin(OperatorAdmin):
         "body_sha256",
     )
     verification_fields = (
+        "origin",
         "signature_status",
         "rejection",
         "matched_secret",
@@ -345,6 +347,8 @@ class RawEventAdmin(OperatorAdmin):
         # themselves are never read here.
         source = all_sources().get(obj.source)
         configured = len(source.secrets) if source else 0
+        if obj.origin == RawEventOrigin.BACKFILLED:
+            return "none: backfilled from the provider's API (verified by fetch)"
         if obj.matched_secret_index is None:
             return f"none ({configured} configured now)"
         return f"#{obj.matched_secret_index} ({configured} configured now)"
@@ -382,7 +386,11 @@ class RawEventAdmin(OperatorAdmin):
     @admin.display(description="status")
     def status_summary(self, obj: RawEvent) -> str:
         if obj.signature_status == SignatureStatus.VERIFIED:
-            verdict = f"verified (secret #{obj.matched_secret_index})"
+            verdict = (
+                "verified by fetch (backfilled)"
+                if obj.origin == RawEventOrigin.BACKFILLED
+                else f"verified (secret #{obj.matched_secret_index})"
+            )
         elif obj.signature_status == SignatureStatus.REJECTED:
             verdict = f"rejected: {obj.rejection_reason}"
         else:

@@ -22,3 +22,18 @@ def check_webhook_sources(app_configs=None, **kwargs) -> list[checks.CheckMessag
                 )
             )
     return messages
+
+
+@checks.register()
+def check_reconcile_budgets(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """A nightly reconciliation run must fit one call's worst case, and django-q2's timeout."""
+    from ingress.reconcile.budgets import CALL_WORST_CASES, budget_fit_check
+    from ingress.reconcile.errors import ReconcileFailed
+
+    messages: list[checks.CheckMessage] = []
+    for provider in CALL_WORST_CASES:
+        try:
+            budget_fit_check(provider=provider, scheduled=True)
+        except ReconcileFailed as exc:
+            messages.append(checks.Error(str(exc), id="ingress.E002"))
+    return messages

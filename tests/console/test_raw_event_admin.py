@@ -364,3 +364,23 @@ def test_delivery_admin_lists_attempts(admin_client, client, push_handler):
     ]
     page = admin_client.get(reverse("admin:ingress_delivery_change", args=[delivery.pk]))
     assert "RuntimeError: flaky" in page.content.decode()
+
+
+def test_a_backfilled_event_says_it_was_verified_by_fetch(admin_client):
+    event = RawEvent.objects.create(
+        source="stripe",
+        provider="stripe",
+        method="GET",
+        path="/v1/events/evt_backfilled",
+        headers={},
+        body=b'{"id": "evt_backfilled", "object": "event", "type": "charge.succeeded"}',
+        body_sha256="0" * 64,
+        origin="backfilled",
+        signature_status="verified",
+    )
+    page = admin_client.get(f"/admin/ingress/rawevent/{event.pk}/change/").content.decode()
+    assert "verified by fetch (backfilled)" in page
+    assert "secret #None" not in page
+    listing = admin_client.get("/admin/ingress/rawevent/?origin__exact=backfilled")
+    assert listing.status_code == 200
+    assert f"/admin/ingress/rawevent/{event.pk}/change/" in listing.content.decode()

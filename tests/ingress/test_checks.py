@@ -95,3 +95,13 @@ def test_invalid_option_from_the_environment_is_an_error(environ):
 
     assert [m.id for m in messages] == ["ingress.E001"]
     assert "'stripe'" in messages[0].msg and "must be positive" in messages[0].msg
+
+
+def test_reconciliation_budget_that_cannot_fit_one_call_fails_the_check(settings):
+    from ingress.checks import check_reconcile_budgets
+
+    assert check_reconcile_budgets() == []
+    settings.RECONCILE_RUN_BUDGET_SECONDS = 5
+    errors = check_reconcile_budgets()
+    assert {error.id for error in errors} == {"ingress.E002"}
+    assert any("12.5 s" in error.msg for error in errors)  # the arithmetic is shown
