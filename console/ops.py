@@ -2,8 +2,9 @@
 
 Every figure is read when asked for, by aggregate queries in the database, each bounded by
 a window on an indexed column or served by a partial index. `received_at` is indexed and,
-on PostgreSQL, the raw event table's daily partition key: a window on it prunes the scan to
-the one or two partitions it overlaps. Queue depths come from `ingress.selectors` and
+on PostgreSQL, the raw event table's daily partition key: a window on it, closed at both
+ends (the partitions created ahead are empty but would still be scanned), prunes the scan
+to the one or two partitions it overlaps. Queue depths come from `ingress.selectors` and
 `outbox.selectors` (partial indexes on the pending and due rows). Nothing is cached, so the
 page and a scrape cost the same handful of queries (about seven).
 
@@ -179,7 +180,7 @@ def raw_event_volume(*, now: datetime) -> list[dict]:
     """Events received in the last 24 h per (source, status, reason), and of those in the
     last hour. One grouped scan of the day's partitions."""
     return list(
-        RawEvent.objects.filter(received_at__gte=now - DAY)
+        RawEvent.objects.filter(received_at__gte=now - DAY, received_at__lte=now)
         .values("source", "signature_status", "rejection_reason")
         .annotate(
             last_hour=Count("id", filter=Q(received_at__gte=now - HOUR)), last_24h=Count("id")
@@ -277,7 +278,7 @@ def raw_event_lags(*, now: datetime) -> Lags:
     dispatched = Q(dispatch_status=DispatchStatus.DISPATCHED, verified_at__isnull=False)
     verification = EpochSeconds(Coalesce(F("verified_at"), Value(now)) - F("received_at"))
     processing = EpochSeconds(Coalesce(F("handled_at"), Value(now)) - F("verified_at"))
-    row = RawEvent.objects.filter(received_at__gte=since).aggregate(
+    row = RawEvent.objects.filter(received_at__gte=since, received_at__lte=now).aggregate(
         verification_p95=PercentileCont(verification, fraction=LAG_PERCENTILE),
         processing_p95=PercentileCont(processing, fraction=LAG_PERCENTILE, filter=dispatched),
         verification_events=Count("id"),
@@ -288,7 +289,7 @@ def raw_event_lags(*, now: datetime) -> Lags:
 
 def _raw_event_lags_sampled(*, since: datetime, now: datetime) -> Lags:
     rows = list(
-        RawEvent.objects.filter(received_at__gte=since)
+        RawEvent.objects.filter(received_at__gte=since, received_at__lte=now)
         .order_by("-received_at")
         .values_list("received_at", "verified_at", "handled_at", "dispatch_status")[
             : SQLITE_LAG_SAMPLE + 1
