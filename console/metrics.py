@@ -6,8 +6,8 @@ receive view's ACK histogram, from this process or, with PROMETHEUS_MULTIPROC_DI
 from every worker process's file.
 
 Label values come only from closed sets: configured source names (anything else in the
-store is counted as "other"), the status choices, the rejection reasons, the breaker's
-states. No payload, header, id or secret ever becomes a label.
+store is counted as "other"), provider names, the status choices, the rejection reasons,
+the breaker's states. No payload, header, id or secret ever becomes a label.
 """
 
 from collections import Counter
@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from console.ops import OpsSnapshot, ack_latency_collectors, ops_snapshot
 from ingress.models import DeliveryStatus, RejectionReason, SignatureStatus
+from ingress.providers import PROVIDERS
 from ingress.sources import all_sources
 from outbox.breaker import RENDER_SERVICE_BREAKER
 from outbox.models import BreakerState, SideEffectStatus
@@ -137,6 +138,28 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
         "p95 of verdict -> handled for dispatched events received in the last hour "
         "(unfinished ones count with their age so far).",
         snapshot.lags.processing_p95,
+    )
+    # Per provider and source, the worst scope: a scope ("repo acme/app hook 7") is free
+    # text, not a closed set, so it is never a label.
+    drift: dict[tuple[str, str], float] = {}
+    finished: dict[tuple[str, str], float] = {}
+    for run in snapshot.reconciliation:
+        key = (run.provider if run.provider in PROVIDERS else OTHER, source_label(run.source))
+        if run.drift is not None:
+            drift[key] = max(drift.get(key, 0.0), run.drift)
+        if run.finished_at is not None:
+            finished[key] = max(finished.get(key, 0.0), run.finished_at.timestamp())
+    yield _labelled(
+        "eventdrop_reconciliation_drift_ratio",
+        "Missing / listed in the newest finished reconciliation run (worst scope).",
+        ["provider", "source"],
+        drift,
+    )
+    yield _labelled(
+        "eventdrop_reconciliation_last_finished_timestamp_seconds",
+        "When the newest reconciliation run finished (alert when it gets old).",
+        ["provider", "source"],
+        finished,
     )
     yield _labelled(
         "eventdrop_circuit_breaker_state",

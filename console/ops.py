@@ -6,7 +6,7 @@ on PostgreSQL, the raw event table's daily partition key: a window on it, closed
 ends (the partitions created ahead are empty but would still be scanned), prunes the scan
 to the one or two partitions it overlaps. Queue depths come from `ingress.selectors` and
 `outbox.selectors` (partial indexes on the pending and due rows). Nothing is cached, so the
-page and a scrape cost the same handful of queries (about seven).
+page and a scrape cost the same handful of queries (about eight).
 
 Colours come from one table, SLOS: red where DESIGN.md's SLO is missed, yellow from
 YELLOW_FRACTION of that line, so on-call sees a figure approach the line before it is crossed.
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Count, F, FloatField, Func, Q, Value
 from django.db.models.aggregates import Aggregate
@@ -28,7 +29,8 @@ from django.utils import timezone
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from console.presentation import format_seconds
-from ingress.models import DispatchStatus, RawEvent, SignatureStatus
+from ingress.models import DispatchStatus, RawEvent, ReconciliationRun, SignatureStatus
+from ingress.reconcile.selectors import reconciliation_runs_latest
 from ingress.selectors import inbox_depths
 from ingress.sources import all_sources
 from ingress.views import ACK_SECONDS
@@ -70,9 +72,16 @@ class Slo:
 
     key: str
     label: str
-    red_at: float
-    unit: str  # "seconds" or "rows"
+    red_line: float
+    unit: str  # "seconds", "rows" or "ratio"
     basis: str  # where the red line comes from
+    # A red line that already has a setting elsewhere is read from it, so the page and the
+    # code that owns the setting never disagree.
+    red_setting: str = ""
+
+    @property
+    def red_at(self) -> float:
+        return getattr(settings, self.red_setting) if self.red_setting else self.red_line
 
     @property
     def yellow_at(self) -> float:
@@ -90,7 +99,11 @@ class Slo:
     def display(self, value: float | None) -> str:
         if value is None:
             return "no data"
-        return format_seconds(value) if self.unit == "seconds" else str(math.ceil(value))
+        if self.unit == "seconds":
+            return format_seconds(value)
+        if self.unit == "ratio":
+            return f"{value * 100:.4f} %"
+        return str(math.ceil(value))
 
     @property
     def display_yellow(self) -> str:
@@ -145,6 +158,14 @@ SLOS: dict[str, Slo] = {
         ),
         Slo("dead_deliveries", "Dead deliveries", 1, "rows", "SLO: dead rows = 0"),
         Slo("dead_side_effects", "Dead side effects", 1, "rows", "SLO: dead rows = 0"),
+        Slo(
+            "drift",
+            "Reconciliation drift (worst latest run)",
+            0.0001,
+            "ratio",
+            "SLO: drift < 0.01 % (RECONCILE_DRIFT_SLO)",
+            red_setting="RECONCILE_DRIFT_SLO",
+        ),
     )
 }
 
@@ -398,6 +419,8 @@ class OpsSnapshot:
     lags: Lags
     ack: AckLatency
     breaker: CircuitBreaker | None
+    # The newest finished run of every (provider, source, scope).
+    reconciliation: list[ReconciliationRun]
 
     @property
     def breaker_state(self) -> str:
@@ -420,7 +443,14 @@ class OpsSnapshot:
             "side_effects_oldest_due_age": self.outbox["oldest_due_age_seconds"] or 0.0,
             "dead_deliveries": self.inbox["deliveries"]["dead"],
             "dead_side_effects": self.outbox["dead"],
+            "drift": self.worst_drift,
         }
+
+    @property
+    def worst_drift(self) -> float | None:
+        # A failed run measured nothing: it neither raises nor lowers the figure.
+        drifts = [run.drift for run in self.reconciliation if run.drift is not None]
+        return max(drifts) if drifts else None
 
     def figures(self) -> list[Figure]:
         values = self.values()
@@ -446,4 +476,5 @@ def ops_snapshot(*, now: datetime | None = None) -> OpsSnapshot:
         lags=raw_event_lags(now=now),
         ack=ack_latency(),
         breaker=circuit_breaker_get(name=RENDER_SERVICE_BREAKER),
+        reconciliation=list(reconciliation_runs_latest()),
     )

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from console.metrics import metrics_registry
-from console.ops import DAY, VIEW_OPS_PERMISSION, YELLOW_FRACTION, ops_snapshot
+from console.ops import DAY, SLOS, VIEW_OPS_PERMISSION, YELLOW_FRACTION, ops_snapshot
 from console.presentation import format_seconds
 from ingress.models import RejectionReason, SignatureStatus
 
@@ -63,6 +63,11 @@ def ops_page(request: HttpRequest) -> TemplateResponse:
         }
         for row in snapshot.rejections
     ]
+    drift = SLOS["drift"]
+    reconciliation = [
+        {"run": run, "drift": drift.display(run.drift), "level": drift.level(run.drift)}
+        for run in snapshot.reconciliation
+    ]
     context = {
         **admin.site.each_context(request),
         "title": "Operations",
@@ -70,6 +75,7 @@ def ops_page(request: HttpRequest) -> TemplateResponse:
         "figures": snapshot.figures(),
         "worst_level": snapshot.worst_level(),
         "rejections": rejections,
+        "reconciliation": reconciliation,
         "yellow_percent": round(YELLOW_FRACTION * 100),
         "refresh_seconds": REFRESH_SECONDS,
         "raw_events_since_query": urlencode({"received_at__gte": _admin_filter_since(since)}),

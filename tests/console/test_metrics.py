@@ -9,7 +9,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from ingress.models import RawEvent, RejectionReason
 from ingress.sources import all_sources
 from tests.console.conftest import grant
-from tests.console.test_ops import STRIPE_HEADERS, build_known_store, raw_event
+from tests.console.test_ops import (
+    STRIPE_HEADERS,
+    build_known_store,
+    build_reconciliation,
+    raw_event,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -120,7 +125,7 @@ def test_only_get(client, token):
 def test_scraping_with_the_token_needs_no_session_query(
     client, token, django_assert_max_num_queries
 ):
-    # The figures' own queries only (about seven); no session, user or permission lookup.
+    # The figures' own queries only (eight); no session, user or permission lookup.
     with django_assert_max_num_queries(8):
         scrape(client, **bearer(TOKEN))
 
@@ -167,6 +172,24 @@ def test_families_and_values_on_a_known_store(client, token, admin_user):
     # Processing: the three handled github events, 1 s each.
     assert sample(families, "eventdrop_processing_lag_p95_seconds") == pytest.approx(1)
     assert families[ACK].type == "histogram"
+
+
+def test_reconciliation_drift_per_provider_and_source(client, token):
+    from django.utils import timezone
+
+    now = timezone.now()
+    build_reconciliation(now)
+    response = client.get(METRICS, **bearer(TOKEN))
+    text = response.content.decode()
+    assert "acme" not in text  # scopes are free text, never labels
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    drift = "eventdrop_reconciliation_drift_ratio"
+    assert sample(families, drift, provider="stripe", source="stripe") == pytest.approx(0.00002)
+    # github: the worst scope that measured anything (the other failed)
+    assert sample(families, drift, provider="github", source="github") == pytest.approx(0.0002)
+    finished = "eventdrop_reconciliation_last_finished_timestamp_seconds"
+    expected = (now - timedelta(hours=1)).timestamp()
+    assert sample(families, finished, provider="stripe", source="stripe") == pytest.approx(expected)
 
 
 def test_lag_gauges_are_absent_without_events(client, token):

@@ -16,7 +16,7 @@ from console.ops import (
     percentile,
     raw_event_lags,
 )
-from ingress.models import Delivery, RawEvent
+from ingress.models import Delivery, RawEvent, ReconciliationRun
 from ingress.sources import all_sources
 from ingress.views import ACK_SECONDS
 from outbox.breaker import RENDER_SERVICE_BREAKER
@@ -125,6 +125,42 @@ def build_known_store(now, client, user) -> dict:
         last_error_class="timeout",
     )
     return {"events": events}
+
+
+def reconciliation_run(
+    now, *, provider: str, scope: str = "", ago: timedelta, listed: int = 10_000, missing: int = 0
+) -> ReconciliationRun:
+    """A finished run; missing=None makes it a failed one (it measured nothing)."""
+    finished_at = now - ago
+    failed = missing is None
+    return ReconciliationRun.objects.create(
+        provider=provider,
+        source=provider,
+        scope=scope,
+        window_start=finished_at - timedelta(days=2),
+        window_end=finished_at,
+        started_at=finished_at - timedelta(minutes=1),
+        finished_at=finished_at,
+        status="failed" if failed else "complete",
+        error="HTTP 401" if failed else "",
+        provider_count=0 if failed else listed,
+        known_count=0 if failed else listed - missing,
+        missing_count=0 if failed else missing,
+        drift=None if failed else missing / listed,
+    )
+
+
+def build_reconciliation(now) -> None:
+    """Newest finished runs: stripe 0.002 %, github hook 1 0.02 %, github hook 2 failed."""
+    reconciliation_run(now, provider="stripe", ago=timedelta(days=1), missing=5000)  # older
+    reconciliation_run(now, provider="stripe", ago=timedelta(hours=2), missing=0, listed=50_000)
+    reconciliation_run(now, provider="stripe", ago=timedelta(hours=1), missing=1, listed=50_000)
+    reconciliation_run(
+        now, provider="github", scope="repo acme/app hook 1", ago=timedelta(hours=3), missing=2
+    )
+    reconciliation_run(
+        now, provider="github", scope="repo acme/web hook 2", ago=timedelta(hours=3), missing=None
+    )
 
 
 @pytest.fixture
@@ -280,6 +316,7 @@ def test_an_empty_store_has_no_lag_data_and_green_queues(now):
     assert levels["processing_lag_p95"] == Level.NO_DATA
     assert levels["raw_events_oldest_pending_age"] == Level.GREEN
     assert levels["dead_deliveries"] == Level.GREEN
+    assert levels["drift"] == Level.NO_DATA  # no reconciliation has run
     assert snapshot.breaker_state == "closed"  # no row: never tripped
 
 
@@ -343,10 +380,47 @@ def test_colours_flip_at_the_thresholds(key, value, level):
         ("processing_lag_p95", 300, 150),
         ("dead_deliveries", 1, 0.5),
         ("dead_side_effects", 1, 0.5),
+        ("drift", 0.0001, 0.00005),
     ],
 )
 def test_red_lines_are_the_design_slos(key, red_at, yellow_at):
     assert SLOS[key].red_at == red_at and SLOS[key].yellow_at == yellow_at
+
+
+# --- reconciliation drift -----------------------------------------------------------------------
+
+
+def test_drift_is_the_worst_newest_run(now):
+    build_reconciliation(now)
+    snapshot = ops_snapshot(now=now)
+    latest = {(run.provider, run.scope): run for run in snapshot.reconciliation}
+    assert len(latest) == 3
+    assert latest[("stripe", "")].drift == pytest.approx(0.00002)  # not the older 50 %
+    assert latest[("github", "repo acme/web hook 2")].drift is None  # failed: no figure
+    assert snapshot.worst_drift == pytest.approx(0.0002)
+    figure = next(f for f in snapshot.figures() if f.slo.key == "drift")
+    assert figure.level == Level.RED and figure.display == "0.0200 %"
+
+
+def test_drift_red_line_is_the_reconciliation_setting(settings):
+    # One number for the reconciliation commands (--fail-on-drift) and this page.
+    settings.RECONCILE_DRIFT_SLO = 0.001
+    assert SLOS["drift"].red_at == 0.001 and SLOS["drift"].yellow_at == 0.0005
+    assert SLOS["drift"].level(0.0002) == Level.GREEN
+
+
+def test_the_page_lists_the_latest_runs_with_their_colour(client, ops_viewer, now):
+    build_reconciliation(now)
+    client.force_login(ops_viewer)
+    page = client.get(OPS).content.decode()
+    # oldest first, so each (provider, scope) ends with its newest run
+    runs = {(r.provider, r.scope): r.pk for r in ReconciliationRun.objects.order_by("started_at")}
+    assert f'id="reconciliation-{runs[("stripe", "")]}" data-level="green"' in page
+    assert (
+        f'id="reconciliation-{runs[("github", "repo acme/app hook 1")]}" data-level="red"' in page
+    )
+    assert f'href="/admin/ingress/reconciliationrun/{runs[("stripe", "")]}/change/"' in page
+    assert 'id="slo-drift" data-level="red"' in page
 
 
 # --- ACK latency --------------------------------------------------------------------------------
