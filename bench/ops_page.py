@@ -5,7 +5,8 @@ Not a test. It needs PostgreSQL on 127.0.0.1:5432 and uses its own database
 100k raw events spread over the last 48 hours in daily partitions (four sources; realistic
 shares of verified, rejected by reason, duplicate, unhandled and still-pending events, and
 log-normal verification and processing lags), one delivery per dispatched event (mostly
-done, some pending, processing and dead), and 2,000 recaps with their render side effects.
+done, some pending, processing and dead), 2,000 recaps with their render side effects, and
+a month of nightly reconciliation runs.
 Then it times N requests of each of three pages through the Django test client, round-robin
 so that noise on a shared machine hits all three alike: the admin index (the baseline: a
 staff page that reads no figures), /ops/ and /metrics (with the bearer token).
@@ -169,6 +170,7 @@ def _fill(events: int, rng: random.Random) -> dict:
             ]
         )
     _fill_outbox(rng, now)
+    _fill_reconciliation(now)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE")
     return counts
@@ -211,6 +213,37 @@ def _fill_outbox(rng: random.Random, now) -> None:
         )
     RecapVideo.objects.bulk_create(recaps)
     RecapSideEffect.objects.bulk_create(effects)
+
+
+def _fill_reconciliation(now) -> None:
+    """A month of nightly runs for Stripe and one GitHub hook, mostly without drift."""
+    from ingress.models import ReconciliationRun
+
+    runs = []
+    for day in range(30):
+        for provider, scope, listed in (("stripe", "", 12_500), ("github", "repo acme/app", 7_500)):
+            finished_at = now - timedelta(days=day, hours=3)
+            missing = 1 if day % 10 == 4 else 0
+            runs.append(
+                ReconciliationRun(
+                    provider=provider,
+                    source=provider,
+                    scope=scope,
+                    window_start=finished_at - timedelta(days=2),
+                    window_end=finished_at - timedelta(minutes=5),
+                    started_at=finished_at - timedelta(minutes=2),
+                    finished_at=finished_at,
+                    status="complete",
+                    pages=listed // 100,
+                    provider_count=listed,
+                    known_count=listed - missing,
+                    missing_count=missing,
+                    backfilled_count=missing if provider == "stripe" else 0,
+                    redelivered_count=missing if provider == "github" else 0,
+                    drift=missing / listed,
+                )
+            )
+    ReconciliationRun.objects.bulk_create(runs)
 
 
 def _percentile(values: list[float], fraction: float) -> float:
