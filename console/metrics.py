@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from console.ops import OpsSnapshot, ack_latency_collectors, ops_snapshot
-from ingress.models import DeliveryStatus, RejectionReason, SignatureStatus
+from ingress.models import RejectionReason, SignatureStatus
 from ingress.providers import PROVIDERS
 from ingress.sources import all_sources
 from outbox.breaker import RENDER_SERVICE_BREAKER
@@ -101,9 +101,9 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
     )
     yield _labelled(
         "eventdrop_deliveries",
-        "Handler deliveries per status (dead: gave up, needs a human).",
+        "Handler deliveries waiting, running or dead (dead: gave up, needs a human).",
         ["status"],
-        {(status,): inbox["deliveries"][status] for status in DeliveryStatus.values},
+        {(status,): count for status, count in inbox["deliveries"].items()},
     )
     yield _gauge(
         "eventdrop_deliveries_oldest_due_age_seconds",

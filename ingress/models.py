@@ -220,6 +220,8 @@ class Delivery(models.Model):
                 condition=Q(status="processing"),
                 name="delivery_processing",
             ),
+            # Dead deliveries are few and looked for often (ops page, metrics, console).
+            models.Index(fields=["finished_at"], condition=Q(status="dead"), name="delivery_dead"),
         ]
 
     def __str__(self) -> str:

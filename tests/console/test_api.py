@@ -147,7 +147,7 @@ def test_queue_depths(api, operator, events):
     as_user(api, operator)
     depths = api.get("/api/queues/").json()
     assert depths["ingress"]["raw_events_pending"] == 0
-    assert depths["ingress"]["deliveries"]["done"] == 1
+    assert depths["ingress"]["deliveries"] == {"pending": 0, "processing": 0, "dead": 0}
 
 
 # --- actions -------------------------------------------------------------------------------
