@@ -1,10 +1,12 @@
 """The inbox's operator commands and the scheduled pass, run as an operator would."""
 
 import json
+from datetime import UTC, timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 from django_q.models import Schedule
 
 from eventdrop.schedules import SCHEDULES
@@ -67,7 +69,19 @@ def test_scheduled_pass_drains_until_idle(client):
 
 def test_ensure_schedules_writes_every_declared_schedule_idempotently():
     run("ensure_schedules")
+    first_runs = dict(Schedule.objects.values_list("name", "next_run"))
     run("ensure_schedules")
-    names = set(Schedule.objects.values_list("name", flat=True))
-    assert names == {name for name, *_ in SCHEDULES}
+    assert dict(Schedule.objects.values_list("name", "next_run")) == first_runs
+    assert set(first_runs) == {entry.name for entry in SCHEDULES}
     assert Schedule.objects.count() == len(SCHEDULES)
+
+
+def test_nightly_schedules_start_at_their_time_of_day_not_24h_after_deploy():
+    run("ensure_schedules")
+    now = timezone.now()
+    for entry in SCHEDULES:
+        if entry.daily_at is None:
+            continue
+        next_run = Schedule.objects.get(name=entry.name).next_run.astimezone(UTC)
+        assert next_run.time() == entry.daily_at
+        assert now < next_run <= now + timedelta(days=1)

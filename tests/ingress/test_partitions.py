@@ -145,10 +145,9 @@ def test_every_table_pointing_at_raw_events_is_cleaned_up_by_retention():
 
 
 def test_maintenance_is_scheduled_hourly():
-    entry = next(e for e in SCHEDULES if e[0] == "ingress.raw_event_partitions")
-    _, func, schedule_type, minutes = entry
-    assert import_string(func) is raw_event_partitions_maintain
-    assert (schedule_type, minutes) == ("I", 60)
+    entry = next(e for e in SCHEDULES if e.name == "ingress.raw_event_partitions")
+    assert import_string(entry.func) is raw_event_partitions_maintain
+    assert (entry.schedule_type, entry.minutes) == ("I", 60)
 
 
 # --- PostgreSQL: partitions ----------------------------------------------------------------

@@ -1,8 +1,16 @@
+from datetime import UTC, datetime, timedelta
+
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from django.utils import timezone
 from django_q.models import Schedule
 
-from eventdrop.schedules import SCHEDULES
+from eventdrop.schedules import SCHEDULES, Recurring
+
+
+def next_daily_run(recurring: Recurring, now: datetime) -> datetime:
+    today = datetime.combine(now.astimezone(UTC).date(), recurring.daily_at, tzinfo=UTC)
+    return today if today > now else today + timedelta(days=1)
 
 
 class Command(BaseCommand):
@@ -10,14 +18,24 @@ class Command(BaseCommand):
 
     @transaction.atomic
     def handle(self, *args, **options):
-        for name, func, schedule_type, minutes in SCHEDULES:
-            _, created = Schedule.objects.update_or_create(
-                name=name,
+        now = timezone.now()
+        for recurring in SCHEDULES:
+            schedule, created = Schedule.objects.update_or_create(
+                name=recurring.name,
                 defaults={
-                    "func": func,
-                    "schedule_type": schedule_type,
-                    "minutes": minutes,
+                    "func": recurring.func,
+                    "schedule_type": recurring.schedule_type,
+                    "minutes": recurring.minutes,
                     "repeats": -1,
                 },
             )
-            self.stdout.write(f"{'created' if created else 'updated'} schedule {name} -> {func}")
+            # Only a new schedule gets its first run; an existing one keeps its rhythm across
+            # deploys (re-aligning it on every release would skip or double a night).
+            if created and recurring.daily_at is not None:
+                schedule.next_run = next_daily_run(recurring, now)
+                schedule.save(update_fields=["next_run"])
+            verb = "created" if created else "updated"
+            self.stdout.write(
+                f"{verb} schedule {recurring.name} -> {recurring.func} "
+                f"(next run {schedule.next_run:%Y-%m-%d %H:%M} UTC)"
+            )

@@ -196,7 +196,7 @@ def test_a_refused_url_is_shown_without_its_credentials():
 
 
 def test_both_nightly_runs_are_scheduled():
-    entries = {name: (func, kind) for name, func, kind, _ in SCHEDULES}
+    entries = {e.name: (e.func, e.schedule_type) for e in SCHEDULES}
     assert entries["ingress.reconcile_stripe"] == (
         "ingress.reconcile.tasks.reconcile_stripe_nightly",
         "D",
