@@ -8,7 +8,7 @@ Per-source options (all optional except `provider`):
     enabled             false turns the endpoint into a 404 without removing its history
     max_body_bytes      default WEBHOOK_MAX_BODY_BYTES (1 MiB)
     tolerance_seconds   signature timestamp tolerance, default WEBHOOK_TOLERANCE_SECONDS (300)
-    signature_header    override the provider's header (required in practice for `hmac`)
+    signature_header    `hmac` only: the header carrying the signature (named providers use theirs)
     signature_prefix    `hmac` only: text before the hex digest, e.g. "sha256="
     delivery_id_header  override/add the header carrying the sender's delivery id
 
@@ -96,6 +96,15 @@ def _build_source(name: str, declared: dict) -> Source:
             f"got {provider!r}"
         )
     spec = PROVIDERS[provider]  # type: ignore[index]
+    # The named providers' verifiers read their provider's own header; a different one here
+    # would make the receive path demand a header the verifier never looks at.
+    if provider != "hmac" and str(
+        options.get("signature_header", spec.signature_header)
+    ).lower() != (spec.signature_header):
+        raise ImproperlyConfigured(
+            f"webhook source {name!r}: signature_header can only be set for hmac sources "
+            f"({provider} signs with {spec.signature_header})"
+        )
     options.setdefault("secrets_env", f"WEBHOOK_{name.upper()}_SECRET")
     options.setdefault("signature_header", spec.signature_header)
     options.setdefault("delivery_id_header", spec.delivery_id_header)

@@ -76,6 +76,7 @@ def test_disabled_source_without_a_secret_is_not_reported(environ):
         ('{"acme": "hmac"}', "JSON object of objects"),
         ('{"acme": {"provider": "carrier-pigeon"}}', "provider must be one of"),
         ('{"acme": {"provider": "hmac", "max_body_bytes": "lots"}}', "must be an integer"),
+        ('{"gh2": {"provider": "github", "signature_header": "X-Other"}}', "only be set for hmac"),
     ],
 )
 def test_invalid_extra_sources_are_an_error(environ, settings, extra, fragment):
