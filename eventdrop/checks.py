@@ -1,1 +1,0 @@
-"""Project-wide system checks (time budgets live with the outbox; see outbox/checks.py)."""
