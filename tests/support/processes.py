@@ -1,0 +1,175 @@
+"""The project's processes as real OS processes, for tests that run the production shape.
+
+`start_procfile("web", env, port=…)` runs the Procfile's own `web:` line through bash (as a
+Procfile runner would, so `$PORT` and the line's other variables expand), in its own
+process group so that stopping it stops the server's workers too. Whatever server the
+Procfile names is what the tests exercise; nothing here names one.
+
+Every process is stopped by the PID we started (SIGTERM to its group, SIGKILL after a
+grace period); `Managed` is also a context manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+VENV_BIN = Path(PYTHON).parent
+
+# The secrets the test settings use (eventdrop/settings_test.py), so events signed with
+# tests/support/signing.py verify in a subprocess too.
+TEST_SECRETS = {
+    "DJANGO_SECRET_KEY": "test-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz",
+    "STRIPE_WEBHOOK_SECRET": "whsec_test_stripe_secret",
+    "GITHUB_WEBHOOK_SECRET": "It's a Secret to Everybody",
+    "SLACK_SIGNING_SECRET": "8f742231b10e8888abcd99yyyzzz85a5",
+    "RENDERER_WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def app_env(database_url: str, **extra: str) -> dict[str, str]:
+    """A clean environment (nothing inherited but PATH, HOME and the locale) for a
+    production-mode process against `database_url`."""
+    env = {
+        name: os.environ[name] for name in ("PATH", "HOME", "LANG", "LC_ALL") if name in os.environ
+    }
+    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}"
+    env.update(TEST_SECRETS)
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "eventdrop.settings",
+            "DJANGO_DEBUG": "0",
+            "DATABASE_URL": database_url,
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def manage(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run one manage.py command to completion; raises with its output if it fails."""
+    result = subprocess.run(
+        [PYTHON, "manage.py", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"manage.py {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        )
+    return result
+
+
+def migrate(env: dict[str, str]) -> None:
+    """The Procfile's release phase, minus the schedules: schema and partitions."""
+    manage("migrate", "--noinput", env=env)
+    manage("raw_event_partitions", env=env)
+
+
+def procfile_command(kind: str) -> str:
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        name, sep, command = line.partition(":")
+        if sep and name.strip() == kind:
+            return command.strip()
+    raise KeyError(f"no {kind!r} line in the Procfile")
+
+
+class Managed:
+    """A process we started, in its own process group."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path | str | None = None):
+        self.args = args
+        self.log_path = Path(log) if log else None
+        self._log: IO[bytes] | int = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.pid = self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def output(self) -> str:
+        if self.log_path and self.log_path.exists():
+            return self.log_path.read_text(errors="replace")
+        return ""
+
+    def wait_listening(self, port: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive:
+                raise RuntimeError(
+                    f"{self.args!r} exited {self.process.returncode} before listening:\n"
+                    f"{self.output()[-3000:]}"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError(f"{self.args!r} not listening on {port} within {timeout}s")
+
+    def _signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def stop(self, grace: float = 10) -> int | None:
+        """SIGTERM to the group, SIGKILL if it is still there after `grace` seconds."""
+        if self.alive:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.process.wait(timeout=10)
+        self._signal_group(signal.SIGKILL)  # stragglers of the group, if any
+        self._close_log()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once (a crash, not a shutdown)."""
+        self._signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+    def _close_log(self) -> None:
+        if not isinstance(self._log, int):
+            self._log.close()
+
+    def __enter__(self) -> Managed:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def start_procfile(
+    kind: str, env: dict[str, str], port: int | None = None, log: Path | str | None = None
+) -> Managed:
+    """The Procfile's `kind` line, run through bash with PORT set (when given)."""
+    env = dict(env)
+    if port is not None:
+        env["PORT"] = str(port)
+    return Managed(["bash", "-c", f"exec {procfile_command(kind)}"], env, log)
+
+
+def start_manage(args: list[str], env: dict[str, str], log: Path | str | None = None) -> Managed:
+    return Managed([PYTHON, "manage.py", *args], env, log)
