@@ -46,7 +46,8 @@ def _free_port() -> int:
 def _run(*args: str, timeout: float = 60) -> str:
     result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
     if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
+        command = " ".join(args)
+        raise RuntimeError(f"{command} failed ({result.returncode}): {result.stderr.strip()}")
     return result.stdout
 
 

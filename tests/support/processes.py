@@ -70,8 +70,9 @@ def manage(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )
     if result.returncode != 0:
+        command = " ".join(args)
         raise RuntimeError(
-            f"manage.py {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+            f"manage.py {command} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
         )
     return result
 
@@ -96,7 +97,9 @@ class Managed:
     def __init__(self, args: list[str], env: dict[str, str], log: Path | str | None = None):
         self.args = args
         self.log_path = Path(log) if log else None
-        self._log: IO[bytes] | int = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self._log: IO[bytes] | int = subprocess.DEVNULL
+        if self.log_path:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
         self.process = subprocess.Popen(
             args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
