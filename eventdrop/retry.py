@@ -1,11 +1,122 @@
-"""Retry policy shared by every retry loop in the project (deliveries, outbox).
+"""The one retry decision of the project: deliveries (ingress/inbox.py) and side effects
+(outbox/) both ask it "retry, when, or give up — and why".
 
-A small value object in the spirit of procrastinate's RetryStrategy: the rows carry
-attempts / next_attempt_at, this only answers "give up?" and "how long until the next try?".
+Three pieces, in the spirit of procrastinate's RetryStrategy / RetryDecision:
+
+- `classify(exc) -> Failure`: the ONE classification table (`CLASSIFICATION`, first match
+  wins). It sorts a failure into
+    transient  retried with backoff, and *charged* (it counts toward max_attempts);
+    permanent  given up at once (the row goes `dead`);
+    deferred   not the row's fault and nothing was tried (our own configuration): the row
+               is released without being charged.
+  Our own database's errors (OperationalError, InterfaceError — deadlocks, serialization
+  failures, statement and lock timeouts, a restarted server) are transient, never
+  permanent. Anything the table does not name is transient too, and charged: a new error
+  source is retried a bounded number of times and then ends `dead`, visibly, with its
+  class name ("unclassified:KeyError") — never silently final on its first occurrence.
+- `RetryPolicy`: the backoff formula.
+- `RetryStrategy.decide(...) -> RetryDecision`: what to do with one failed attempt.
+
+Callers record the decision on their row, fenced on (claimed_at, attempts) with `fenced`,
+so a worker whose row was re-armed and claimed again meanwhile cannot overwrite the new run.
 """
 
 import random
 from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from django.db import InterfaceError, OperationalError
+
+from ingress.handlers import PermanentHandlerError
+from ingress.payloads import UnparseablePayload
+from recaps.errors import (
+    EventNotFound,
+    RenderCircuitOpen,
+    RenderConnectionFailed,
+    RenderDeadlineExceeded,
+    RenderHTTPError,
+    RenderNotConfigured,
+    RenderTimedOut,
+    RenderUnhealthy,
+    TooFewPhotos,
+)
+
+
+class Disposition(StrEnum):
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    DEFERRED = "deferred"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failure, classified."""
+
+    disposition: Disposition
+    # Short machine-readable class, stored on the row (last_error_class) and in history.
+    error_class: str
+    # Seconds the callee asked us to wait (Retry-After), if it did.
+    retry_after: float | None = None
+    # It says something about the remote service as a whole, not about this row (5xx, 429,
+    # timeouts, refused connections): the circuit breaker's input.
+    service_failure: bool = False
+
+    @property
+    def transient(self) -> bool:
+        """Worth another try (transient or deferred)."""
+        return self.disposition != Disposition.PERMANENT
+
+
+def _transient(error_class: str, **kwargs) -> Failure:
+    return Failure(Disposition.TRANSIENT, error_class, **kwargs)
+
+
+def _service(error_class: str, **kwargs) -> Failure:
+    return Failure(Disposition.TRANSIENT, error_class, service_failure=True, **kwargs)
+
+
+def _permanent(error_class: str) -> Failure:
+    return Failure(Disposition.PERMANENT, error_class)
+
+
+def _http(exc: RenderHTTPError) -> Failure:
+    if exc.status == 429:
+        return _service("http_429", retry_after=exc.retry_after)
+    if exc.status >= 500:
+        return _service(f"http_{exc.status}")
+    return _permanent(f"http_{exc.status}")
+
+
+# The table: (exception type, verdict). First match wins; order subclasses first.
+CLASSIFICATION: tuple = (
+    # The breaker said no: nothing was asked, nothing is charged.
+    (RenderCircuitOpen, lambda exc: Failure(Disposition.DEFERRED, "circuit_open")),
+    # Our configuration is incomplete: not the row's fault. The dispatcher refuses to start
+    # without it; a row that meets it anyway is released, never charged, never killed.
+    (RenderNotConfigured, lambda exc: Failure(Disposition.DEFERRED, "not_configured")),
+    (RenderUnhealthy, lambda exc: _service("health_red")),
+    (RenderTimedOut, lambda exc: _service(f"{exc.phase}_timeout")),
+    (RenderDeadlineExceeded, lambda exc: _service("deadline_exceeded")),
+    (RenderConnectionFailed, lambda exc: _service("connection_error")),
+    (RenderHTTPError, _http),
+    (EventNotFound, lambda exc: _permanent("event_not_found")),
+    (TooFewPhotos, lambda exc: _permanent("too_few_photos")),
+    (PermanentHandlerError, lambda exc: _permanent("permanent_handler_error")),
+    (UnparseablePayload, lambda exc: _permanent("unparseable_payload")),
+    # Our own database: a deadlock, a serialization failure, a statement or lock timeout,
+    # a restart. Retried like any transient error; never the row's death sentence.
+    (OperationalError, lambda exc: _transient("database:OperationalError")),
+    (InterfaceError, lambda exc: _transient("database:InterfaceError")),
+)
+
+
+def classify(exc: BaseException) -> Failure:
+    """Sort one failure (see the module docstring); the only place this is decided."""
+    for kind, verdict in CLASSIFICATION:
+        if isinstance(exc, kind):
+            return verdict(exc)
+    return _transient(f"unclassified:{type(exc).__name__}"[:64])
 
 
 @dataclass(frozen=True)
@@ -50,3 +161,98 @@ class RetryPolicy:
     def worst_case_total_wait(self) -> float:
         """Sum of the longest possible pauses between the attempts (budget arithmetic)."""
         return sum(self.ceiling(n) for n in range(1, self.max_attempts))
+
+
+class Action(StrEnum):
+    RETRY = "retry"  # charged: back to pending at `retry_at`
+    RELEASE = "release"  # not charged: back to pending at `retry_at`, attempt refunded
+    GIVE_UP = "give_up"  # dead
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    action: Action
+    failure: Failure
+    # When the next attempt is due (None when giving up).
+    retry_at: datetime | None
+    # Why, in words, for logs, history and a dead row's reason.
+    reason: str
+
+    @property
+    def charged(self) -> bool:
+        return self.action != Action.RELEASE
+
+
+@dataclass(frozen=True)
+class RetryStrategy:
+    """What to do with one failed attempt of a row.
+
+    - deferred failures, and failures the caller knows were not the row's (`charged=False`,
+      e.g. the render service was failing as a whole): RELEASE, uncharged, due at
+      `release_at` or after `policy.base_seconds`;
+    - permanent failures: GIVE_UP;
+    - transient failures, charged: RETRY after `policy.delay(attempts)`, and GIVE_UP only
+      once the row has had `max_attempts` charged attempts AND its first charged failure
+      lies `horizon_seconds` back. The pause before the last attempt is stretched to reach
+      the horizon, so normally the row dies on exactly its max_attempts-th attempt, and a
+      transient failure keeps it alive for at least the horizon:
+
+          first charged failure at t0  ->  last attempt no earlier than t0 + horizon
+
+    horizon_seconds = 0 is plain "dead after max_attempts".
+    """
+
+    policy: RetryPolicy
+    horizon_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.horizon_seconds < 0:
+            raise ValueError(f"invalid retry horizon: {self.horizon_seconds}")
+
+    def decide(
+        self,
+        failure: Failure,
+        *,
+        attempts: int,
+        now: datetime,
+        first_failed_at: datetime | None = None,
+        charged: bool = True,
+        release_at: datetime | None = None,
+        rng: random.Random | None = None,
+    ) -> RetryDecision:
+        """`attempts`: charged attempts so far, this one included; `first_failed_at`: the
+        row's first charged failure (None if this is it)."""
+        if failure.disposition == Disposition.DEFERRED:
+            charged = False
+        if not charged and failure.disposition != Disposition.PERMANENT:
+            at = max(release_at or now + timedelta(seconds=self.policy.base_seconds), now)
+            return RetryDecision(
+                Action.RELEASE, failure, at, f"released uncharged: {failure.error_class}"
+            )
+        if failure.disposition == Disposition.PERMANENT:
+            return RetryDecision(
+                Action.GIVE_UP, failure, None, f"permanent error: {failure.error_class}"
+            )
+        horizon_end = (first_failed_at or now) + timedelta(seconds=self.horizon_seconds)
+        if self.policy.gives_up_after(attempts) and now >= horizon_end:
+            return RetryDecision(
+                Action.GIVE_UP,
+                failure,
+                None,
+                f"gave up after {attempts} attempt(s): {failure.error_class}",
+            )
+        at = now + timedelta(
+            seconds=self.policy.delay(attempts, retry_after=failure.retry_after, rng=rng)
+        )
+        if attempts + 1 >= self.policy.max_attempts:
+            # The next attempt may be the last: not before the horizon.
+            at = max(at, horizon_end)
+        return RetryDecision(
+            Action.RETRY, failure, at, f"attempt {attempts} failed: {failure.error_class}"
+        )
+
+
+def fenced(queryset, *, claimed_at: datetime, attempts: int, processing: str = "processing"):
+    """The row, only if it is still the claim this worker made (status, claimed_at,
+    attempts): an outcome recorded through this cannot overwrite a newer claim."""
+    return queryset.filter(status=processing, claimed_at=claimed_at, attempts=attempts)

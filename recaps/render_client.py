@@ -34,7 +34,7 @@ from django.conf import settings
 from urllib3 import exceptions as urllib3_exceptions
 from urllib3.util import Timeout
 
-from eventdrop.retry import RetryPolicy
+from eventdrop.retry import RetryPolicy, classify
 from recaps.errors import (
     RenderBadResponse,
     RenderConnectionFailed,
@@ -166,8 +166,6 @@ class RenderClient:
         `deadline` is a time.monotonic() value: nothing here runs past it, whatever the
         configured limits say, because the caller's budget is the one that counts.
         """
-        from outbox.errors import classify  # one function decides what is worth a retry
-
         self.config.require_configured()
         self.check_health(deadline=deadline)
         attempt = 0
