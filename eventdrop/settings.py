@@ -110,19 +110,33 @@ DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
         conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60),
-        # No health check: it is a `SELECT 1` before every request, an extra round trip on the
-        # webhook path. A connection that died is caught by the INSERT itself (503, the
-        # provider retries) and Django drops it at the end of that request.
-        conn_health_checks=False,
+        # Django checks a persistent connection once per request before its first query. On
+        # PostgreSQL our backend's check is a poll(2) of the idle socket, not a `SELECT 1`:
+        # no round trip on the webhook path, yet a connection the server hung up on (a
+        # restart) is replaced before use instead of failing one request each.
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # A statement that hangs must not hold a web worker past the provider's patience:
-    # connect fast or fail into a 503, and cap every statement.
+    # connect fast or fail into a 503, and cap every statement. statement_timeout is the
+    # server's own cap; a frozen server enforces nothing, so eventdrop.db.postgresql also
+    # bounds every wait on our side (client_wait_timeout: the server's cap plus a margin for
+    # its cancel to arrive first). Keepalives and tcp_user_timeout end a connection across a
+    # real network partition (they do not fire for a frozen server, whose kernel still ACKs).
+    _statement_timeout_ms = env_int("DATABASE_STATEMENT_TIMEOUT_MS", 15000)
+    DATABASES["default"]["ENGINE"] = "eventdrop.db.postgresql"
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
             "connect_timeout": env_int("DATABASE_CONNECT_TIMEOUT", 3),
-            "options": f"-c statement_timeout={env_int('DATABASE_STATEMENT_TIMEOUT_MS', 15000)}",
+            "options": f"-c statement_timeout={_statement_timeout_ms}",
+            "client_wait_timeout": _statement_timeout_ms / 1000
+            + env_float("DATABASE_CLIENT_WAIT_MARGIN_SECONDS", 5.0),
+            "keepalives": 1,
+            "keepalives_idle": 30,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+            "tcp_user_timeout": _statement_timeout_ms + 5000,
         }
     )
 else:
@@ -193,6 +207,9 @@ RAW_EVENT_PARTITIONS_AHEAD_DAYS = env_int("RAW_EVENT_PARTITIONS_AHEAD_DAYS", 7)
 INGRESS_UNAVAILABLE_RETRY_AFTER = env_int("INGRESS_UNAVAILABLE_RETRY_AFTER", 10)
 # The webhook route's time budget (what the load balancer / platform allows a request).
 WEBHOOK_REQUEST_BUDGET_SECONDS = env_float("WEBHOOK_REQUEST_BUDGET_SECONDS", 30.0)
+# One deadline for storing a webhook (ingress/services.py): connecting if needed, the INSERT,
+# and one reconnect after a dead connection all end within it, or the answer is a 503.
+WEBHOOK_STORE_TIMEOUT_SECONDS = env_float("WEBHOOK_STORE_TIMEOUT_SECONDS", 5.0)
 
 # --- Inbox worker (verify, dedup, deliver; ingress/inbox.py) ------------------------------
 INBOX_BATCH_SIZE = env_int("INBOX_BATCH_SIZE", 200)

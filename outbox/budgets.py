@@ -101,10 +101,23 @@ def database_statement_worst_case(database: dict | None = None) -> WorstCase:
     return WorstCase(busy, f"SQLite busy timeout {_s(busy)}")
 
 
+def raw_event_store_worst_case() -> WorstCase:
+    """The webhook's store (ingress.services.raw_event_store): one deadline bounds every
+    database wait in it, and a connect, or the one reconnect, only starts with a timeout that
+    fits what is left of it (eventdrop/db). So the deadline is the whole worst case."""
+    seconds = settings.WEBHOOK_STORE_TIMEOUT_SECONDS
+    return WorstCase(
+        seconds,
+        f"store deadline {_s(seconds)} (connect, INSERT and one reconnect all inside it) "
+        f"= {_s(seconds)}",
+    )
+
+
 OPERATIONS: dict[str, Callable[[], WorstCase]] = {
     "render.dispatch": render_dispatch_worst_case,
     "stripe.checkout_session": stripe_call_worst_case,
     "database.statement": database_statement_worst_case,
+    "ingress.raw_event_store": raw_event_store_worst_case,
 }
 
 
@@ -125,7 +138,7 @@ CALLERS: list[Caller] = [
     Caller("outbox dispatcher run", "OUTBOX_DISPATCH_BUDGET_SECONDS", "render.dispatch"),
     Caller("recap purchase request", "RECAP_PURCHASE_BUDGET_SECONDS", "stripe.checkout_session"),
     # The receive path is one INSERT; nothing slow may ever join it.
-    Caller("webhook receive request", "WEBHOOK_REQUEST_BUDGET_SECONDS", "database.statement"),
+    Caller("webhook receive request", "WEBHOOK_REQUEST_BUDGET_SECONDS", "ingress.raw_event_store"),
 ]
 
 

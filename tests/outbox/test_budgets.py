@@ -127,10 +127,10 @@ def test_database_statement_worst_case(database, seconds, arithmetic):
 
 def test_the_webhook_receive_path_is_held_to_its_budget(monkeypatch, settings):
     slow = budgets.WorstCase(48.0, "connect 3.0 s + statement 45.0 s = 48.0 s")
-    monkeypatch.setitem(budgets.OPERATIONS, "database.statement", lambda: slow)
+    monkeypatch.setitem(budgets.OPERATIONS, "ingress.raw_event_store", lambda: slow)
     (violation,) = budget_violations()
     assert violation.message == (
-        "database.statement worst case connect 3.0 s + statement 45.0 s = 48.0 s exceeds the "
+        "ingress.raw_event_store worst case connect 3.0 s + statement 45.0 s = 48.0 s exceeds the "
         "30.0 s budget of the webhook receive request (WEBHOOK_REQUEST_BUDGET_SECONDS)."
     )
 

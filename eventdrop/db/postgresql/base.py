@@ -1,0 +1,105 @@
+"""Django's PostgreSQL backend, with a client-side bound on every wait for the server.
+
+ENGINE `eventdrop.db.postgresql`. It differs from `django.db.backends.postgresql` in three
+places, all for a server that stops answering or restarts (issue 8, findings 5 and 6):
+
+1. Connections are `BoundedConnection`s. psycopg funnels every wait on an open connection
+   (execute, fetch, commit, rollback, the health check's own queries) through one method,
+   `Connection.wait()`, whose loop already takes a timeout; we give it one: the connection's
+   `client_wait_timeout` (OPTIONS; settings derive it from statement_timeout plus a margin,
+   so the server's own cancel normally comes first) or the current `database_deadline()`,
+   whichever ends first. No watchdog thread, nothing armed per query: the bound costs one
+   ContextVar read and one clock read per wait. When it expires the connection is closed
+   (it is mid-message, unusable) and `DatabaseWaitTimeout`, an OperationalError, is raised.
+2. A connection opened inside a deadline gets a libpq connect_timeout that fits what is
+   left of it, and none is started when less than libpq's 2 s minimum is left.
+3. `is_usable()`, Django's health check (CONN_HEALTH_CHECKS, once per request before the
+   first query), polls the idle socket instead of sending `SELECT 1`: an idle connection
+   has nothing to read, so a readable socket means the server hung up (restart, crash,
+   pg_terminate_backend, idle timeout). One poll(2), no round trip.
+
+Not supported: Django's connection pool (OPTIONS["pool"]); the bound lives on the
+connection class, which the pool would choose itself.
+"""
+
+import math
+import select
+
+import psycopg
+from django.db.backends.postgresql import base
+from psycopg.connection import _WAIT_INTERVAL
+
+from eventdrop.db.bounds import deadline_seconds_left
+
+# libpq (and psycopg after it) treats any connect_timeout below 2 s as 2 s.
+LIBPQ_MIN_CONNECT_TIMEOUT_SECONDS = 2
+
+
+class DatabaseWaitTimeout(psycopg.OperationalError):
+    """The server did not answer within a client-side bound; the connection was closed."""
+
+
+class BoundedConnection(psycopg.Connection):
+    # Set right after connecting (DatabaseWrapper.get_new_connection); None: only deadlines.
+    client_wait_timeout: float | None = None
+
+    def wait(self, gen, interval=_WAIT_INTERVAL, timeout=None):
+        bound = self.client_wait_timeout
+        left = deadline_seconds_left()
+        if left is not None and (bound is None or left < bound):
+            bound = left
+        if bound is None or (timeout is not None and timeout <= bound):
+            # A caller with its own, tighter timeout (psycopg's notifies()) handles its
+            # expiry itself: the generator it abandons leaves the connection usable.
+            return super().wait(gen, interval, timeout)
+        try:
+            return super().wait(gen, interval, bound)
+        except psycopg.errors._WaitTimeout:
+            # The request is sent and its answer half-read at best: the connection cannot
+            # be used again. If the server runs the statement later anyway (it was frozen,
+            # not dead), the caller saw an error and retries; every write of ours is
+            # idempotent downstream (a webhook row twice is one event after dedup).
+            self.close()
+            raise DatabaseWaitTimeout(
+                f"the database did not answer within {bound:.2f} s (client-side bound)"
+            ) from None
+
+
+class _PsycopgOpeningBoundedConnections:
+    """psycopg as Django's backend sees it (`DatabaseWrapper.Database`), except that
+    connect() opens a BoundedConnection. Everything else is the module itself."""
+
+    connect = staticmethod(BoundedConnection.connect)
+
+    def __getattr__(self, name: str):
+        return getattr(psycopg, name)
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    Database = _PsycopgOpeningBoundedConnections()
+
+    def get_new_connection(self, conn_params):
+        conn_params = dict(conn_params)
+        client_wait_timeout = conn_params.pop("client_wait_timeout", None)
+        left = deadline_seconds_left()
+        if left is not None:
+            fits = math.floor(left)
+            if fits < LIBPQ_MIN_CONNECT_TIMEOUT_SECONDS:
+                raise DatabaseWaitTimeout(
+                    f"{left:.2f} s left of the deadline: too little to open a connection "
+                    f"(libpq waits at least {LIBPQ_MIN_CONNECT_TIMEOUT_SECONDS} s)"
+                )
+            configured = int(conn_params.get("connect_timeout") or fits)
+            conn_params["connect_timeout"] = min(configured, fits)
+        connection = super().get_new_connection(conn_params)
+        if client_wait_timeout is not None:
+            connection.client_wait_timeout = float(client_wait_timeout)
+        return connection
+
+    def is_usable(self):
+        connection = self.connection
+        if connection is None or connection.closed:
+            return False
+        poller = select.poll()
+        poller.register(connection.fileno(), select.POLLIN)
+        return not poller.poll(0)
