@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "knox",
     "django_q",
     "eventdrop",
     "ingress",
@@ -162,15 +163,22 @@ SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 LOGIN_URL = "/admin/login/"
 
+# Scripts use expiring tokens (stored hashed; `manage.py api_token`), browsers the admin
+# session with its CSRF check; no HTTP Basic, which browsers replay on cross-site requests.
+# Token first: bad or missing credentials are a 401 with `WWW-Authenticate: Token`.
+# JSON is the only body a write accepts (a form post from another site is a 415).
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "console.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.BasicAuthentication",
     ],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
 }
+# Days a token from `manage.py api_token issue` lives unless --ttl-days says otherwise.
+API_TOKEN_TTL_DAYS = env_int("API_TOKEN_TTL_DAYS", 90)
 
 LOGGING = {
     "version": 1,
