@@ -1,15 +1,25 @@
 """The console's JSON API: the same reads and operator actions as the admin, same rules.
 
-Staff only (IsAdminUser, the project default) plus the admin's own permissions: reading raw
-events needs `ingress.view_rawevent`, bodies and headers `ingress.view_raw_payload`, and
-every action `console.operate`. Bad input is a 4xx with the field that was wrong.
+Staff only (IsAdminUser) plus the admin's own permissions, checked per endpoint: reading raw
+events needs `ingress.view_rawevent`, bodies and headers `ingress.view_raw_payload`, queue
+depths `console.view_ops`, the audit trail `console.view_operatoraction`, and every action
+`console.operate`. Bad input is a 4xx with the field that was wrong.
+
+No other site can drive it (console/authentication.py for the credentials): writes accept
+only JSON (a form post, the one thing a page elsewhere can send without CORS, is a 415), and
+a write whose `Origin` or `Sec-Fetch-Site` says it comes from another site is a 403 whatever
+its credentials.
 """
 
+from urllib.parse import urlsplit
+
+from django.conf import settings
 from django.shortcuts import get_object_or_404
+from django.utils.http import is_same_domain
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.permissions import BasePermission, IsAdminUser
+from rest_framework.permissions import SAFE_METHODS, BasePermission, IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -29,6 +39,8 @@ from console.services import (
     OperatorActionError,
     raw_events_replay,
     raw_events_reverify,
+    recaps_retry_render,
+    side_effects_mark_dead,
     side_effects_rearm,
 )
 from ingress.models import (
@@ -43,6 +55,10 @@ from ingress.models import (
 VIEW_PAYLOAD_PERMISSION = "ingress.view_raw_payload"
 BODY_SEARCH_FORBIDDEN = "Searching body text needs the permission ingress.view_raw_payload."
 PAYLOAD_FORBIDDEN = "Including bodies and headers needs the permission ingress.view_raw_payload."
+CROSS_SITE_FORBIDDEN = "Cross-site writes are refused: send the request from this site."
+# Sec-Fetch-Site values a browser sends for a request this site's own pages (or the user,
+# typing a URL) started; scripts send no such header at all.
+OWN_FETCH_SITES = {"same-origin", "none"}
 PAGINATION_PARAMS = {"limit", "offset"}
 # PostgreSQL bigint: a larger id is bad input, not a database error.
 MAX_ID = 2**63 - 1
@@ -77,11 +93,65 @@ def has_perm(permission: str) -> type[BasePermission]:
     return HasPermission
 
 
+def _origin_is_ours(request: Request, origin: str) -> bool:
+    if origin == f"{request.scheme}://{request.get_host()}":
+        return True
+    parsed = urlsplit(origin)
+    for trusted in settings.CSRF_TRUSTED_ORIGINS:
+        if "*" in trusted:
+            # As Django's CSRF check reads them: https://*.example.com
+            wanted = urlsplit(trusted)
+            if parsed.scheme == wanted.scheme and is_same_domain(parsed.netloc, wanted.netloc):
+                return True
+        elif origin == trusted:
+            return True
+    return False
+
+
+class SameSiteWrites(BasePermission):
+    """A write must not come from another site's page, whatever credentials it carries.
+
+    Browsers label every request with `Sec-Fetch-Site` and (on writes) `Origin`; a script
+    sends neither and is judged by its token alone. The session's CSRF check covers
+    browsers already; this covers every other way credentials might ride along.
+    """
+
+    message = CROSS_SITE_FORBIDDEN
+
+    def has_permission(self, request, view):
+        if request.method in SAFE_METHODS:
+            return True
+        fetch_site = request.META.get("HTTP_SEC_FETCH_SITE")
+        if fetch_site is not None and fetch_site not in OWN_FETCH_SITES:
+            return False
+        origin = request.META.get("HTTP_ORIGIN")
+        return origin is None or _origin_is_ours(request, origin)
+
+
+class ConsoleApi(APIView):
+    """Every console endpoint: staff, same-site writes, and the one permission it names."""
+
+    required_permission = ""
+
+    def get_permissions(self):
+        return [IsAdminUser(), SameSiteWrites(), has_perm(self.required_permission)()]
+
+
 class IdsInputSerializer(serializers.Serializer):
     ids = serializers.ListField(
         child=serializers.IntegerField(min_value=1, max_value=MAX_ID),
         allow_empty=False,
         max_length=BULK_LIMIT,
+    )
+
+
+class MarkDeadInputSerializer(IdsInputSerializer):
+    reason = serializers.CharField(max_length=1000, trim_whitespace=True)
+
+
+class RecapIdsInputSerializer(serializers.Serializer):
+    ids = serializers.ListField(
+        child=serializers.UUIDField(), allow_empty=False, max_length=BULK_LIMIT
     )
 
 
@@ -193,19 +263,21 @@ def _operator_action_response(record: OperatorAction) -> Response:
     return Response(OperatorActionOutputSerializer(record).data)
 
 
-def _run_action(request: Request, run) -> Response:
-    serializer = IdsInputSerializer(data=request.data)
+def _run_action(
+    request: Request, run, input_serializer: type[serializers.Serializer] = IdsInputSerializer
+) -> Response:
+    serializer = input_serializer(data=request.data)
     serializer.is_valid(raise_exception=True)
     try:
-        record = run(serializer.validated_data["ids"])
+        record = run(**serializer.validated_data)
     except OperatorActionError as exc:
         # Unknown ids, too many, none: nothing was done and nothing recorded.
         raise serializers.ValidationError({"ids": [str(exc)]}) from exc
     return _operator_action_response(record)
 
 
-class RawEventListApi(APIView):
-    permission_classes = (IsAdminUser, has_perm("ingress.view_rawevent"))
+class RawEventListApi(ConsoleApi):
+    required_permission = "ingress.view_rawevent"
 
     class FilterSerializer(serializers.Serializer):
         source = serializers.CharField(required=False, max_length=64)
@@ -261,8 +333,8 @@ class RawEventListApi(APIView):
         return paginator.get_paginated_response(serializer_class(page, many=True).data)
 
 
-class RawEventDetailApi(APIView):
-    permission_classes = (IsAdminUser, has_perm("ingress.view_rawevent"))
+class RawEventDetailApi(ConsoleApi):
+    required_permission = "ingress.view_rawevent"
 
     def get(self, request: Request, raw_event_id: int) -> Response:
         queryset = RawEvent.objects.all()
@@ -276,8 +348,8 @@ class RawEventDetailApi(APIView):
         return Response(data)
 
 
-class RawEventReplayApi(APIView):
-    permission_classes = (IsAdminUser, has_perm("console.operate"))
+class RawEventReplayApi(ConsoleApi):
+    required_permission = "console.operate"
 
     def post(self, request: Request) -> Response:
         return _run_action(
@@ -288,8 +360,8 @@ class RawEventReplayApi(APIView):
         )
 
 
-class RawEventReverifyApi(APIView):
-    permission_classes = (IsAdminUser, has_perm("console.operate"))
+class RawEventReverifyApi(ConsoleApi):
+    required_permission = "console.operate"
 
     def post(self, request: Request) -> Response:
         return _run_action(
@@ -300,8 +372,8 @@ class RawEventReverifyApi(APIView):
         )
 
 
-class SideEffectRearmApi(APIView):
-    permission_classes = (IsAdminUser, has_perm("console.operate"))
+class SideEffectRearmApi(ConsoleApi):
+    required_permission = "console.operate"
 
     def post(self, request: Request) -> Response:
         return _run_action(
@@ -312,13 +384,41 @@ class SideEffectRearmApi(APIView):
         )
 
 
-class QueueDepthsApi(APIView):
+class SideEffectMarkDeadApi(ConsoleApi):
+    required_permission = "console.operate"
+
+    def post(self, request: Request) -> Response:
+        return _run_action(
+            request,
+            lambda ids, reason: side_effects_mark_dead(
+                actor=request.user, side_effect_ids=ids, reason=reason, via=OperatorActionVia.API
+            ),
+            MarkDeadInputSerializer,
+        )
+
+
+class RecapRetryRenderApi(ConsoleApi):
+    required_permission = "console.operate"
+
+    def post(self, request: Request) -> Response:
+        return _run_action(
+            request,
+            lambda ids: recaps_retry_render(
+                actor=request.user, recap_ids=ids, via=OperatorActionVia.API
+            ),
+            RecapIdsInputSerializer,
+        )
+
+
+class QueueDepthsApi(ConsoleApi):
+    required_permission = "console.view_ops"
+
     def get(self, request: Request) -> Response:
         return Response(queue_depths())
 
 
-class OperatorActionListApi(APIView):
-    permission_classes = (IsAdminUser, has_perm("console.view_operatoraction"))
+class OperatorActionListApi(ConsoleApi):
+    required_permission = "console.view_operatoraction"
 
     def get(self, request: Request) -> Response:
         paginator = LimitOffsetPagination()

@@ -16,7 +16,9 @@ from django.db.models import (
     QuerySet,
     Value,
 )
+from django.utils import timezone
 from django.utils.text import smart_split, unescape_string_literal
+from knox.models import AuthToken
 
 from console.models import OperatorAction
 from ingress.models import Delivery, DeliveryAttempt, RawEvent
@@ -192,3 +194,13 @@ def operator_actions_on(*, target_model: str, object_id: int | str, limit: int =
 def queue_depths() -> dict:
     """Depths of every queue an operator can act on, by pipeline stage."""
     return {"ingress": inbox_depths(), "outbox": side_effect_depths()}
+
+
+def api_token_list(*, username: str = "") -> QuerySet[AuthToken]:
+    """Tokens that have not expired, newest first (expired ones are deleted on next use)."""
+    tokens = AuthToken.objects.select_related("user").filter(
+        Q(expiry__isnull=True) | Q(expiry__gt=timezone.now())
+    )
+    if username:
+        tokens = tokens.filter(user__username=username)
+    return tokens.order_by("-created")

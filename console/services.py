@@ -14,10 +14,13 @@ Transaction boundaries, on purpose:
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import models
 from django.utils import timezone
+from knox.models import AuthToken
+from knox.settings import CONSTANTS
 
 from console.models import ItemOutcome, OperatorAction, OperatorActionKind, OperatorActionOutcome
 from console.selectors import PAYLOAD_FIELDS
@@ -303,3 +306,38 @@ def recaps_retry_render(
         objects=_load(RecapVideo.objects.all(), recap_ids),
         perform=_retry_render,
     )
+
+
+# --- API tokens for scripts ------------------------------------------------------------------
+
+ISSUE_REFUSED_NOT_STAFF = "{username} is not staff: the console API answers staff only."
+ISSUE_REFUSED_INACTIVE = "{username} is not active."
+ISSUE_REFUSED_TTL = "A token lives at least one day."
+
+
+def api_token_issue(*, user: AbstractBaseUser, ttl_days: int) -> tuple[AuthToken, str]:
+    """A new token for `user`; the returned string is shown once and stored only hashed."""
+    if not user.is_active:
+        raise OperatorActionError(ISSUE_REFUSED_INACTIVE.format(username=user.get_username()))
+    if not user.is_staff:
+        raise OperatorActionError(ISSUE_REFUSED_NOT_STAFF.format(username=user.get_username()))
+    if ttl_days < 1:
+        raise OperatorActionError(ISSUE_REFUSED_TTL)
+    record, token = AuthToken.objects.create(user, expiry=timedelta(days=ttl_days))
+    logger.info(
+        "console.api_token.issued",
+        extra={"username": user.get_username(), "expiry": record.expiry.isoformat()},
+    )
+    return record, token
+
+
+def api_token_revoke(*, user: AbstractBaseUser, token_key: str = "") -> int:
+    """Delete the user's tokens (or only the one starting with `token_key`); returns how many."""
+    tokens = AuthToken.objects.filter(user=user)
+    if token_key:
+        tokens = tokens.filter(token_key=token_key[: CONSTANTS.TOKEN_KEY_LENGTH])
+    deleted, _ = tokens.delete()
+    logger.info(
+        "console.api_token.revoked", extra={"username": user.get_username(), "count": deleted}
+    )
+    return deleted

@@ -13,6 +13,12 @@ urlpatterns = [
     path("raw-events/replay/", apis.RawEventReplayApi.as_view(), name="raw-event-replay"),
     path("raw-events/reverify/", apis.RawEventReverifyApi.as_view(), name="raw-event-reverify"),
     path("side-effects/rearm/", apis.SideEffectRearmApi.as_view(), name="side-effect-rearm"),
+    path(
+        "side-effects/mark-dead/",
+        apis.SideEffectMarkDeadApi.as_view(),
+        name="side-effect-mark-dead",
+    ),
+    path("recaps/retry-render/", apis.RecapRetryRenderApi.as_view(), name="recap-retry-render"),
     path("queues/", apis.QueueDepthsApi.as_view(), name="queue-depths"),
     path("operator-actions/", apis.OperatorActionListApi.as_view(), name="operator-action-list"),
 ]

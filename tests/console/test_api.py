@@ -38,23 +38,7 @@ def events(client, push_handler):
 # --- who may do what -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("method", "url"),
-    [
-        ("get", LIST),
-        ("get", "/api/raw-events/1/"),
-        ("post", REPLAY),
-        ("post", REVERIFY),
-        ("get", "/api/queues/"),
-        ("get", "/api/operator-actions/"),
-    ],
-)
-def test_anonymous_and_non_staff_get_nothing(api, outsider, method, url):
-    assert getattr(api, method)(url, {"ids": [1]}, format="json").status_code == 403
-    as_user(api, outsider)
-    response = getattr(api, method)(url, {"ids": [1]}, format="json")
-    assert response.status_code == 403
-    assert "source" not in response.content.decode()
+# Who may call what: the table in test_api_access.py, with real credentials.
 
 
 def test_staff_without_payload_permission_gets_no_body_or_headers(api, operator, events):
@@ -144,7 +128,9 @@ def test_detail_has_deliveries_and_attempts(api, operator, events):
 
 
 def test_queue_depths(api, operator, events):
-    as_user(api, operator)
+    from tests.console.conftest import grant
+
+    as_user(api, grant(operator, "console.view_ops"))
     depths = api.get("/api/queues/").json()
     assert depths["ingress"]["raw_events_pending"] == 0
     assert depths["ingress"]["deliveries"] == {"pending": 0, "processing": 0, "dead": 0}
@@ -253,20 +239,6 @@ def test_unknown_and_absurd_detail_ids_are_404(api, operator):
     assert api.get("/api/raw-events/99999999999999999999999/").status_code == 404
 
 
-def test_basic_auth_works_for_scripts(api, django_user_model, events):
-    from tests.console.conftest import OPERATOR_PERMISSIONS, grant
-
-    grant(
-        django_user_model.objects.create_user("script", password="s3cret-pw", is_staff=True),
-        *OPERATOR_PERMISSIONS,
-    )
-    token = base64.b64encode(b"script:s3cret-pw").decode()
-    api.credentials(HTTP_AUTHORIZATION=f"Basic {token}")
-    response = api.post(REPLAY, {"ids": [events[0].pk]}, format="json")
-    assert response.status_code == 200
-    assert OperatorAction.objects.get().actor_username == "script"
-
-
 def test_raw_event_list_pages_without_counting_the_store(api, operator, events):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -280,3 +252,77 @@ def test_raw_event_list_pages_without_counting_the_store(api, operator, events):
     second = api.get(first["next"]).json()
     assert len(second["results"]) == 1 and second["next"] is None
     assert second["results"][0]["id"] != first["results"][0]["id"]
+
+
+# --- the admin's other actions: mark dead, retry render -------------------------------------
+
+
+@pytest.fixture
+def render_row(client, admin_user):
+    from tests.console.samples import side_effect
+
+    return side_effect(client, admin_user)
+
+
+def test_mark_dead_needs_a_reason_and_records_it(api, operator, render_row):
+    as_user(api, operator)
+    url = "/api/side-effects/mark-dead/"
+    for payload in ({"ids": [render_row.pk]}, {"ids": [render_row.pk], "reason": "   "}):
+        response = api.post(url, payload, format="json")
+        assert response.status_code == 400, response.content
+        assert "reason" in response.json()
+    assert not OperatorAction.objects.exists()
+    response = api.post(url, {"ids": [render_row.pk], "reason": "buyer refunded"}, format="json")
+    assert response.status_code == 200, response.content
+    data = response.json()
+    assert (data["action"], data["via"], data["note"]) == (
+        "side_effect_mark_dead",
+        "api",
+        "buyer refunded",
+    )
+    assert data["results"][0]["status"] == "dead"
+    render_row.refresh_from_db()
+    render_row.recap.refresh_from_db()
+    assert render_row.status == "dead" and render_row.recap.status == "failed"
+    assert "buyer refunded" in render_row.recap.failure_reason
+
+
+def test_retry_render_through_the_same_service(api, operator, render_row):
+    as_user(api, operator)
+    url = "/api/recaps/retry-render/"
+    api.post(
+        "/api/side-effects/mark-dead/",
+        {"ids": [render_row.pk], "reason": "stuck"},
+        format="json",
+    )
+    recap_id = str(render_row.recap_id)
+    response = api.post(url, {"ids": [recap_id]}, format="json")
+    assert response.status_code == 200, response.content
+    data = response.json()
+    assert data["action"] == "recap_retry_render"
+    assert data["results"] == [
+        {
+            "id": recap_id,
+            "outcome": "ok",
+            "detail": "render queued; recap is paid",
+            "status": "paid",
+        }
+    ]
+    render_row.refresh_from_db()
+    assert render_row.status == "pending"
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        ({"ids": ["not-a-uuid"]}, "Must be a valid UUID."),
+        ({"ids": []}, "This list may not be empty."),
+        ({"ids": ["00000000-0000-4000-8000-000000000000"]}, "Unknown recap video ids"),
+    ],
+)
+def test_retry_render_bad_ids_are_a_400(api, operator, payload, fragment):
+    as_user(api, operator)
+    response = api.post("/api/recaps/retry-render/", payload, format="json")
+    assert response.status_code == 400, response.content
+    assert fragment in response.content.decode()
+    assert not OperatorAction.objects.exists()

@@ -164,6 +164,8 @@ def test_retry_render_of_a_failed_recap(
 
 
 def test_api_rearm(operator, dead_side_effect):
+    from tests.console.conftest import grant
+
     api = APIClient()
     api.force_authenticate(operator)
     response = api.post("/api/side-effects/rearm/", {"ids": [dead_side_effect.pk]}, format="json")
@@ -179,6 +181,7 @@ def test_api_rearm(operator, dead_side_effect):
     bad = api.post("/api/side-effects/rearm/", {"ids": [987654]}, format="json")
     assert bad.status_code == 400
     assert bad.json() == {"ids": ["Unknown recap side effect ids: 987654."]}
+    api.force_authenticate(grant(operator, "console.view_ops"))
     depths = api.get("/api/queues/").json()
     assert depths["outbox"]["pending"] == 1 and depths["outbox"]["due"] == 1
 

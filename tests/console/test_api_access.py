@@ -1,0 +1,298 @@
+"""Who may call which console endpoint, as a table, with real credentials on every request.
+
+Every endpoint is called by every identity with the credentials a script or browser would
+really send (a knox token in `Authorization: Token …`, HTTP Basic, or nothing), never with
+force_authenticate: the table proves the authentication classes as well as the permissions.
+Then the refusals that keep another site from driving the API: form posts, cross-site
+origins, session writes without the CSRF token.
+"""
+
+import base64
+from urllib.parse import urlencode
+
+import pytest
+from django.contrib.auth import get_user_model
+from knox.models import AuthToken
+from rest_framework.test import APIClient
+
+from console.models import OperatorAction
+from tests.console.conftest import grant
+from tests.console.samples import side_effect, verified_event
+
+pytestmark = pytest.mark.django_db
+
+VIEW_PERMISSIONS = (
+    "ingress.view_rawevent",
+    "ingress.view_delivery",
+    "console.view_operatoraction",
+    "console.view_ops",
+)
+IDENTITIES = {
+    # name: (is_staff, is_superuser, permissions)
+    "non_staff": (False, False, (*VIEW_PERMISSIONS, "ingress.view_raw_payload", "console.operate")),
+    "staff_without_perms": (True, False, ()),
+    "viewer": (True, False, VIEW_PERMISSIONS),
+    "payload_reader": (True, False, (*VIEW_PERMISSIONS, "ingress.view_raw_payload")),
+    "operator": (True, False, (*VIEW_PERMISSIONS, "console.operate")),
+    "superuser": (True, True, ()),
+}
+UNAUTHENTICATED = ("anonymous", "bad_token", "basic_auth_of_superuser")
+ALL = (*UNAUTHENTICATED, *IDENTITIES)
+
+# Which identities each permission admits (superusers have every permission).
+ADMITS = {
+    "ingress.view_rawevent": {"viewer", "payload_reader", "operator", "superuser"},
+    "console.view_ops": {"viewer", "payload_reader", "operator", "superuser"},
+    "console.view_operatoraction": {"viewer", "payload_reader", "operator", "superuser"},
+    "ingress.view_raw_payload": {"payload_reader", "superuser"},
+    "console.operate": {"operator", "superuser"},
+}
+
+# name: (method, path with {event}/{side_effect}/{recap}, JSON body, the permission it needs)
+ENDPOINTS = {
+    "raw_event_list": ("get", "/api/raw-events/", None, "ingress.view_rawevent"),
+    "raw_event_list_with_payload": (
+        "get",
+        "/api/raw-events/?include_payload=true",
+        None,
+        "ingress.view_raw_payload",
+    ),
+    "raw_event_body_search": (
+        "get",
+        "/api/raw-events/?body_contains=sample",
+        None,
+        "ingress.view_raw_payload",
+    ),
+    "raw_event_detail": ("get", "/api/raw-events/{event}/", None, "ingress.view_rawevent"),
+    "queue_depths": ("get", "/api/queues/", None, "console.view_ops"),
+    "operator_actions": ("get", "/api/operator-actions/", None, "console.view_operatoraction"),
+    "replay": ("post", "/api/raw-events/replay/", {"ids": ["{event}"]}, "console.operate"),
+    "reverify": ("post", "/api/raw-events/reverify/", {"ids": ["{event}"]}, "console.operate"),
+    "rearm": ("post", "/api/side-effects/rearm/", {"ids": ["{side_effect}"]}, "console.operate"),
+    "mark_dead": (
+        "post",
+        "/api/side-effects/mark-dead/",
+        {"ids": ["{side_effect}"], "reason": "customer asked to cancel"},
+        "console.operate",
+    ),
+    "retry_render": (
+        "post",
+        "/api/recaps/retry-render/",
+        {"ids": ["{recap}"]},
+        "console.operate",
+    ),
+}
+
+
+def expected_status(endpoint: str, identity: str) -> int:
+    if identity in UNAUTHENTICATED:
+        return 401
+    return 200 if identity in ADMITS[ENDPOINTS[endpoint][3]] else 403
+
+
+TABLE = [
+    pytest.param(
+        endpoint, identity, expected_status(endpoint, identity), id=f"{endpoint}-{identity}"
+    )
+    for endpoint in ENDPOINTS
+    for identity in ALL
+]
+
+
+def make_user(name: str):
+    is_staff, is_superuser, permissions = IDENTITIES[name]
+    user = get_user_model().objects.create_user(
+        name, password=f"pw-{name}", is_staff=is_staff, is_superuser=is_superuser
+    )
+    return grant(user, *permissions)
+
+
+def token_for(user) -> str:
+    _, token = AuthToken.objects.create(user)
+    return token
+
+
+def credentials(identity: str) -> dict:
+    if identity == "anonymous":
+        return {}
+    if identity == "bad_token":
+        return {"HTTP_AUTHORIZATION": "Token " + "0" * 64}
+    if identity == "basic_auth_of_superuser":
+        make_user("superuser")
+        basic = base64.b64encode(b"superuser:pw-superuser").decode()
+        return {"HTTP_AUTHORIZATION": f"Basic {basic}"}
+    return {"HTTP_AUTHORIZATION": f"Token {token_for(make_user(identity))}"}
+
+
+@pytest.fixture
+def objects(client, admin_user):
+    event = verified_event(client, admin_user)
+    row = side_effect(client, admin_user)
+    return {"event": event.pk, "side_effect": row.pk, "recap": str(row.recap_id)}
+
+
+def _fill(value, objects):
+    if isinstance(value, str):
+        filled = value.format(**objects)
+        return int(filled) if filled.isdigit() else filled
+    if isinstance(value, list):
+        return [_fill(item, objects) for item in value]
+    if isinstance(value, dict):
+        return {key: _fill(item, objects) for key, item in value.items()}
+    return value
+
+
+def call(endpoint: str, objects: dict, headers: dict, api: APIClient | None = None):
+    method, path, body, _ = ENDPOINTS[endpoint]
+    api = api or APIClient()
+    url = path.format(**objects)
+    if method == "get":
+        return api.get(url, **headers)
+    return api.post(url, _fill(body, objects), format="json", **headers)
+
+
+@pytest.mark.parametrize(("endpoint", "identity", "status"), TABLE)
+def test_permission_table(endpoint, identity, status, objects):
+    response = call(endpoint, objects, credentials(identity))
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == "application/json"
+    if status == 401:
+        # A client told to authenticate is told how.
+        assert response["WWW-Authenticate"] == "Token"
+    if status != 200:
+        assert not OperatorAction.objects.exists()
+    elif ENDPOINTS[endpoint][0] == "post":
+        assert OperatorAction.objects.get().actor_username == identity
+
+
+def test_every_console_endpoint_is_in_the_table():
+    from console import urls
+
+    routes = {f"/api/{pattern.pattern}" for pattern in urls.urlpatterns}
+    tabled = {
+        path.split("?")[0].replace("{event}", "<int:raw_event_id>")
+        for _, path, _, _ in ENDPOINTS.values()
+    }
+    assert routes == tabled
+
+
+# --- another site cannot drive it ----------------------------------------------------------
+
+
+@pytest.fixture
+def operator_headers():
+    return {"HTTP_AUTHORIZATION": f"Token {token_for(make_user('operator'))}"}
+
+
+@pytest.mark.parametrize(
+    "endpoint", [name for name, spec in ENDPOINTS.items() if spec[0] == "post"]
+)
+@pytest.mark.parametrize("encoding", ["form", "multipart"])
+def test_writes_accept_only_json(endpoint, encoding, objects, operator_headers):
+    _, path, body, _ = ENDPOINTS[endpoint]
+    filled = _fill(body, objects)
+    if encoding == "form":
+        # What an HTML form on any other site can post without a CORS preflight.
+        response = APIClient().post(
+            path,
+            urlencode(filled, doseq=True),
+            content_type="application/x-www-form-urlencoded",
+            **operator_headers,
+        )
+    else:
+        response = APIClient().post(path, filled, format="multipart", **operator_headers)
+    assert response.status_code == 415, response.content
+    assert "Unsupported media type" in response.json()["detail"]
+    assert not OperatorAction.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"HTTP_ORIGIN": "https://evil.example"},
+        {"HTTP_ORIGIN": "null"},
+        {"HTTP_ORIGIN": "http://testserver.evil.example"},
+        {"HTTP_SEC_FETCH_SITE": "cross-site"},
+        {"HTTP_SEC_FETCH_SITE": "same-site"},
+        {"HTTP_ORIGIN": "http://testserver", "HTTP_SEC_FETCH_SITE": "cross-site"},
+    ],
+    ids=["evil-origin", "null-origin", "lookalike-origin", "cross-site", "same-site", "mixed"],
+)
+@pytest.mark.parametrize(
+    "endpoint", [name for name, spec in ENDPOINTS.items() if spec[0] == "post"]
+)
+def test_cross_site_writes_are_refused(endpoint, headers, objects, operator_headers):
+    response = call(endpoint, objects, {**operator_headers, **headers})
+    assert response.status_code == 403, response.content
+    assert response.json() == {
+        "detail": "Cross-site writes are refused: send the request from this site."
+    }
+    assert not OperatorAction.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"HTTP_ORIGIN": "http://testserver"},
+        {"HTTP_SEC_FETCH_SITE": "same-origin"},
+        {"HTTP_SEC_FETCH_SITE": "none"},
+        {"HTTP_ORIGIN": "https://console.example.org"},
+    ],
+    ids=["script", "own-origin", "same-origin", "typed", "trusted-origin"],
+)
+def test_own_site_and_scripts_may_write(headers, objects, operator_headers, settings):
+    settings.CSRF_TRUSTED_ORIGINS = ["https://console.example.org"]
+    response = call("replay", objects, {**operator_headers, **headers})
+    assert response.status_code == 200, response.content
+
+
+def test_cross_site_reads_are_not_writes(objects, operator_headers):
+    # Another site may make a browser send a GET, but cannot read the answer (no CORS).
+    headers = {**operator_headers, "HTTP_ORIGIN": "https://x.example"}
+    response = call("raw_event_list", objects, headers)
+    assert response.status_code == 200
+
+
+def test_a_session_write_needs_the_csrf_token(objects):
+    """The browser's way in: the admin session, and then Django's CSRF check applies."""
+    make_user("operator")
+    api = APIClient(enforce_csrf_checks=True)
+    assert api.login(username="operator", password="pw-operator")
+    response = call("replay", objects, {}, api=api)
+    assert response.status_code == 403
+    assert "CSRF" in response.json()["detail"]
+    assert not OperatorAction.objects.exists()
+    token = api.get("/admin/").cookies["csrftoken"].value
+    api.cookies["csrftoken"] = token
+    response = call("replay", objects, {"HTTP_X_CSRFTOKEN": token}, api=api)
+    assert response.status_code == 200, response.content
+
+
+# --- tokens --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"Token \xff\xfe", b"Token", b"Token a b", "Token " + "é" * 10],
+    ids=["not-utf8", "empty", "spaces", "non-ascii"],
+)
+def test_malformed_tokens_are_401_not_500(header, objects):
+    if isinstance(header, bytes):
+        header = header.decode("latin-1")
+    response = APIClient().get("/api/raw-events/", HTTP_AUTHORIZATION=header)
+    assert response.status_code == 401, response.content
+
+
+def test_expired_token_and_inactive_user_are_401(objects):
+    from datetime import timedelta
+
+    user = make_user("operator")
+    _, expired = AuthToken.objects.create(user, expiry=timedelta(seconds=-1))
+    response = APIClient().get("/api/raw-events/", HTTP_AUTHORIZATION=f"Token {expired}")
+    assert response.status_code == 401
+    live = token_for(user)
+    user.is_active = False
+    user.save()
+    response = APIClient().get("/api/raw-events/", HTTP_AUTHORIZATION=f"Token {live}")
+    assert response.status_code == 401
