@@ -11,6 +11,8 @@ import time
 from contextlib import contextmanager
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.db import OperationalError, connection
 
 from eventdrop.db import database_deadline
@@ -245,3 +247,9 @@ def test_the_webhook_store_deadline_is_held_to_the_request_budget(settings):
 
 def test_the_default_webhook_store_deadline_fits():
     assert budget_violations() == []
+
+
+def test_a_store_deadline_too_short_to_connect_is_refused_at_check(settings):
+    settings.WEBHOOK_STORE_TIMEOUT_SECONDS = 2.0
+    with pytest.raises(SystemCheckError, match=r"eventdrop\.E001"):
+        call_command("check")
