@@ -221,25 +221,58 @@ def prepare_database(env: dict[str, str]) -> dict[str, str]:
     return {"postgres": facts[0], "synchronous_commit": facts[1], "fsync": facts[2]}
 
 
+def server_command(args: argparse.Namespace, port: int) -> list[str]:
+    if args.server == "gunicorn":
+        return [
+            str(VENV_BIN / "gunicorn"),
+            "eventdrop.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(args.workers),
+            "--worker-class",
+            args.worker_class,
+            "--threads",
+            str(args.threads),
+            "--keep-alive",
+            "30",
+            "--timeout",
+            "30",
+            "--log-level",
+            "warning",
+        ]
+    if args.server == "granian-wsgi":  # granian's own WSGI mode, for comparison
+        return [
+            str(VENV_BIN / "granian"),
+            "--interface",
+            "wsgi",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(args.workers),
+            "--blocking-threads",
+            str(args.threads),
+            "--no-ws",
+            "--log-level",
+            "warning",
+            "eventdrop.wsgi:application",
+        ]
+    # The production server, as the Procfile starts it (eventdrop/web.py).
+    return [sys.executable, "-m", "eventdrop.web"]
+
+
 def start_server(env: dict[str, str], port: int, args: argparse.Namespace, log) -> subprocess.Popen:
-    command = [
-        str(VENV_BIN / "gunicorn"),
-        "eventdrop.wsgi",
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--workers",
-        str(args.workers),
-        "--worker-class",
-        args.worker_class,
-        "--threads",
-        str(args.threads),
-        "--keep-alive",
-        "30",
-        "--timeout",
-        "30",
-        "--log-level",
-        "warning",
-    ]
+    command = server_command(args, port)
+    env = {
+        **env,
+        "PORT": str(port),
+        "WEB_BIND": "127.0.0.1",
+        "WEB_CONCURRENCY": str(args.workers),
+        "WEB_THREADS": str(args.threads),
+        "WEB_LOG_LEVEL": "warning",
+    }
     server = subprocess.Popen(
         command, env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True
     )
@@ -310,6 +343,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="gunicorn")
     parser.add_argument("--threads", type=int, default=4, help="per gunicorn worker")
     parser.add_argument("--worker-class", default="gthread", choices=["gthread", "sync"])
+    parser.add_argument(
+        "--server", default="gunicorn", choices=["granian", "gunicorn", "granian-wsgi"]
+    )
     parser.add_argument("--max-seconds", type=float, default=300, help="bound on the load")
     args = parser.parse_args()
     if not 0 < args.requests <= MAX_REQUESTS or not 0 < args.concurrency <= 256:

@@ -215,6 +215,8 @@ RAW_EVENT_PARTITIONS_AHEAD_DAYS = env_int("RAW_EVENT_PARTITIONS_AHEAD_DAYS", 7)
 INGRESS_UNAVAILABLE_RETRY_AFTER = env_int("INGRESS_UNAVAILABLE_RETRY_AFTER", 10)
 # The webhook route's time budget (what the load balancer / platform allows a request).
 WEBHOOK_REQUEST_BUDGET_SECONDS = env_float("WEBHOOK_REQUEST_BUDGET_SECONDS", 30.0)
+# The whole request body must arrive within this (eventdrop/web.py answers 408 after it).
+WEBHOOK_BODY_READ_TIMEOUT_SECONDS = env_float("WEBHOOK_BODY_READ_TIMEOUT_SECONDS", 5.0)
 # One deadline for storing a webhook (ingress/services.py): connecting if needed, the INSERT,
 # and one reconnect after a dead connection all end within it, or the answer is a 503.
 WEBHOOK_STORE_TIMEOUT_SECONDS = env_float("WEBHOOK_STORE_TIMEOUT_SECONDS", 5.0)

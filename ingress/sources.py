@@ -7,6 +7,7 @@ Per-source options (all optional except `provider`):
     secrets_env         name of the env var holding the secret(s), comma-separated for rotation
     enabled             false turns the endpoint into a 404 without removing its history
     max_body_bytes      default WEBHOOK_MAX_BODY_BYTES (1 MiB)
+    max_header_bytes    total size of the request's header fields, default 32 KiB (431 past it)
     tolerance_seconds   signature timestamp tolerance, default WEBHOOK_TOLERANCE_SECONDS (300)
     signature_header    `hmac` only: the header carrying the signature (named providers use theirs)
     signature_prefix    `hmac` only: text before the hex digest, e.g. "sha256="
@@ -37,6 +38,8 @@ class Source:
     secrets: tuple[str, ...] = field(repr=False, default=())
     enabled: bool = True
     max_body_bytes: int = 1024 * 1024
+    # Providers send a few hundred bytes to a few KiB of headers; every byte is stored.
+    max_header_bytes: int = 32 * 1024
     tolerance_seconds: int = 300
     signature_header: str = ""
     signature_prefix: str = ""
@@ -48,7 +51,7 @@ class Source:
 
 
 _BOOL_OPTIONS = {"enabled"}
-_INT_OPTIONS = {"max_body_bytes", "tolerance_seconds"}
+_INT_OPTIONS = {"max_body_bytes", "max_header_bytes", "tolerance_seconds"}
 _STR_OPTIONS = {
     "provider",
     "secrets_env",

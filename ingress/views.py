@@ -1,10 +1,11 @@
 """The receive path: the only code that runs on a provider's clock.
 
-It answers from headers alone whatever it can (404/405/411/413/400), then does exactly one
-INSERT of the raw request and answers 202 with the new row's id. No JSON parsing, no
-signature math, no business logic, no network call, no other query. The one exception is
-Slack's `url_verification` handshake, which Slack requires to be answered in the response,
-and which we only answer after its signature checks out.
+It answers from headers alone whatever it can (404/405/431/411/413/400), then does exactly
+one INSERT of the raw request and answers 202 with the new row's id. A body that is not
+exactly what its framing declared (cut short, broken chunks) is a 400 and is never stored.
+No JSON parsing, no signature math, no business logic, no network call, no other query. The
+one exception is Slack's `url_verification` handshake, which Slack requires to be answered
+in the response, and which we only answer after its signature checks out.
 """
 
 import logging
@@ -78,8 +79,20 @@ def _stored_headers(meta: dict) -> dict[str, str]:
     return headers
 
 
-def _read_body(request: HttpRequest, limit: int) -> bytes | None:
-    """The body, or None if it grows past `limit` (never buffered past limit + one chunk).
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _BodyUnreadable(Exception):
+    pass
+
+
+def _is_chunked(meta: dict) -> bool:
+    return "chunked" in meta.get("HTTP_TRANSFER_ENCODING", "").lower()
+
+
+def _read_body(request: HttpRequest, limit: int) -> bytes:
+    """The body (never buffered past limit + one chunk), or _BodyTooLarge/_BodyUnreadable.
 
     With a Content-Length, Django's stream stops there. Without one, Django would read
     nothing at all; a server that has de-chunked the body says so with
@@ -90,12 +103,30 @@ def _read_body(request: HttpRequest, limit: int) -> bytes | None:
     stream = request if request.META.get("CONTENT_LENGTH") else request.META["wsgi.input"]
     chunks: list[bytes] = []
     total = 0
-    while chunk := stream.read(_READ_CHUNK):
-        total += len(chunk)
-        if total > limit:
-            return None
-        chunks.append(chunk)
+    try:
+        while chunk := stream.read(_READ_CHUNK):
+            total += len(chunk)
+            if total > limit:
+                raise _BodyTooLarge
+            chunks.append(chunk)
+    except _BodyTooLarge:
+        raise
+    except Exception as exc:
+        # Whatever the server's reader raises (gunicorn: InvalidChunkSize, NoMoreData,
+        # ChunkMissingTerminator; a reset socket: OSError), the body it was reading is not
+        # one we can store: the client's framing is at fault, not our code.
+        raise _BodyUnreadable(type(exc).__name__) from exc
     return b"".join(chunks)
+
+
+def _header_bytes(meta: dict) -> int:
+    """Bytes of the request's header fields as sent (`name: value\r\n` each)."""
+    total = 0
+    for key, value in meta.items():
+        if key.startswith("HTTP_") or key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            name_length = len(key) - 5 if key.startswith("HTTP_") else len(key)
+            total += name_length + len(value) + 4
+    return total
 
 
 def _slack_handshake(source: Source, headers: dict[str, str], body: bytes) -> str | None:
@@ -118,7 +149,18 @@ def receive_webhook(request: HttpRequest, source_name: str) -> JsonResponse:
         response["Allow"] = "POST"
         return response
 
+    header_bytes = _header_bytes(request.META)
+    if header_bytes > source.max_header_bytes:
+        # Headers are stored with the body: unbounded, they would be the body limit's back door.
+        return _error(
+            431,
+            "headers_too_large",
+            f"Headers of {header_bytes} bytes exceed this source's limit of "
+            f"{source.max_header_bytes} bytes.",
+        )
+
     raw_length = request.META.get("CONTENT_LENGTH", "")
+    content_length: int | None = None
     if raw_length != "":
         try:
             content_length = int(raw_length)
@@ -133,7 +175,9 @@ def receive_webhook(request: HttpRequest, source_name: str) -> JsonResponse:
                 f"Body of {content_length} bytes exceeds this source's limit of "
                 f"{source.max_body_bytes} bytes.",
             )
-    elif not request.META.get("wsgi.input_terminated"):
+    elif not (_is_chunked(request.META) and request.META.get("wsgi.input_terminated")):
+        # No length and no chunked framing: the body's end is unknowable (and a server that
+        # does not de-chunk would hand us raw chunk framing).
         return _error(411, "length_required", "Send a Content-Length (or a chunked body).")
 
     headers = _stored_headers(request.META)
@@ -144,12 +188,26 @@ def receive_webhook(request: HttpRequest, source_name: str) -> JsonResponse:
             f"The {source.signature_header} header is required for this source.",
         )
 
-    body = _read_body(request, source.max_body_bytes)
-    if body is None:
+    try:
+        body = _read_body(request, source.max_body_bytes)
+    except _BodyTooLarge:
         return _error(
             413,
             "body_too_large",
             f"Body exceeds this source's limit of {source.max_body_bytes} bytes.",
+        )
+    except _BodyUnreadable as exc:
+        logger.warning(
+            "ingress.receive.body_unreadable", extra={"source": source.name, "error": str(exc)}
+        )
+        return _error(400, "malformed_body", "The request body's framing is malformed.")
+    if content_length is not None and len(body) != content_length:
+        # Django's stream, like most servers', reports a client that stopped early as a
+        # plain end of input: only the count tells a truncated body from a whole one.
+        return _error(
+            400,
+            "truncated_body",
+            f"The body ended after {len(body)} of the {content_length} bytes declared.",
         )
 
     challenge = _slack_handshake(source, headers, body)

@@ -142,3 +142,126 @@ def test_bad_content_length_is_400(client):
     )
     assert response.status_code == 400
     assert response.json()["error"] == "bad_content_length"
+
+
+class ShortStream:
+    """A wsgi.input that ends early, as a server's reader does when the client stops
+    sending (gunicorn, Django's LimitedStream: fewer bytes, no error)."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def read(self, size: int = -1) -> bytes:
+        size = len(self.data) if size is None or size < 0 else size
+        piece, self.data = self.data[:size], self.data[size:]
+        return piece
+
+    readline = read
+
+
+def test_body_shorter_than_its_content_length_is_400_without_a_row(client):
+    response = client.generic(
+        "POST",
+        "/webhooks/stripe/",
+        b"",
+        content_type="application/json",
+        CONTENT_LENGTH="500",
+        **{"wsgi.input": ShortStream(b"y" * 102)},
+        **STRIPE_HEADERS,
+    )
+    assert response.status_code == 400
+    assert response.json()["error"] == "truncated_body"
+    assert "102 of the 500" in response.json()["message"]
+    assert not RawEvent.objects.exists()
+
+
+class BrokenChunkStream:
+    """A wsgi.input whose server-side reader fails on the framing (gunicorn raises its own
+    InvalidChunkSize, a ParseException; a reset connection raises OSError)."""
+
+    def read(self, *args):
+        raise ValueError("Invalid chunk size: 'zz'")
+
+    readline = read
+
+
+def test_body_the_server_cannot_read_is_400_without_a_row(client):
+    response = client.generic(
+        "POST",
+        "/webhooks/stripe/",
+        b"",
+        content_type="application/json",
+        HTTP_TRANSFER_ENCODING="chunked",
+        **{"wsgi.input": BrokenChunkStream(), "wsgi.input_terminated": True},
+        **STRIPE_HEADERS,
+    )
+    assert response.status_code == 400
+    assert response.json()["error"] == "malformed_body"
+    assert not RawEvent.objects.exists()
+
+
+def test_neither_length_nor_chunked_is_411_even_when_the_server_says_terminated(client):
+    # granian's WSGI mode marks every input terminated, with a body or without.
+    response = client.generic(
+        "POST",
+        "/webhooks/stripe/",
+        b"",
+        **{"wsgi.input": ShortStream(b""), "wsgi.input_terminated": True},
+        **STRIPE_HEADERS,
+    )
+    assert response.status_code == 411
+    assert response.json()["error"] == "length_required"
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.parametrize("debug", [True, False])
+def test_both_spellings_of_the_webhook_url_are_stored(client, settings, debug):
+    # APPEND_SLASH would answer a POST without the slash with 301 (a RuntimeError in debug),
+    # and no provider re-POSTs a body to a redirect.
+    settings.DEBUG = debug
+    for path in ("/webhooks/github/", "/webhooks/github"):
+        body = b'{"path": "%s"}' % path.encode()
+        response = client.generic(
+            "POST", path, body, content_type="application/json", HTTP_X_HUB_SIGNATURE_256="x"
+        )
+        assert response.status_code == 202, (path, response.status_code)
+        event = RawEvent.objects.get(pk=response.json()["id"])
+        assert bytes(event.body) == body and event.path == path
+
+
+def _padding_headers(total: int) -> dict[str, str]:
+    """HTTP_X_PAD_n headers of about `total` bytes together."""
+    count = total // 8000 + 1
+    return {f"HTTP_X_PAD_{n}": "p" * (total // count) for n in range(count)}
+
+
+def test_headers_over_the_source_limit_are_431_before_any_write(client):
+    with CaptureQueriesContext(connection) as queries:
+        response = post(client, "stripe", **_padding_headers(40_000), **STRIPE_HEADERS)
+    assert response.status_code == 431
+    assert response.json()["error"] == "headers_too_large"
+    assert "32768" in response.json()["message"]
+    assert len(queries) == 0
+    assert not RawEvent.objects.exists()
+
+
+def test_headers_under_the_source_limit_are_stored(client):
+    response = post(client, "stripe", **_padding_headers(30_000), **STRIPE_HEADERS)
+    assert response.status_code == 202
+    assert len(RawEvent.objects.get().headers["x-pad-0"]) > 7000
+
+
+def test_max_header_bytes_is_a_per_source_option(client, monkeypatch):
+    from ingress.sources import get_source, reset_sources_cache
+
+    monkeypatch.setenv("WEBHOOK_STRIPE_MAX_HEADER_BYTES", "4096")
+    reset_sources_cache()
+    try:
+        assert get_source("stripe").max_header_bytes == 4096
+        assert get_source("github").max_header_bytes == 32 * 1024
+        response = post(client, "stripe", **_padding_headers(5_000), **STRIPE_HEADERS)
+    finally:
+        monkeypatch.delenv("WEBHOOK_STRIPE_MAX_HEADER_BYTES")
+        reset_sources_cache()
+    assert response.status_code == 431
+    assert not RawEvent.objects.exists()

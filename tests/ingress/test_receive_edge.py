@@ -52,7 +52,12 @@ class CountingStream:
 
 def post_stream(client, stream, *, terminated: bool = True, **extra):
     """POST with no Content-Length: the body is only in the WSGI input stream."""
-    environ = {"wsgi.input": stream, "CONTENT_TYPE": "application/json", **extra}
+    environ = {
+        "wsgi.input": stream,
+        "CONTENT_TYPE": "application/json",
+        "HTTP_TRANSFER_ENCODING": "chunked",
+        **extra,
+    }
     if terminated:
         # A server that de-chunked the body says so (gunicorn always sets it).
         environ["wsgi.input_terminated"] = True

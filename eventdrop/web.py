@@ -1,0 +1,242 @@
+"""The production web server: granian (Rust HTTP/1.1) in front of Django's WSGI app.
+
+`python -m eventdrop.web` is the Procfile's `web` line. Why this shape (measured in
+docs/benchmarks.md, "Ingress ACK" and "Slow clients"):
+
+- A thread-per-request server (gunicorn gthread, granian's own WSGI mode) lends a Python
+  thread to a request as soon as its headers are in, and that thread then waits on the
+  client for the body: sixteen clients sending 1 byte/s held every thread, and every
+  provider's webhook queued behind them.
+- Here granian speaks HTTP on its event loop and `BufferedBody` (below) collects the whole
+  body there — within `WEBHOOK_BODY_READ_TIMEOUT_SECONDS`, and at most `max_body_bytes` —
+  before Django gets a thread from the pool (`WEB_THREADS` per process, via a2wsgi). A slow
+  client costs a coroutine and a few kilobytes while it lasts, never a thread, and it is cut
+  off with 408 at the deadline. Only complete bodies reach the receive view, so the view's
+  own limits, its one INSERT and its 503 work exactly as under any WSGI server.
+- A body the server cannot complete (shorter than its Content-Length when the client
+  half-closes, broken chunked framing) arrives as `http.disconnect`: it is answered 400 if
+  the connection still takes an answer, and never reaches Django, so it is never stored.
+
+Settings come from the environment: `PORT` (8000), `WEB_BIND` or `HOST` (127.0.0.1: binding
+every interface is a deployment decision, not a default), `WEB_CONCURRENCY` (processes, 2),
+`WEB_THREADS` (Django threads per process, 4: also the database connections per process),
+`WEB_HEADER_READ_TIMEOUT_SECONDS` (5) and `WEB_MAX_HEADER_BYTES` (64 KiB: granian answers 431
+past it; the receive view bounds each source lower, `max_header_bytes`).
+"""
+
+import asyncio
+import json
+import os
+import shutil
+from dataclasses import dataclass
+
+HTTP_DISCONNECT = "http.disconnect"
+
+
+@dataclass(frozen=True)
+class WebServerConfig:
+    host: str
+    port: int
+    processes: int
+    threads: int
+    header_read_timeout_seconds: float
+    max_header_bytes: int
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> "WebServerConfig":
+        env = os.environ if environ is None else environ
+        return cls(
+            host=env.get("WEB_BIND") or env.get("HOST") or "127.0.0.1",
+            port=int(env.get("PORT") or 8000),
+            processes=int(env.get("WEB_CONCURRENCY") or 2),
+            threads=int(env.get("WEB_THREADS") or 4),
+            header_read_timeout_seconds=float(env.get("WEB_HEADER_READ_TIMEOUT_SECONDS") or 5),
+            # granian's HTTP/1 read buffer, which the request line and headers must fit in
+            # (its minimum is 8 KiB).
+            max_header_bytes=max(8192, int(env.get("WEB_MAX_HEADER_BYTES") or 64 * 1024)),
+        )
+
+
+def _json_answer(status: int, code: str, message: str) -> tuple[dict, dict]:
+    body = json.dumps({"error": code, "message": message}).encode()
+    start = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            # The request body was not consumed: the connection cannot carry another request.
+            (b"connection", b"close"),
+        ],
+    }
+    return start, {"type": "http.response.body", "body": body}
+
+
+class BufferedBody:
+    """ASGI middleware: hand `app` only requests whose body arrived whole and in time.
+
+    The body is read on the event loop under one deadline for all of it (not per read: a
+    client sending a byte a second never idles long enough to trip a per-read timeout) and
+    replayed to `app` as a single message. Past `max_body_bytes` it stops reading and answers
+    413, so memory per request stays bounded; the receive view applies each source's own,
+    lower, limit to what gets through.
+    """
+
+    def __init__(self, app, *, timeout_seconds: float, max_body_bytes: int):
+        self.app = app
+        self.timeout_seconds = timeout_seconds
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._answer(send, 413, "body_too_large", self._too_large_message())
+            return
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.timeout_seconds):
+                while True:
+                    message = await receive()
+                    if message["type"] == HTTP_DISCONNECT:
+                        await self._answer(send, 400, *self._incomplete(declared, size))
+                        return
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        await self._answer(send, 413, "body_too_large", self._too_large_message())
+                        return
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            await self._answer(
+                send,
+                408,
+                "body_read_timeout",
+                f"The request body did not arrive within {self.timeout_seconds:g} s.",
+            )
+            return
+
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body, only a disconnect can come
+
+        await self.app(scope, replay, send)
+
+    def _too_large_message(self) -> str:
+        return f"Body exceeds the server's limit of {self.max_body_bytes} bytes."
+
+    @staticmethod
+    def _incomplete(declared: bytes | None, size: int) -> tuple[str, str]:
+        if declared is not None:
+            return (
+                "truncated_body",
+                f"The body ended after {size} of the {declared.decode()} bytes declared.",
+            )
+        return "malformed_body", "The chunked body is malformed or ended before its last chunk."
+
+    @staticmethod
+    async def _answer(send, status: int, code: str, message: str) -> None:
+        start, body = _json_answer(status, code, message)
+        try:
+            await send(start)
+            await send(body)
+        except (OSError, RuntimeError):
+            pass  # the client is gone; there is nobody to tell
+
+
+class _LifespanAccepted:
+    """granian sends ASGI lifespan events; Django has nothing to do at start-up or shutdown."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        await self.app(scope, receive, send)
+
+
+def application():
+    """The ASGI app each granian worker builds (granian's factory mode: nothing at import)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "eventdrop.settings")
+    from a2wsgi import WSGIMiddleware
+    from django.conf import settings
+    from django.core.wsgi import get_wsgi_application
+
+    from ingress.sources import all_sources
+
+    django_app = get_wsgi_application()
+
+    def complete_body_wsgi(environ, start_response):
+        # BufferedBody let this request through with its whole body: a body without a
+        # Content-Length is complete too (what `wsgi.input_terminated` says under gunicorn).
+        environ["wsgi.input_terminated"] = True
+        return django_app(environ, start_response)
+
+    config = WebServerConfig.from_environ()
+    largest_source_limit = max(
+        (source.max_body_bytes for source in all_sources().values()), default=0
+    )
+    return _LifespanAccepted(
+        BufferedBody(
+            WSGIMiddleware(complete_body_wsgi, workers=config.threads),
+            timeout_seconds=settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS,
+            max_body_bytes=max(largest_source_limit, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0),
+        )
+    )
+
+
+def _empty_prometheus_multiproc_dir() -> None:
+    # prometheus_client's multiprocess mode: the directory must start empty (stale files of
+    # an earlier run would be added to this one's figures). No metric of ours is a live
+    # gauge, so a worker that exits leaves nothing that needs marking dead.
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        shutil.rmtree(directory, ignore_errors=True)
+        os.makedirs(directory, exist_ok=True)
+
+
+def serve(config: WebServerConfig | None = None) -> None:
+    from granian import Granian
+    from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
+
+    config = config or WebServerConfig.from_environ()
+    _empty_prometheus_multiproc_dir()
+    Granian(
+        "eventdrop.web:application",
+        factory=True,
+        address=config.host,
+        port=config.port,
+        interface=Interfaces.ASGI,
+        http=HTTPModes.http1,
+        websockets=False,
+        workers=config.processes,
+        respawn_failed_workers=True,
+        http1_settings=HTTP1Settings(
+            header_read_timeout=int(config.header_read_timeout_seconds * 1000),
+            max_buffer_size=config.max_header_bytes,
+        ),
+        log_level=os.environ.get("WEB_LOG_LEVEL", "info"),
+    ).serve()
+
+
+if __name__ == "__main__":
+    serve()

@@ -1,0 +1,251 @@
+"""Broken HTTP framing through real servers, over raw sockets (no client library sends it).
+
+Two servers, started once per module against the test database:
+
+- `web`: the production server, the Procfile's `web:` line (tests/support/processes.py).
+  Its event loop collects every body before Django sees the request (eventdrop/web.py).
+- `gunicorn`: a plain WSGI server that hands the view whatever it read. Through it the
+  receive view's own checks are the only defence, so they are proven here too.
+
+The invariant for every case: no 2xx and no row for a body that is not exactly what its
+framing declared; an answer, when there is one, is a 4xx with a JSON error body. About 15 s.
+"""
+
+import json
+import socket
+import time
+
+import pytest
+from django.db import connection
+
+from ingress.models import RawEvent
+from tests.support.processes import VENV_BIN, Managed, app_env, free_port, start_procfile
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+SIGNATURE = b"Stripe-Signature: t=1700000000,v1=00\r\n"
+BODY_READ_TIMEOUT_SECONDS = 1.5
+SOCKET_TIMEOUT_SECONDS = 10
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    credentials = f"{db['USER']}:{db['PASSWORD']}" if db.get("PASSWORD") else db["USER"]
+    return f"postgres://{credentials}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def _start(kind: str, port: int, log) -> Managed:
+    env = app_env(
+        _database_url(),
+        WEBHOOK_BODY_READ_TIMEOUT_SECONDS=str(BODY_READ_TIMEOUT_SECONDS),
+        WEB_CONCURRENCY="1",
+    )
+    if kind == "web":
+        return start_procfile("web", env, port=port, log=log)
+    args = [str(VENV_BIN / "gunicorn"), "eventdrop.wsgi", "--bind", f"127.0.0.1:{port}",
+            "--workers", "1", "--threads", "4", "--worker-class", "gthread"]
+    return Managed(args, env, log)
+
+
+@pytest.fixture(scope="module", params=["web", "gunicorn"])
+def server(request, django_db_setup, tmp_path_factory):
+    """(kind, port) of a server on the test database; rows it commits are visible here."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("framing") / f"{request.param}.log"
+    process = _start(request.param, port, log)
+    try:
+        process.wait_listening(port, timeout=30)
+        yield request.param, port
+    finally:
+        process.stop()
+
+
+def exchange(port: int, head: bytes, body: bytes = b"", *, half_close: bool = False,
+             pause: float = 0.0) -> tuple[int | None, dict | None]:
+    """Send `head` (request line and headers, without the blank line) and `body`, maybe
+    half-close, and read one response: (status, JSON body), or (None, None) if the server
+    closed without answering."""
+    with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
+        sock.sendall(head + b"\r\n" + body)
+        if pause:
+            time.sleep(pause)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
+        received = b""
+        try:
+            while b"\r\n\r\n" not in received:
+                data = sock.recv(65536)
+                if not data:
+                    return None, None
+                received += data
+            header_block, _, rest = received.partition(b"\r\n\r\n")
+            lines = header_block.decode("latin-1").split("\r\n")
+            status = int(lines[0].split()[1])
+            headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+            length = int({k.lower(): v for k, v in headers.items()}.get("content-length", 0))
+            while len(rest) < length:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                rest += data
+        except ConnectionResetError:
+            return None, None
+    return status, (json.loads(rest[:length]) if length else None)
+
+
+def post_head(path: str = "/webhooks/stripe/", *extra: bytes) -> bytes:
+    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\n" + SIGNATURE + b"".join(extra))
+
+
+def assert_refused(status: int | None, answer: dict | None, *codes: str) -> None:
+    """Not acknowledged: closed without an answer, or a 4xx with a JSON error body."""
+    if status is None:
+        return
+    assert 400 <= status < 500, (status, answer)
+    assert answer is not None and answer["error"] in codes, answer
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_whole_body_is_stored(server):
+    _, port = server
+    body = b'{"id": "evt_framing_ok"}'
+
+    status, answer = exchange(port, post_head(
+        "/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body)), body)
+
+    assert status == 202, answer
+    assert bytes(RawEvent.objects.get(pk=answer["id"]).body) == body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_body_shorter_than_its_content_length_is_never_stored(server):
+    _, port = server
+    status, answer = exchange(
+        port, post_head("/webhooks/stripe/", b"Content-Length: 500\r\n"), b"y" * 102,
+        half_close=True, pause=0.2,
+    )
+
+    assert_refused(status, answer, "truncated_body")
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_chunk_size_that_is_not_hex_is_400(server):
+    _, port = server
+    status, answer = exchange(
+        port, post_head("/webhooks/stripe/", b"Transfer-Encoding: chunked\r\n"),
+        b"zz\r\nabc\r\n0\r\n\r\n",
+    )
+
+    assert status == 400, answer
+    assert answer["error"] == "malformed_body"
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_chunked_body_cut_off_mid_chunk_is_never_stored(server):
+    _, port = server
+    status, answer = exchange(
+        port, post_head("/webhooks/stripe/", b"Transfer-Encoding: chunked\r\n"),
+        b"a\r\nabc", half_close=True, pause=0.2,
+    )
+
+    assert_refused(status, answer, "malformed_body")
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_neither_content_length_nor_chunked_is_411(server):
+    _, port = server
+    status, answer = exchange(port, post_head(), b"")
+
+    assert status == 411, answer
+    assert answer["error"] == "length_required"
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_both_spellings_of_the_url_are_stored(server):
+    _, port = server
+    for path in ("/webhooks/github/", "/webhooks/github"):
+        body = b'{"zen": "%s"}' % path.encode()
+        status, answer = exchange(port, (
+            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"X-Hub-Signature-256: sha256=00\r\nContent-Length: %d\r\n" % len(body)), body)
+
+        assert status == 202, (path, status, answer)
+        assert bytes(RawEvent.objects.get(pk=answer["id"]).body) == body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_headers_over_the_source_limit_are_431_without_a_row(server):
+    _, port = server
+    padding = b"".join(b"X-Pad-%d: %s\r\n" % (n, b"p" * 8000) for n in range(5))  # 40 KB
+
+    status, answer = exchange(port, post_head("/webhooks/stripe/", padding,
+                                              b"Content-Length: 2\r\n"), b"{}")
+
+    assert status == 431, answer
+    assert answer["error"] == "headers_too_large"
+    assert not RawEvent.objects.exists()
+
+
+# --- only the production server bounds the time a body may take ----------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_slow_body_is_cut_off_at_the_read_deadline_and_never_stored(server):
+    kind, port = server
+    if kind != "web":
+        pytest.skip("gunicorn has no body read deadline: that is why it is not the Procfile's")
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
+        sock.sendall(post_head("/webhooks/stripe/", b"Content-Length: 20\r\n") + b"\r\n")
+        answer = b""
+        for _ in range(20):  # a byte a second would take 20 s
+            try:
+                sock.sendall(b"x")
+            except OSError:
+                break
+            sock.settimeout(1.0)
+            try:
+                answer = sock.recv(65536)
+            except TimeoutError:
+                continue
+            break
+
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b'"body_read_timeout"' in answer
+    assert time.monotonic() - started < BODY_READ_TIMEOUT_SECONDS + 3
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_chunked_body_that_never_ends_is_408_and_never_stored(server):
+    kind, port = server
+    if kind != "web":
+        pytest.skip("gunicorn has no body read deadline: that is why it is not the Procfile's")
+    status, answer = exchange(
+        port, post_head("/webhooks/stripe/", b"Transfer-Encoding: chunked\r\n"),
+        b"5\r\nabcde\r\n",  # and then nothing, with the connection open
+    )
+
+    assert status == 408, answer
+    assert answer["error"] == "body_read_timeout"
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_server_bounds_headers_before_any_source_does(server):
+    kind, port = server
+    if kind != "web":
+        pytest.skip("gunicorn's limits are per field (8190 bytes x 100 fields)")
+    padding = b"".join(b"X-Pad-%d: %s\r\n" % (n, b"p" * 8000) for n in range(95))  # 761 KB
+
+    status, _ = exchange(port, post_head("/webhooks/stripe/", padding,
+                                              b"Content-Length: 2\r\n"), b"{}")
+
+    assert status == 431
+    assert not RawEvent.objects.exists()
+
