@@ -6,6 +6,7 @@ makes those ids visible in plain-text logs. Payloads and secrets are never passe
 """
 
 import logging
+import traceback
 
 _STANDARD_ATTRS = frozenset(
     logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None).__dict__
@@ -19,3 +20,13 @@ class KeyValueFormatter(logging.Formatter):
         if extras:
             line += " " + " ".join(f"{key}={value!r}" for key, value in sorted(extras.items()))
         return line
+
+
+def raised_at(exc: BaseException) -> str:
+    """Where `exc` was raised, as `file:line in function`: a log field that locates a failure
+    without its message, which may quote a payload."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f"{frame.filename}:{frame.lineno} in {frame.name}"

@@ -224,6 +224,10 @@ WEBHOOK_STORE_TIMEOUT_SECONDS = env_float("WEBHOOK_STORE_TIMEOUT_SECONDS", 5.0)
 # --- Inbox worker (verify, dedup, deliver; ingress/inbox.py) ------------------------------
 INBOX_BATCH_SIZE = env_int("INBOX_BATCH_SIZE", 200)
 INBOX_IDLE_SLEEP_SECONDS = env_float("INBOX_IDLE_SLEEP_SECONDS", 0.5)
+# A raw event whose settling raises is retried after 30 s, 60 s, 120 s, … and set aside
+# (rejected `processing_failed`, re-verifiable) after this many failures.
+INBOX_MAX_ROW_FAILURES = env_int("INBOX_MAX_ROW_FAILURES", 5)
+INBOX_ROW_RETRY_BASE_SECONDS = env_float("INBOX_ROW_RETRY_BASE_SECONDS", 30.0)
 DELIVERY_MAX_ATTEMPTS = env_int("DELIVERY_MAX_ATTEMPTS", 8)
 DELIVERY_BACKOFF_BASE_SECONDS = env_float("DELIVERY_BACKOFF_BASE_SECONDS", 5.0)
 DELIVERY_BACKOFF_CAP_SECONDS = env_float("DELIVERY_BACKOFF_CAP_SECONDS", 3600.0)

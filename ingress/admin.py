@@ -187,6 +187,10 @@ class RawEventAdmin(OperatorAdmin):
         "verify_lag",
         "event_type",
         "provider_retry",
+        # A row whose settling raised: how often, the error class, when it is tried again.
+        "processing_failures",
+        "processing_error",
+        "retry_not_before",
     )
     dispatch_fields = (
         "dedup_key",

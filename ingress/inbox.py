@@ -14,6 +14,14 @@ worker processes on any number of hosts can run side by side without double work
 
 Retry, backoff and giving up are properties of the rows (attempts, next_attempt_at, status),
 never control flow held in memory.
+
+One bad row never blocks the others. Both kinds of work settle a whole batch in one
+transaction (the fast path: one commit per batch). Should that raise for anything but our
+database being unavailable, the batch is done again row by row, each row on its own, so
+only the rows that raise again are charged: a raw event gets a failure counted on it and a
+not-before time, and after INBOX_MAX_ROW_FAILURES it is rejected `processing_failed`; a
+delivery takes the usual transient-failure path (backoff, dead after DELIVERY_MAX_ATTEMPTS).
+Bodies holding text PostgreSQL cannot store are rejected `unstorable_text` before any write.
 """
 
 import hashlib
@@ -22,11 +30,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from eventdrop.errors import EventDropError
+from eventdrop.logformat import raised_at
 from eventdrop.retry import RetryPolicy
 from ingress.handlers import PermanentHandlerError, get_handler, handlers_for
 from ingress.models import (
@@ -40,7 +49,12 @@ from ingress.models import (
     RejectionReason,
     SignatureStatus,
 )
-from ingress.payloads import UnparseablePayload, parse_payload
+from ingress.payloads import (
+    UnparseablePayload,
+    holds_unstorable_text,
+    parse_payload,
+    storable_text,
+)
 from ingress.reconcile.verdict import backfilled_verdict
 from ingress.sources import all_sources
 from ingress.verifiers import StoredRequest, Verdict, verify
@@ -51,6 +65,12 @@ REPLAY_NOT_VERIFIED = "Event #{id} is {status}, not verified: only verified even
 REPLAY_DUPLICATE = "Event #{id} is a duplicate of #{original}: replay the original instead."
 REVERIFY_NOT_REJECTED = "Event #{id} is {status}: only rejected events are re-verified."
 HANDLER_MISSING = "handler {name} is no longer registered"
+SETTLE_FAILED = "{error} in verify/dedup/dispatch"
+
+# Our own database failing (connection lost, restart, statement or lock timeout, deadlock):
+# not the row's fault, so never charged to one. The batch rolls back whole and the worker
+# loop backs off; the rows are claimed again once the database answers.
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
 
 
 class ReplayRefused(EventDropError):
@@ -99,8 +119,14 @@ def _verdict_for(event: RawEvent) -> Verdict:
     if event.origin == RawEventOrigin.BACKFILLED:
         # Fetched by a reconciliation run from the provider's API, not received: there is
         # no signature to check, the fetch is the proof (ingress/reconcile/verdict.py).
-        return backfilled_verdict(source, request)
-    return verify(source, request)
+        verdict = backfilled_verdict(source, request)
+    else:
+        verdict = verify(source, request)
+    # Signed is not storable: an escaped NUL or lone surrogate in the event type or id would
+    # fail our own UPDATE, and anywhere else every handler that stores it.
+    if verdict.ok and holds_unstorable_text(event.headers, request.body):
+        return Verdict(reason=RejectionReason.UNSTORABLE_TEXT)
+    return verdict
 
 
 def _settle_events(events: list[RawEvent], now: datetime) -> None:
@@ -209,17 +235,104 @@ def _save_settled(events: list[RawEvent]) -> None:
 
 
 def raw_events_verify_batch(*, limit: int | None = None, now: datetime | None = None) -> int:
-    """Claim up to `limit` pending raw events, settle them, commit. Returns how many."""
+    """Claim up to `limit` due pending raw events, settle them, commit. Returns how many.
+
+    The batch is settled under a savepoint; should that raise, it is rolled back and the
+    same locked rows are settled one by one (`_settle_one_by_one`), so a poison row costs
+    its batch one slower pass instead of stalling it.
+    """
     limit = limit or settings.INBOX_BATCH_SIZE
+    now = now or timezone.now()
     with transaction.atomic():
         events = list(
             RawEvent.objects.select_for_update(skip_locked=True)
             .filter(signature_status=SignatureStatus.PENDING)
+            # A row that failed waits out its backoff (Q(...) keeps the pending index usable).
+            .filter(Q(retry_not_before__isnull=True) | Q(retry_not_before__lte=now))
             .order_by("received_at")[:limit]
         )
         if events:
-            _settle_events(events, now or timezone.now())
+            try:
+                with transaction.atomic():
+                    _settle_events(events, now)
+            except DATABASE_UNAVAILABLE:
+                raise
+            except Exception as exc:
+                logger.warning(
+                    "ingress.verify.batch_failed",
+                    extra={"events": len(events), "error": type(exc).__name__},
+                )
+                _settle_one_by_one([event.id for event in events], now)
     return len(events)
+
+
+def _settle_one_by_one(ids: list[int], now: datetime) -> None:
+    """Settle each row under its own savepoint; charge the rows that raise (see below).
+
+    The rows are read again: the failed batch left the objects half-updated in memory.
+    They are still locked by this transaction, so nobody else has touched them.
+    """
+    for event in RawEvent.objects.filter(id__in=ids).order_by("received_at", "id"):
+        try:
+            with transaction.atomic():
+                _settle_events([event], now)
+        except DATABASE_UNAVAILABLE:
+            raise
+        except Exception as exc:
+            _charge_settle_failure(event, exc, now)
+
+
+def _row_retry_policy() -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=settings.INBOX_MAX_ROW_FAILURES,
+        base_seconds=settings.INBOX_ROW_RETRY_BASE_SECONDS,
+        cap_seconds=max(settings.INBOX_ROW_RETRY_BASE_SECONDS, 3600.0),
+    )
+
+
+def _charge_settle_failure(event: RawEvent, exc: Exception, now: datetime) -> None:
+    """Count one failure on the row: not before `now + backoff` again, set aside after N.
+
+    The backoff is the policy's ceiling, without jitter: it is one row's own retry, not a
+    herd to spread, and a fixed pause keeps a bad row from coming back the very next pass.
+    Only the exception's class (and SQLSTATE) is kept: its message may quote the payload.
+    """
+    policy = _row_retry_policy()
+    failures = event.processing_failures + 1
+    error = type(exc).__name__
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    if sqlstate:
+        error += f" (SQLSTATE {sqlstate})"
+    error = storable_text(SETTLE_FAILED.format(error=error))[:255]
+    row = RawEvent.objects.filter(id=event.id, received_at=event.received_at)
+    if policy.gives_up_after(failures):
+        row.update(
+            processing_failures=failures,
+            processing_error=error,
+            retry_not_before=None,
+            signature_status=SignatureStatus.REJECTED,
+            rejection_reason=RejectionReason.PROCESSING_FAILED,
+            dispatch_status=DispatchStatus.NOT_DISPATCHED,
+            verified_at=now,
+            verify_count=F("verify_count") + 1,
+        )
+    else:
+        row.update(
+            processing_failures=failures,
+            processing_error=error,
+            retry_not_before=now + timedelta(seconds=policy.ceiling(failures)),
+        )
+    logger.error(
+        "ingress.verify.row_failed",
+        extra={
+            "raw_event_id": event.id,
+            "source": event.source,
+            "error": error,
+            "where": raised_at(exc),
+            "failures": failures,
+            "set_aside": policy.gives_up_after(failures),
+        },
+    )
 
 
 # --- 2. run deliveries ---------------------------------------------------------------------
@@ -285,7 +398,9 @@ def _call_handler(claimed: _Claimed, events: dict[int, RawEvent]) -> None:
 
 
 def _record_failure(failure: _Failure) -> None:
-    claimed, outcome, error = failure.claimed, failure.outcome, failure.error[:4000]
+    claimed, outcome = failure.claimed, failure.outcome
+    # A handler's message may hold a NUL or a lone surrogate: recording it must not fail.
+    error = storable_text(failure.error)[:4000]
     policy = delivery_retry_policy()
     now = timezone.now()
     if outcome == DeliveryAttempt.Outcome.TRANSIENT and policy.gives_up_after(claimed.attempts):
@@ -329,15 +444,53 @@ def deliveries_run_due(*, limit: int | None = None, now: datetime | None = None)
     The batch runs in one transaction with a savepoint per handler: a handler's writes and
     its delivery's `done` commit together, a failing handler rolls back only its own
     savepoint, and the batch pays for one commit (one WAL flush) instead of one per event.
-    Should the final commit fail, every delivery of the batch stays `processing` and is
-    re-armed by deliveries_rearm_stale — handlers are idempotent, so running again is safe.
-    Handlers must therefore be quick and touch only the database (slow work goes through an
-    outbox), or they would hold the batch's locks.
+    Should the batch fail outside a handler's savepoint — a handler's write that only fails
+    at COMMIT (PostgreSQL checks Django's foreign keys there), say — it is run again one
+    delivery per transaction, and a delivery that fails on its own is charged like any
+    transient failure. Should our database fail, every delivery of the batch stays
+    `processing` and is re-armed by deliveries_rearm_stale — handlers are idempotent, so
+    running again is safe. Handlers must therefore be quick and touch only the database
+    (slow work goes through an outbox), or they would hold the batch's locks.
     """
     claimed = _claim_due_deliveries(limit or settings.INBOX_BATCH_SIZE, now or timezone.now())
     if not claimed:
         return 0
     events = RawEvent.objects.in_bulk({item.raw_event_id for item in claimed})
+    try:
+        failures = _run_claimed(claimed, events)
+    except DATABASE_UNAVAILABLE:
+        raise
+    except Exception as exc:
+        logger.warning(
+            "ingress.deliver.batch_failed",
+            extra={"deliveries": len(claimed), "error": type(exc).__name__},
+        )
+        failures = []
+        for item in claimed:
+            started = timezone.now()
+            try:
+                failures += _run_claimed([item], events)
+            except DATABASE_UNAVAILABLE:
+                raise
+            except Exception as exc:
+                outcome = DeliveryAttempt.Outcome.TRANSIENT
+                failures.append(_Failure(item, outcome, _describe(exc), started))
+    for failure in failures:
+        try:
+            _record_failure(failure)
+        except DATABASE_UNAVAILABLE:
+            raise
+        except Exception as exc:
+            # The last net: the delivery stays `processing` until it is re-armed as stale.
+            logger.error(
+                "ingress.deliver.record_failed",
+                extra={"delivery_id": failure.claimed.id, "error": type(exc).__name__},
+            )
+    return len(claimed)
+
+
+def _run_claimed(claimed: list[_Claimed], events: dict[int, RawEvent]) -> list[_Failure]:
+    """Run the handlers in one transaction, a savepoint each; returns the failed ones."""
     failures: list[_Failure] = []
     with transaction.atomic():
         attempts: list[DeliveryAttempt] = []
@@ -379,13 +532,15 @@ def deliveries_run_due(*, limit: int | None = None, now: datetime | None = None)
             _mark_events_handled(
                 {item.raw_event_id for item in claimed if item.id in done_ids}, finished
             )
-    for failure in failures:
-        _record_failure(failure)
-    return len(claimed)
+    return failures
 
 
 def _describe(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    try:
+        message = str(exc)
+    except Exception:  # an exception whose __str__ raises must not take the batch with it
+        message = "(message unprintable)"
+    return f"{type(exc).__name__}: {message}"
 
 
 def deliveries_rearm_stale(*, now: datetime | None = None) -> int:

@@ -32,6 +32,12 @@ class RejectionReason(models.TextChoices):
     NO_SECRET_CONFIGURED = "no_secret_configured", "the source has no secret configured"
     UNKNOWN_SOURCE = "unknown_source", "the source is no longer configured"
     VERIFIER_ERROR = "verifier_error", "the verifier failed unexpectedly (a bug; re-verify)"
+    # Signed and parseable, but its JSON holds text a PostgreSQL text column cannot hold
+    # (an escaped NUL, a lone surrogate): no handler could store what it says.
+    UNSTORABLE_TEXT = "unstorable_text", "body holds text PostgreSQL cannot store"
+    # Settling the row raised INBOX_MAX_ROW_FAILURES times (a bug in our code, or a poison
+    # row nothing else caught): set aside, with the error on the row; re-verify once fixed.
+    PROCESSING_FAILED = "processing_failed", "processing raised repeatedly (a bug; re-verify)"
 
 
 class DispatchStatus(models.TextChoices):
@@ -99,6 +105,14 @@ class RawEvent(models.Model):
     )
     # All deliveries of this event finished (done or dead): verified -> handled lag.
     handled_at = models.DateTimeField(null=True, blank=True)
+    # Settling this row (verify, dedup, fan-out) raised: how often, the last error (its class
+    # and where, never its message, which may quote the payload) and when the row may be
+    # claimed again. After INBOX_MAX_ROW_FAILURES it is rejected `processing_failed`.
+    # db_default for the same reasons as `origin` below (catalog-only on the partitions);
+    # not Positive…, whose CHECK would scan every partition under an exclusive lock.
+    processing_failures = models.SmallIntegerField(default=0, db_default=0)
+    processing_error = models.CharField(max_length=255, blank=True, default="", db_default="")
+    retry_not_before = models.DateTimeField(null=True, blank=True)
     # Only ingress/reconcile/services.py writes anything but `received`: the receive path
     # cannot, so no sender can claim an unsigned event was fetched by us. db_default keeps
     # INSERTs from code that predates the column working during a rolling deploy, and makes

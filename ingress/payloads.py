@@ -6,6 +6,7 @@ the same way: JSON objects, and GitHub's and Slack's form-encoded variants (`pay
 or plain form fields).
 """
 
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,10 @@ from ingress.verifiers.common import (
 )
 
 UNPARSEABLE_BODY = "The body is neither a JSON object nor a form the provider sends."
+UNSTORABLE_BODY = "The body holds text PostgreSQL cannot store (NUL or a lone surrogate)."
+
+# received_at plays no part in parsing; the helpers take the stored request as a whole.
+_NO_TIME = datetime.min.replace(tzinfo=UTC)
 
 
 class UnparseablePayload(EventDropError):
@@ -29,10 +34,19 @@ class UnparseablePayload(EventDropError):
 
 
 def parse_payload(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
-    # received_at plays no part in parsing; the helpers take the stored request as a whole.
-    request = StoredRequest(
-        headers=headers, body=body, received_at=datetime.min.replace(tzinfo=UTC)
-    )
+    """The handler's view of a body; never one holding text the database cannot store.
+
+    The inbox rejects such bodies as `unstorable_text` before they reach a handler; this
+    refusal covers rows verified before that check existed (a replay) too.
+    """
+    payload = _parse(headers, body)
+    if _may_hold_unstorable_text(headers, body) and _holds_unstorable(payload):
+        raise UnparseablePayload(UNSTORABLE_BODY)
+    return payload
+
+
+def _parse(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
+    request = StoredRequest(headers=headers, body=body, received_at=_NO_TIME)
     try:
         text = body_text(request)
         if not is_form_encoded(request):
@@ -41,3 +55,59 @@ def parse_payload(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
         return form_payload(fields) if "payload" in fields else fields
     except Reject as exc:
         raise UnparseablePayload(UNPARSEABLE_BODY) from exc
+
+
+# --- text PostgreSQL can store ---------------------------------------------------------------
+#
+# A PostgreSQL text (or jsonb) value cannot hold U+0000, and psycopg cannot encode a lone
+# surrogate (U+D800..U+DFFF on its own) as UTF-8. Neither can arrive as raw bytes in a body
+# a verifier accepted (NUL is not allowed unescaped in JSON, surrogates are not UTF-8), but
+# JSON escapes ("\u0000", "\ud800") and percent-escapes in forms ("%00") decode to them.
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def holds_unstorable_text(headers: Mapping[str, str], body: bytes) -> bool:
+    """Whether the parsed body holds, anywhere (keys too), text PostgreSQL cannot store.
+
+    Costs one substring search for a JSON body without escapes (nearly every body); only a
+    body that could hold such text is parsed and walked. A body that does not parse is not
+    this check's business (the verifiers reject it), so it answers False.
+    """
+    if not _may_hold_unstorable_text(headers, body):
+        return False
+    try:
+        return _holds_unstorable(_parse(headers, body))
+    except UnparseablePayload:
+        return False
+
+
+def storable_text(text: str) -> str:
+    """`text` with what PostgreSQL cannot store written as escapes (NUL as \\x00, a lone
+    surrogate as \\udXXX): the one sanitiser for text we write that came from elsewhere,
+    such as a handler's error message."""
+    if not _UNSTORABLE.search(text):
+        return text
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _may_hold_unstorable_text(headers: Mapping[str, str], body: bytes) -> bool:
+    if is_form_encoded(StoredRequest(headers=headers, body=b"", received_at=_NO_TIME)):
+        return True  # percent-escapes can hide anything; forms are rare and small
+    return b"\\u" in body
+
+
+def _holds_unstorable(value: Any) -> bool:
+    # Iterative: json.loads accepts nesting deeper than a recursive walk could follow.
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _UNSTORABLE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
