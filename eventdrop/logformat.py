@@ -1,12 +1,27 @@
-"""Structured log lines: the event name, then the `extra=` fields as key=value pairs.
+"""Structured log lines, and the two filters every log line passes.
 
-Log calls name an event (`"ingress.deliver.failed"`) and pass ids in `extra`; this formatter
-makes those ids visible in plain-text logs. Payloads and secrets are never passed in
-`extra` in the first place.
+KeyValueFormatter: the event name, then the `extra=` fields as key=value pairs. Log calls
+name an event (`"ingress.deliver.failed"`) and pass ids in `extra`; this formatter makes
+those ids visible in plain-text logs. Payloads and secrets are never passed in `extra` in
+the first place.
+
+RedactSearchTerms: body-search terms in URLs (the admin's `?q=`, the API's `body_contains`)
+are body fragments; no log line carries them.
+
+RepeatedIncidentFilter: one line per incident kind with a counter, not a traceback per
+failed request (a database restart once wrote 4,478 tracebacks, 13 MB, in minutes).
 """
 
 import logging
-import traceback
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.http import HttpRequest
 
 _STANDARD_ATTRS = frozenset(
     logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None).__dict__
@@ -15,6 +30,17 @@ _STANDARD_ATTRS = frozenset(
 
 class KeyValueFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        if not getattr(record, "suppressed", None):
+            return self._line(record)
+        # A RepeatedIncidentFilter summary: the incident's traceback was written already.
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None
+        try:
+            return self._line(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+    def _line(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         extras = {k: v for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS}
         if extras:
@@ -22,11 +48,128 @@ class KeyValueFormatter(logging.Formatter):
         return line
 
 
-def raised_at(exc: BaseException) -> str:
-    """Where `exc` was raised, as `file:line in function`: a log field that locates a failure
-    without its message, which may quote a payload."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    frame = frames[-1]
-    return f"{frame.filename}:{frame.lineno} in {frame.name}"
+# --- search terms never reach a log line ----------------------------------------------------
+
+# Query parameters whose values are body fragments: the admin's search box (`q`) and the
+# API's `q` / `body_contains`, and the admin's `_changelist_filters`, which carries the
+# changelist's query (search included, percent-encoded) onto every page opened from it.
+# Their terms are kept only in console.PayloadAccess.
+REDACTED_QUERY_PARAMETERS = ("q", "body_contains", "_changelist_filters")
+REDACTED = "[redacted]"
+_SEARCH_PARAMETER = re.compile(
+    r"(?P<name>(?:^|(?<=[?&;]))(?:" + "|".join(REDACTED_QUERY_PARAMETERS) + r")=)[^&;#\s'\"]*"
+)
+
+
+def redact_search_terms(text: str) -> str:
+    """`/admin/…/?q=cs_live_123&source=x` → `/admin/…/?q=[redacted]&source=x`.
+
+    Matches the parameters inside any URL or bare query string in `text` (a value ends at
+    `&`, `;`, `#`, a quote or white space); nothing else in the line changes.
+    """
+    if "=" not in text:
+        return text
+    return _SEARCH_PARAMETER.sub(lambda match: match["name"] + REDACTED, text)
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_search_terms(value)
+    if isinstance(value, HttpRequest):
+        # django.request passes the request in `extra`, and its repr is the full URL.
+        return (
+            f"<{type(value).__name__}: {value.method} {redact_search_terms(value.get_full_path())}>"
+        )
+    return value
+
+
+class RedactSearchTerms(logging.Filter):
+    """Applied to every handler: search terms leave the process in no log line.
+
+    django.request (4xx/5xx warnings), django.server (runserver's request lines) and a web
+    server's access log all write the request's URL with its query string; this rewrites
+    the message, its arguments (tuple or mapping, as an access log passes them) and any
+    `extra` value before the line is formatted.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = _redacted(record.msg)
+        if isinstance(record.args, Mapping):
+            record.args = {key: _redacted(value) for key, value in record.args.items()}
+        elif isinstance(record.args, tuple):
+            record.args = tuple(_redacted(value) for value in record.args)
+        for key, value in list(record.__dict__.items()):
+            if key not in _STANDARD_ATTRS and isinstance(value, str | HttpRequest):
+                setattr(record, key, _redacted(value))
+        return True
+
+
+# --- one line per incident, not a traceback per request -------------------------------------
+
+# Distinct incident kinds remembered at once; past that the least recently seen are dropped
+# (a message that embeds ids would otherwise make one key per line).
+MAX_INCIDENT_KINDS = 1000
+
+
+@dataclass
+class _Incident:
+    emitted_at: float
+    suppressed: int = 0
+
+
+class RepeatedIncidentFilter(logging.Filter):
+    """Rate-limits repeated failures: the first with its traceback, then one summary line
+    per interval with how many were suppressed.
+
+    An incident is a record with an exception, or a response of 500 or more that
+    django.request reports; its kind is (logger, message template, exception class or HTTP
+    status). The first record of a kind passes whole. Others of that kind within
+    `interval_seconds` of the last line written are counted and dropped. The first one after
+    the interval passes as a summary: the same event name, `suppressed=<count>` and
+    `exception=<class>`, and no traceback — the incident is still the one already shown.
+    When a kind has been quiet for a whole interval its next record passes whole again.
+    So a kind writes at most one line per interval, however many requests fail: 2,239
+    database errors in one minute are one traceback and, a minute later, one line with
+    the count. Records that are not incidents are never touched.
+    """
+
+    def __init__(self, interval_seconds: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.interval_seconds = float(interval_seconds)
+        self._clock = clock
+        self._incidents: OrderedDict[tuple, _Incident] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _kind(record: logging.LogRecord) -> tuple | None:
+        template = record.msg if isinstance(record.msg, str) else type(record.msg).__name__
+        if record.exc_info and record.exc_info[0] is not None:
+            return (record.name, template, record.exc_info[0].__qualname__)
+        status = getattr(record, "status_code", None)
+        if isinstance(status, int) and status >= 500:
+            return (record.name, template, status)
+        return None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = self._kind(record)
+        if kind is None:
+            return True
+        now = self._clock()
+        with self._lock:
+            incident = self._incidents.get(kind)
+            if incident is not None and now - incident.emitted_at < self.interval_seconds:
+                incident.suppressed += 1
+                return False
+            suppressed = incident.suppressed if incident is not None else 0
+            self._incidents[kind] = _Incident(emitted_at=now)
+            self._incidents.move_to_end(kind)
+            while len(self._incidents) > MAX_INCIDENT_KINDS:
+                self._incidents.popitem(last=False)
+        if suppressed:
+            # Marked, not stripped: other handlers (a test's capture) still get the record
+            # whole; KeyValueFormatter leaves the traceback out of a summary.
+            if record.exc_info and record.exc_info[0] is not None:
+                record.exception = record.exc_info[0].__qualname__
+            record.suppressed = suppressed
+            record.suppressed_within_seconds = self.interval_seconds
+        return True

@@ -180,6 +180,12 @@ REST_FRAMEWORK = {
 # Days a token from `manage.py api_token issue` lives unless --ttl-days says otherwise.
 API_TOKEN_TTL_DAYS = env_int("API_TOKEN_TTL_DAYS", 90)
 
+# Every line goes through one handler and its two filters (eventdrop/logformat.py): search
+# terms are redacted from URLs, and a repeated failure is one traceback, then one line per
+# LOG_REPEAT_INTERVAL_SECONDS with the count of the ones suppressed. Django's own loggers
+# (django.request's 4xx/5xx lines, runserver's request lines) are sent to it too, instead
+# of to the handlers Django installs by default, which would bypass both filters.
+LOG_REPEAT_INTERVAL_SECONDS = env_float("LOG_REPEAT_INTERVAL_SECONDS", 60.0)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -189,7 +195,24 @@ LOGGING = {
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
         }
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {
+        "redact_search_terms": {"()": "eventdrop.logformat.RedactSearchTerms"},
+        "repeated_incidents": {
+            "()": "eventdrop.logformat.RepeatedIncidentFilter",
+            "interval_seconds": LOG_REPEAT_INTERVAL_SECONDS,
+        },
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["redact_search_terms", "repeated_incidents"],
+        }
+    },
+    "loggers": {
+        "django": {"handlers": [], "propagate": True},
+        "django.server": {"handlers": [], "propagate": True},
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
 
