@@ -1,4 +1,8 @@
-"""The audit trail, read-only: rows are written by console.services and never edited."""
+"""The audit trails, read-only: rows are written by console.services and never edited.
+
+Operator actions (who pushed what back into the pipeline) and payload accesses (who saw or
+searched which webhook bodies and headers).
+"""
 
 import json
 
@@ -6,9 +10,13 @@ from django.contrib import admin
 from django.contrib.admin import DateFieldListFilter
 from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html, format_html_join
 
 from console.admin_actions import OperatorAdmin
-from console.models import OperatorAction
+from console.models import OperatorAction, PayloadAccess
+
+# A list page shows the first few events a payload access covered; the detail page all.
+LISTED_RAW_EVENTS = 20
 
 
 @admin.register(OperatorAction)
@@ -71,3 +79,52 @@ class OperatorActionAdmin(OperatorAdmin):
                 url = ""
             rows.append((item, url))
         return render_to_string("console/admin/operator_action_results.html", {"rows": rows})
+
+
+@admin.register(PayloadAccess)
+class PayloadAccessAdmin(OperatorAdmin):
+    """Auditors' view of who saw or searched webhook payloads (console.view_payloadaccess)."""
+
+    list_display = (
+        "id",
+        "accessed_at",
+        "actor_username",
+        "kind",
+        "via",
+        "raw_event_links",
+        "search_term",
+    )
+    list_filter = ("kind", "via", ("accessed_at", DateFieldListFilter))
+    search_fields = ("=actor_username",)
+    search_help_text = "Username (exact)."
+    ordering = ("-accessed_at", "-id")
+    show_full_result_count = False
+    fields = (
+        "id",
+        "accessed_at",
+        "actor_username",
+        "actor",
+        "kind",
+        "via",
+        "all_raw_event_links",
+        "search_term",
+    )
+    readonly_fields = fields
+    actions = None
+
+    @admin.display(description="raw events")
+    def raw_event_links(self, obj: PayloadAccess, limit: int = LISTED_RAW_EVENTS) -> str:
+        links = [
+            format_html(
+                '<a href="{}">#{}</a>', reverse("admin:ingress_rawevent_change", args=[pk]), pk
+            )
+            for pk in obj.raw_event_ids[:limit]
+        ]
+        more = len(obj.raw_event_ids) - limit
+        if more > 0:
+            links.append(format_html("… and {} more", more))
+        return format_html_join(", ", "{}", ((link,) for link in links)) or "—"
+
+    @admin.display(description="raw events")
+    def all_raw_event_links(self, obj: PayloadAccess) -> str:
+        return self.raw_event_links(obj, limit=len(obj.raw_event_ids))

@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from console.models import OperatorAction, OperatorActionVia
+from console.models import OperatorAction, OperatorActionVia, PayloadAccessKind
 from console.presentation import body_for_api, seconds_between
 from console.selectors import (
     PAYLOAD_FIELDS,
@@ -37,6 +37,7 @@ from console.selectors import (
 from console.services import (
     BULK_LIMIT,
     OperatorActionError,
+    payload_access_record,
     raw_events_replay,
     raw_events_reverify,
     recaps_retry_render,
@@ -259,6 +260,10 @@ def _raw_event_serializer(request: Request) -> type[RawEventOutputSerializer]:
     return RawEventOutputSerializer
 
 
+def _audit(request: Request, kind: str, **what) -> None:
+    payload_access_record(actor=request.user, kind=kind, via=OperatorActionVia.API, **what)
+
+
 def _operator_action_response(record: OperatorAction) -> Response:
     return Response(OperatorActionOutputSerializer(record).data)
 
@@ -324,9 +329,15 @@ class RawEventListApi(ConsoleApi):
             queryset = raw_event_search(
                 queryset=queryset, query=query, include_body=may_read_payload
             )
+        # Each body search is audited with its term (q searches bodies for these users).
+        for term in (params.get("body_contains", ""), query if may_read_payload else ""):
+            if term:
+                _audit(request, PayloadAccessKind.SEARCH, search_term=term)
 
         paginator = UncountedLimitOffsetPagination()
         page = paginator.paginate_queryset(queryset, request, view=self)
+        if include_payload:
+            _audit(request, PayloadAccessKind.LIST, raw_event_ids=[event.pk for event in page])
         serializer_class = (
             RawEventWithPayloadOutputSerializer if include_payload else RawEventOutputSerializer
         )
@@ -341,6 +352,8 @@ class RawEventDetailApi(ConsoleApi):
         if not request.user.has_perm(VIEW_PAYLOAD_PERMISSION):
             queryset = queryset.defer(*PAYLOAD_FIELDS)
         event = get_object_or_404(queryset, pk=raw_event_id)
+        if request.user.has_perm(VIEW_PAYLOAD_PERMISSION):
+            _audit(request, PayloadAccessKind.VIEW, raw_event_ids=[event.pk])
         data = _raw_event_serializer(request)(event).data
         data["deliveries"] = DeliveryOutputSerializer(
             raw_event_deliveries(raw_event_id=event.pk), many=True

@@ -123,3 +123,61 @@ class OperatorAction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_action_display()} x{self.requested} by {self.actor_username}"
+
+
+class PayloadAccessKind(models.TextChoices):
+    VIEW = "view", "viewed body and headers of one event"
+    DOWNLOAD = "download", "downloaded the exact body bytes"
+    LIST = "list", "listed events with bodies and headers"
+    SEARCH = "search", "searched body text"
+
+
+class PayloadAccess(models.Model):
+    """Who saw which webhook payloads, or searched their text, when and through what.
+
+    Written by console.services.payload_access_record before the payload leaves the server
+    (admin detail page, raw download, API detail and list with payloads, every body search),
+    never edited. A body search's term is itself a body fragment: it is kept here, for the
+    auditors (`console.view_payloadaccess`), and nowhere else — never in a log line.
+    """
+
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    actor_username = models.CharField(max_length=150)
+    kind = models.CharField(max_length=16, choices=PayloadAccessKind.choices)
+    via = models.CharField(max_length=8, choices=OperatorActionVia.choices)
+    # The events whose body or headers were shown (a search's matches are not listed: an
+    # admin search is a lazy queryset, and its rows are shown without their bodies).
+    raw_event_ids = models.JSONField(default=list, blank=True)
+    search_term = models.TextField(blank=True, default="")
+    accessed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-accessed_at", "-id"]
+        default_permissions = ("view",)
+        verbose_name = "payload access"
+        verbose_name_plural = "payload accesses"
+        indexes = [models.Index(fields=["-accessed_at"], name="payloadaccess_accessed")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind__in=PayloadAccessKind.values), name="payloadaccess_kind_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(via__in=OperatorActionVia.values), name="payloadaccess_via_valid"
+            ),
+            # A search names its term; anything else names the rows it showed.
+            models.CheckConstraint(
+                condition=(
+                    Q(kind=PayloadAccessKind.SEARCH) & ~Q(search_term="")
+                    | ~Q(kind=PayloadAccessKind.SEARCH) & Q(search_term="")
+                ),
+                name="payloadaccess_search_has_term",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} by {self.actor_username}"

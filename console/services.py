@@ -22,7 +22,13 @@ from django.utils import timezone
 from knox.models import AuthToken
 from knox.settings import CONSTANTS
 
-from console.models import ItemOutcome, OperatorAction, OperatorActionKind, OperatorActionOutcome
+from console.models import (
+    ItemOutcome,
+    OperatorAction,
+    OperatorActionKind,
+    OperatorActionOutcome,
+    PayloadAccess,
+)
 from console.selectors import PAYLOAD_FIELDS
 from eventdrop.errors import EventDropError
 from ingress.inbox import raw_event_replay, raw_event_reverify
@@ -341,3 +347,40 @@ def api_token_revoke(*, user: AbstractBaseUser, token_key: str = "") -> int:
         "console.api_token.revoked", extra={"username": user.get_username(), "count": deleted}
     )
     return deleted
+
+
+# --- payload access audit ------------------------------------------------------------------
+
+
+def payload_access_record(
+    *,
+    actor: AbstractBaseUser,
+    kind: str,
+    via: str,
+    raw_event_ids: Sequence[int] = (),
+    search_term: str = "",
+) -> PayloadAccess:
+    """Record that `actor` is being shown payloads (or searching them), before they are.
+
+    The search term goes into the row only: the log line says that a search happened and by
+    whom, never what was searched for.
+    """
+    record = PayloadAccess.objects.create(
+        actor=actor,
+        actor_username=actor.get_username(),
+        kind=kind,
+        via=via,
+        raw_event_ids=list(raw_event_ids),
+        search_term=search_term,
+    )
+    logger.info(
+        "console.payload_access",
+        extra={
+            "payload_access_id": record.id,
+            "kind": kind,
+            "via": via,
+            "actor": record.actor_username,
+            "raw_events": len(record.raw_event_ids),
+        },
+    )
+    return record

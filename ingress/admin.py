@@ -25,7 +25,7 @@ from console.admin_actions import (
     confirm_operator_action,
     render_operator_actions,
 )
-from console.models import OperatorActionVia
+from console.models import OperatorActionVia, PayloadAccessKind
 from console.presentation import (
     body_view,
     format_seconds,
@@ -38,7 +38,7 @@ from console.selectors import (
     raw_event_search,
     raw_events_by_status,
 )
-from console.services import raw_events_replay, raw_events_reverify
+from console.services import payload_access_record, raw_events_replay, raw_events_reverify
 from ingress.handlers import all_handlers
 from ingress.models import (
     Delivery,
@@ -75,6 +75,11 @@ REVERIFY_WARNING = "Events that are not rejected are refused and reported."
 
 def _can_view_payload(request: HttpRequest) -> bool:
     return request.user.has_perm(VIEW_PAYLOAD_PERMISSION)
+
+
+def _audit_payload_access(request: HttpRequest, kind: str, **what) -> None:
+    # Every body or headers shown and every body search, before the answer leaves.
+    payload_access_record(actor=request.user, kind=kind, via=OperatorActionVia.ADMIN, **what)
 
 
 class SourceFilter(admin.SimpleListFilter):
@@ -231,9 +236,10 @@ class RawEventAdmin(OperatorAdmin):
     def get_search_results(self, request, queryset, search_term):
         if not search_term:
             return queryset, False
-        results = raw_event_search(
-            queryset=queryset, query=search_term, include_body=_can_view_payload(request)
-        )
+        include_body = _can_view_payload(request)
+        results = raw_event_search(queryset=queryset, query=search_term, include_body=include_body)
+        if include_body:
+            _audit_payload_access(request, PayloadAccessKind.SEARCH, search_term=search_term)
         return results, False
 
     def get_urls(self):
@@ -255,6 +261,7 @@ class RawEventAdmin(OperatorAdmin):
         if not (self.has_view_permission(request) and _can_view_payload(request)):
             raise Http404
         event = get_object_or_404(RawEvent.objects.only("id", "body"), pk=object_id)
+        _audit_payload_access(request, PayloadAccessKind.DOWNLOAD, raw_event_ids=[event.pk])
         response = HttpResponse(bytes(event.body), content_type="application/octet-stream")
         response["Content-Disposition"] = f'attachment; filename="raw-event-{event.id}.bin"'
         response["X-Content-Type-Options"] = "nosniff"
@@ -266,7 +273,11 @@ class RawEventAdmin(OperatorAdmin):
             "can_operate": self.has_operate_permission(request),
             "changelist_url": reverse("admin:ingress_rawevent_changelist"),
         }
-        return super().changeform_view(request, object_id, form_url, extra_context)
+        response = super().changeform_view(request, object_id, form_url, extra_context)
+        # 200: the page of an existing event is about to render, with its payload.
+        if object_id and response.status_code == 200 and _can_view_payload(request):
+            _audit_payload_access(request, PayloadAccessKind.VIEW, raw_event_ids=[int(object_id)])
+        return response
 
     # --- actions -------------------------------------------------------------------------
 

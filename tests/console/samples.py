@@ -12,7 +12,7 @@ from datetime import timedelta
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from console.models import OperatorAction
+from console.models import OperatorAction, PayloadAccess
 from ingress.inbox import inbox_run_once
 from ingress.models import (
     Delivery,
@@ -81,6 +81,16 @@ def operator_action(client, user) -> OperatorAction:
     )
 
 
+def payload_access(client, user) -> PayloadAccess:
+    return PayloadAccess.objects.create(
+        actor=user,
+        actor_username=user.get_username(),
+        kind="search",
+        via="admin",
+        search_term="cs_test_sample",
+    )
+
+
 def paid_recap(client, user, *, photos: int = 6) -> RecapVideo:
     """A paid recap with its render side effect pending, through the real payment service."""
     event = Event.objects.create(title="Summer party")
@@ -124,4 +134,5 @@ SAMPLES: dict[str, Callable] = {
     "ingress.delivery": delivery,
     "ingress.reconciliationrun": reconciliation_run,
     "console.operatoraction": operator_action,
+    "console.payloadaccess": payload_access,
 }
