@@ -103,6 +103,21 @@ def test_a_query_on_a_frozen_server_ends_at_the_client_wait_timeout(cluster):
 
 
 @pytest.mark.faults
+def test_sending_a_large_statement_to_a_frozen_server_is_bounded_too(cluster):
+    """4 MiB fill the socket buffers of a server that reads nothing: the send is a wait as
+    well, and giving up (closing the connection) must not block on the full socket."""
+    wrapper = wrapper_for(cluster, client_wait_timeout=1.0)
+    select_one(wrapper)
+    with frozen(cluster):
+        seconds, error = elapsed(lambda: wrapper.cursor().execute(
+            "SELECT length(%s::bytea)", [b"x" * (4 * 1024 * 1024)]
+        ))
+    assert isinstance(error, OperationalError)
+    assert 1.0 <= seconds < 1.0 + MARGIN_SECONDS
+    wrapper.close()
+
+
+@pytest.mark.faults
 def test_a_deadline_bounds_a_commit_tighter_than_the_connection_bound(cluster):
     wrapper = wrapper_for(cluster)  # client_wait_timeout 20 s
     wrapper.set_autocommit(False)
