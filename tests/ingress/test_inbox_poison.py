@@ -11,6 +11,7 @@ only happen for real when the inbox commits.
 import json
 import time
 from datetime import timedelta
+from urllib.parse import urlencode
 
 import pytest
 from django.db import connection
@@ -43,8 +44,12 @@ def store_stripe(event_id: str, event_type: str = ORDINARY_TYPE, **data) -> RawE
     return store_signed_stripe_event(stripe_body(event_id, event_type, **data))
 
 
-def store_github(delivery: str, event: str = "push") -> RawEvent:
+def store_github(delivery: str, event: str = "push", *, form_payload: dict | None = None):
     body = json.dumps({"ref": "refs/heads/main"}).encode()
+    content_type = "application/json"
+    if form_payload is not None:  # GitHub's other content type: the JSON in a form field
+        body = urlencode({"payload": json.dumps(form_payload)}).encode()
+        content_type = "application/x-www-form-urlencoded"
     headers = github_headers(body, event=event, delivery=delivery)
     return raw_event_store(
         source=all_sources()["github"],
@@ -52,7 +57,7 @@ def store_github(delivery: str, event: str = "push") -> RawEvent:
         path="/webhooks/github/",
         query_string="",
         headers={
-            "content-type": "application/json",
+            "content-type": content_type,
             "x-hub-signature-256": headers["HTTP_X_HUB_SIGNATURE_256"],
             "x-github-event": headers["HTTP_X_GITHUB_EVENT"],
             "x-github-delivery": headers["HTTP_X_GITHUB_DELIVERY"],
@@ -138,6 +143,37 @@ def test_unstorable_text_anywhere_in_the_body_is_found_and_valid_pairs_are_not(h
     assert [deep.rejection_reason, in_key.rejection_reason] == ["unstorable_text"] * 2
     assert (emoji.signature_status, emoji.dispatch_status) == ("verified", "dispatched")
     assert handlers["stripe"].seen == [emoji.id]
+
+
+def test_unstorable_text_behind_form_percent_escapes_is_found(handlers):
+    hidden = store_github("gh-hidden", form_payload={"ref": "refs/heads/\u0000main"})
+    plain = store_github("gh-plain", form_payload={"ref": "refs/heads/main"})
+    assert b"\\u" not in bytes(hidden.body)  # "%5Cu0000": no escape to see in the bytes
+
+    inbox_run_once()
+
+    hidden, plain = refreshed(hidden, plain)
+    assert (hidden.signature_status, hidden.rejection_reason) == ("rejected", "unstorable_text")
+    assert (plain.signature_status, plain.dispatch_status) == ("verified", "dispatched")
+    assert handlers["github"].seen == [plain.id]
+
+
+def test_a_handler_never_receives_unstorable_text(handlers, monkeypatch):
+    """An event verified before the check existed (or replayed) still reaches no handler
+    with such text: its delivery is dead at once, saying why."""
+    monkeypatch.setattr(inbox, "holds_unstorable_text", lambda headers, body: False, raising=False)
+    old = store_stripe("evt_old", name="\udc00 lone low")
+    raw_events_verify_batch()
+    monkeypatch.undo()
+
+    deliveries_run_due()
+
+    assert handlers["stripe"].seen == []
+    delivery = Delivery.objects.get(raw_event_id=old.id)
+    assert (delivery.status, delivery.attempts) == ("dead", 1)
+    assert delivery.last_error == (
+        "UnparseablePayload: The body holds text PostgreSQL cannot store (NUL or a lone surrogate)."
+    )
 
 
 def test_unstorable_text_past_the_check_is_still_isolated_to_its_row(handlers, monkeypatch):
