@@ -321,10 +321,17 @@ RENDER_MAX_CONCURRENCY = env_int("RENDER_MAX_CONCURRENCY", 4)
 # Circuit breaker (state in the database, shared by every worker process and host).
 RENDER_BREAKER_FAILURE_THRESHOLD = env_int("RENDER_BREAKER_FAILURE_THRESHOLD", 5)
 RENDER_BREAKER_COOLDOWN_SECONDS = env_float("RENDER_BREAKER_COOLDOWN_SECONDS", 60.0)
+# Each dispatcher reads the shared breaker at most this often (it is off the per-row path),
+# and a breaker write waits at most this long for the row's lock before it is dropped.
+RENDER_BREAKER_REFRESH_MS = env_int("RENDER_BREAKER_REFRESH_MS", 500)
+RENDER_BREAKER_LOCK_TIMEOUT_MS = env_int("RENDER_BREAKER_LOCK_TIMEOUT_MS", 200)
 
 # Outbox (recap_side_effects).
 OUTBOX_DISPATCH_BUDGET_SECONDS = env_float("OUTBOX_DISPATCH_BUDGET_SECONDS", 60.0)
 OUTBOX_MAX_ATTEMPTS = env_int("OUTBOX_MAX_ATTEMPTS", 5)
+# A transient failure keeps a row alive at least this long after its first charged failure
+# (the last attempt waits for it); Stripe itself retries for three days.
+OUTBOX_TRANSIENT_HORIZON_SECONDS = env_float("OUTBOX_TRANSIENT_HORIZON_SECONDS", 86400.0)
 OUTBOX_BACKOFF_BASE_SECONDS = env_float("OUTBOX_BACKOFF_BASE_SECONDS", 60.0)
 OUTBOX_BACKOFF_CAP_SECONDS = env_float("OUTBOX_BACKOFF_CAP_SECONDS", 1800.0)
 # A row `processing` longer than this belonged to a dispatcher that died: re-arm it.
@@ -333,6 +340,20 @@ OUTBOX_STALE_PROCESSING_SECONDS = env_int("OUTBOX_STALE_PROCESSING_SECONDS", 900
 OUTBOX_IDLE_SLEEP_SECONDS = env_float("OUTBOX_IDLE_SLEEP_SECONDS", 5.0)
 # Nightly recovery counts recaps `rendering` longer than this (a lost completion callback).
 RECAP_STUCK_RENDERING_HOURS = env_int("RECAP_STUCK_RENDERING_HOURS", 24)
+# A recap `rendering` whose completion callback has not arrived by rendering_at + expected
+# time + margin is asked about again (GET /renders/<id>; outbox/render_checks.py), then
+# every RENDER_CHECK_INTERVAL_SECONDS while the service says it is still rendering or cannot
+# answer. The margin covers the service's own callback retries and our inbox's lag.
+RENDER_EXPECTED_SECONDS = env_float("RENDER_EXPECTED_SECONDS", 900.0)
+RENDER_CALLBACK_MARGIN_SECONDS = env_float("RENDER_CALLBACK_MARGIN_SECONDS", 600.0)
+RENDER_CHECK_INTERVAL_SECONDS = env_float("RENDER_CHECK_INTERVAL_SECONDS", 300.0)
+# The status call (same three limits as every render-service call) and the budget of one
+# check run, which the dispatcher task and the nightly recovery each spend after their work.
+RENDER_STATUS_CONNECT_TIMEOUT_SECONDS = env_float("RENDER_STATUS_CONNECT_TIMEOUT_SECONDS", 1.0)
+RENDER_STATUS_READ_TIMEOUT_SECONDS = env_float("RENDER_STATUS_READ_TIMEOUT_SECONDS", 2.0)
+RENDER_STATUS_TIMEOUT_SECONDS = env_float("RENDER_STATUS_TIMEOUT_SECONDS", 3.0)
+RENDER_CHECK_BUDGET_SECONDS = env_float("RENDER_CHECK_BUDGET_SECONDS", 20.0)
+RENDER_CHECK_BATCH_SIZE = env_int("RENDER_CHECK_BATCH_SIZE", 50)
 
 # --- Operations page and metrics -----------------------------------------------------------
 # /ops/ and /metrics need the console.view_ops permission (console/views_ops.py). Prometheus

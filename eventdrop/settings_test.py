@@ -12,6 +12,10 @@ os.environ.setdefault("STRIPE_WEBHOOK_SECRET", "whsec_test_stripe_secret")
 os.environ.setdefault("GITHUB_WEBHOOK_SECRET", "It's a Secret to Everybody")
 os.environ.setdefault("SLACK_SIGNING_SECRET", "8f742231b10e8888abcd99yyyzzz85a5")
 os.environ.setdefault("RENDERER_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+# A complete dispatcher configuration (outbox.E004 otherwise); tests that dispatch start a
+# fake render service and point RENDER_SERVICE_URL at it. Port 9 (discard) refuses at once.
+os.environ.setdefault("RENDER_SERVICE_URL", "http://127.0.0.1:9")
+os.environ.setdefault("RENDER_CALLBACK_URL", "http://127.0.0.1:9/webhooks/renderer/")
 
 from eventdrop.settings import *  # noqa: F403
 

@@ -56,6 +56,14 @@ def render_dispatch_worst_case(config: RenderClientConfig | None = None) -> Wors
     return WorstCase(total, " + ".join(terms) + f" = {_s(total)}")
 
 
+def render_status_worst_case(config: RenderClientConfig | None = None) -> WorstCase:
+    """One render-status check (a lost callback): a single call capped by its total
+    deadline (RenderClient.render_status; no health precheck, no in-call retry)."""
+    c = config or RenderClientConfig.from_settings()
+    total = c.status.total
+    return WorstCase(total, f"status {_s(total)} = {_s(total)}")
+
+
 def stripe_call_worst_case() -> WorstCase:
     """Any one call through eventdrop.stripe_api.stripe_client (checkout, reconciliation).
 
@@ -115,6 +123,7 @@ def raw_event_store_worst_case() -> WorstCase:
 
 OPERATIONS: dict[str, Callable[[], WorstCase]] = {
     "render.dispatch": render_dispatch_worst_case,
+    "render.status": render_status_worst_case,
     "stripe.checkout_session": stripe_call_worst_case,
     "database.statement": database_statement_worst_case,
     "ingress.raw_event_store": raw_event_store_worst_case,
@@ -136,6 +145,8 @@ class Caller:
 CALLERS: list[Caller] = [
     # A run claims a row only while what is left covers one worst-case dispatch.
     Caller("outbox dispatcher run", "OUTBOX_DISPATCH_BUDGET_SECONDS", "render.dispatch"),
+    # Likewise a render-check run (outbox/render_checks.py) asks only while one check fits.
+    Caller("render check run", "RENDER_CHECK_BUDGET_SECONDS", "render.status"),
     Caller("recap purchase request", "RECAP_PURCHASE_BUDGET_SECONDS", "stripe.checkout_session"),
     # The receive path is one INSERT; nothing slow may ever join it.
     Caller("webhook receive request", "WEBHOOK_REQUEST_BUDGET_SECONDS", "ingress.raw_event_store"),

@@ -1,12 +1,18 @@
-"""System checks: time budgets (outbox.E001-E003). `manage.py check` fails on them.
+"""System checks of the outbox. `manage.py check` fails on every Error here.
 
-The arithmetic is in outbox/budgets.py; these checks only hold it against the budgets.
+- outbox.E001  a worst case exceeds the budget of a caller (arithmetic in outbox/budgets.py)
+- outbox.E002  django-q2's task timeout does not cover one scheduled run
+- outbox.E003  the stale threshold would re-arm a live dispatch
+- outbox.E004  the dispatcher's configuration is incomplete (a deployment: DEBUG off);
+  outbox.W001  the same in development (DEBUG on), where the dispatcher still refuses to run
+- outbox.E005  the rendering deadline settings are not sane or contradict each other
 """
 
 from django.conf import settings
 from django.core import checks
 
-from outbox.budgets import budget_violations
+from outbox.budgets import budget_violations, render_status_worst_case
+from outbox.configuration import dispatch_configuration_problems
 
 
 @checks.register()
@@ -23,14 +29,22 @@ def check_time_budgets(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
         for violation in budget_violations()
     ]
     budget = settings.OUTBOX_DISPATCH_BUDGET_SECONDS
+    check_budget = settings.RENDER_CHECK_BUDGET_SECONDS
+    # One scheduled dispatcher task is a dispatch run followed by a render-check run
+    # (outbox/tasks.py); the nightly recovery spends one render-check run.
+    task = budget + check_budget
     q_timeout = settings.Q_CLUSTER.get("timeout")
-    if q_timeout is not None and q_timeout <= budget:
+    if q_timeout is not None and q_timeout <= task:
         messages.append(
             checks.Error(
                 f"django-q2 kills a task after {q_timeout} s (Q_CLUSTER timeout), inside the "
-                f"dispatcher's {budget:.1f} s budget: runs would die mid-dispatch and leave "
-                "rows processing until they go stale.",
-                hint="Raise Q_TIMEOUT above OUTBOX_DISPATCH_BUDGET_SECONDS.",
+                f"dispatcher task's {budget:.1f} s dispatch + {check_budget:.1f} s render "
+                f"checks = {task:.1f} s: runs would die mid-dispatch and leave rows "
+                "processing until they go stale.",
+                hint=(
+                    "Raise Q_TIMEOUT above OUTBOX_DISPATCH_BUDGET_SECONDS + "
+                    "RENDER_CHECK_BUDGET_SECONDS."
+                ),
                 id="outbox.E002",
             )
         )
@@ -44,3 +58,62 @@ def check_time_budgets(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
             )
         )
     return messages
+
+
+@checks.register()
+def check_dispatch_configuration(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """The same list the dispatcher refuses to start on (outbox/configuration.py)."""
+    problems = dispatch_configuration_problems()
+    if not problems:
+        return []
+    # Development may run half the system on purpose; a deployment may not.
+    level, check_id = (
+        (checks.Warning, "outbox.W001") if settings.DEBUG else (checks.Error, "outbox.E004")
+    )
+    return [
+        level(
+            f"{problem}: the recap dispatcher and recovery refuse to run, so paid recaps wait "
+            "unrendered.",
+            hint=(
+                "Set RENDER_SERVICE_URL, RENDER_CALLBACK_URL and RENDERER_WEBHOOK_SECRET "
+                "(locally scripts/run-local.sh does)."
+            ),
+            id=check_id,
+        )
+        for problem in problems
+    ]
+
+
+@checks.register()
+def check_rendering_deadline(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """A recap `rendering` is asked about at rendering_at + expected + margin, then every
+    interval (outbox/render_checks.py). Those numbers must be usable and consistent."""
+    expected = settings.RENDER_EXPECTED_SECONDS
+    margin = settings.RENDER_CALLBACK_MARGIN_SECONDS
+    interval = settings.RENDER_CHECK_INTERVAL_SECONDS
+    errors: list[str] = []
+    if expected <= 0:
+        errors.append(f"RENDER_EXPECTED_SECONDS must be positive, got {expected}")
+    if margin < 0:
+        errors.append(f"RENDER_CALLBACK_MARGIN_SECONDS must not be negative, got {margin}")
+    if interval <= 0:
+        errors.append(f"RENDER_CHECK_INTERVAL_SECONDS must be positive, got {interval}")
+    worst = render_status_worst_case()
+    if 0 < interval <= worst.seconds:
+        # A claim schedules the next check one interval ahead; a check still running then
+        # would be asked about a second time, in parallel.
+        errors.append(
+            f"RENDER_CHECK_INTERVAL_SECONDS ({interval:.1f} s) must exceed one status "
+            f"check's worst case ({worst.arithmetic})"
+        )
+    if settings.RENDER_CHECK_BATCH_SIZE < 1:
+        errors.append("RENDER_CHECK_BATCH_SIZE must be at least 1")
+    deadline = expected + margin
+    stuck = settings.RECAP_STUCK_RENDERING_HOURS * 3600
+    if deadline >= stuck:
+        errors.append(
+            f"the rendering deadline (expected {expected:.1f} s + margin {margin:.1f} s = "
+            f"{deadline:.1f} s) must be shorter than RECAP_STUCK_RENDERING_HOURS "
+            f"({stuck} s): recaps would be reported stuck before anyone asked about them"
+        )
+    return [checks.Error(f"{error}.", id="outbox.E005") for error in errors]

@@ -454,7 +454,7 @@ class RecoveryReport:
         return (
             f"created {self.created} missing side effects, re-armed {self.rearmed} stale "
             f"processing rows, {self.stuck_rendering} recaps rendering for more than "
-            f"{settings.RECAP_STUCK_RENDERING_HOURS} h (not touched; see the console)"
+            f"{settings.RECAP_STUCK_RENDERING_HOURS} h (see the console)"
         )
 
 
@@ -464,8 +464,10 @@ def outbox_recover(*, now: datetime | None = None) -> RecoveryReport:
     - a `paid` recap without its render row (written before the enqueue was transactional,
       or by hand) gets the row;
     - rows stuck in `processing` are re-armed;
-    - recaps `rendering` for too long are counted, not touched: only a human can tell a
-      slow render from a lost callback.
+    - recaps `rendering` for longer than RECAP_STUCK_RENDERING_HOURS are counted. A lost
+      callback does not end there: the nightly task asks the render service about overdue
+      renders first (outbox/render_checks.py), so what is still counted here is a render
+      the service says is still running, or a service that cannot be asked.
     """
     now = now or timezone.now()
     created = 0

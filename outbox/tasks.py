@@ -1,14 +1,26 @@
-"""django-q2 entry points (thin: they call the dispatcher and the recovery service)."""
+"""django-q2 entry points (thin: they call the dispatcher, the render checks and recovery).
 
+Both refuse to run when the dispatcher's configuration is incomplete
+(outbox/configuration.py): the task fails, visibly, in django-q2's failed tasks, with the
+one-line reason, and no row is touched.
+"""
+
+from outbox.configuration import require_dispatch_configuration
 from outbox.dispatcher import dispatch_run
+from outbox.render_checks import render_checks_run
 from outbox.services import outbox_recover
 
 
 def dispatch_side_effects() -> str:
-    """Every two minutes: one budgeted dispatcher run (OUTBOX_DISPATCH_BUDGET_SECONDS)."""
-    return dispatch_run().summary()
+    """Every two minutes: one budgeted dispatcher run (OUTBOX_DISPATCH_BUDGET_SECONDS), then
+    one budgeted render-check run (RENDER_CHECK_BUDGET_SECONDS) for lost callbacks."""
+    require_dispatch_configuration(who="outbox.tasks.dispatch_side_effects")
+    return f"{dispatch_run().summary()}; {render_checks_run().summary()}"
 
 
 def recover_recaps() -> str:
-    """Nightly: recreate missing render rows and re-arm stuck ones; calls nothing itself."""
-    return outbox_recover().summary()
+    """Nightly: ask about overdue renders, then recreate missing render rows and re-arm
+    stuck ones (which triggers no render itself)."""
+    require_dispatch_configuration(who="outbox.tasks.recover_recaps")
+    checks = render_checks_run()
+    return f"{outbox_recover().summary()}; {checks.summary()}"

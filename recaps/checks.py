@@ -1,4 +1,4 @@
-"""System checks for recaps: configuration the purchase and render paths need."""
+"""System checks for recaps: configuration the purchase path needs."""
 
 from django.conf import settings
 from django.core import checks
@@ -15,16 +15,8 @@ def check_recap_configuration(app_configs=None, **kwargs) -> list[checks.CheckMe
                 id="recaps.W001",
             )
         )
-    for name in ("RENDER_SERVICE_URL", "RENDER_CALLBACK_URL"):
-        if not getattr(settings, name):
-            messages.append(
-                checks.Warning(
-                    f"{name} is not set: every render request fails permanently "
-                    "(not_configured) and its recap is marked failed.",
-                    hint=f"Set {name}; locally scripts/run-local.sh does.",
-                    id="recaps.W002",
-                )
-            )
+    # The render service's settings are the dispatcher's: outbox.E004 / W001
+    # (outbox/configuration.py), one list for the check and the refusal to run.
     if settings.RECAP_MIN_PHOTOS < 1:
         messages.append(checks.Error("RECAP_MIN_PHOTOS must be at least 1.", id="recaps.E001"))
     return messages

@@ -3,13 +3,19 @@
     GET  /health      200 {"status": "ok"} (503 when unhealthy)
     POST /renders     202 {"render_id", "status": "accepted"}; the same Idempotency-Key again
                       → 200 with the same render_id and "replayed": true, never a second render
+    GET  /renders/<id> 200 {"render_id", "idempotency_key", "recap_id", "status":
+                      "rendering"|"completed"|"failed", "video_url" | "error"}; 404 if unknown.
+                      A render is `rendering` until `complete_after` has passed, then has the
+                      outcome it was accepted with, whether or not its callback got through
     POST /_control    {"mode": "...", "delay": s, "retry_after": s, "drip_interval": s,
                        "outcome": "completed"|"failed", "complete_after": s, "callbacks": bool}
     GET  /_stats      counters (renders, POSTs per idempotency key, health checks, callbacks)
 
 After accepting a render it POSTs the completion to the request's callback_url, signed
 with the `renderer` secret through the `standardwebhooks` library (the payload is the one
-recaps/handlers.py documents). Failure modes, switchable at runtime:
+recaps/handlers.py documents); `callbacks: false` drops every callback (a lost completion,
+which GET /renders/<id> still answers). Failure modes, switchable at runtime, apply to
+POST /renders and GET /renders/<id> alike (error_4xx to POST only):
 
     ok            everything works
     down          every request except /_control is dropped without an answer
@@ -64,6 +70,14 @@ class FakeRender:
     callback_url: str
     photos: int
     created_at: datetime
+    # Fixed when the render is accepted: what its callback and its status will say.
+    outcome: str = "completed"
+    complete_after: float = 0.0
+
+    def state(self, now: datetime) -> str:
+        if (now - self.created_at).total_seconds() < self.complete_after:
+            return "rendering"
+        return self.outcome
 
 
 class FakeRenderer:
@@ -76,6 +90,10 @@ class FakeRenderer:
         callbacks: bool = True,
         video_base_url: str = "https://videos.eventdrop.invalid",
     ):
+        if "," in secret:
+            # RENDERER_WEBHOOK_SECRET lists several secrets during a rotation; a sender signs
+            # with one of them (the current one), never with the list.
+            raise ValueError("sign with one secret, not a comma-separated list")
         self.secret = secret
         self.video_base_url = video_base_url.rstrip("/")
         self.lock = threading.Lock()
@@ -89,6 +107,8 @@ class FakeRenderer:
         self.callbacks = callbacks
         self.renders: dict[str, FakeRender] = {}
         self.posts_by_key: Counter[str] = Counter()
+        # GET /renders/<id> per render id (the lost-callback recovery asks these).
+        self.status_requests: Counter[str] = Counter()
         self.deadlines_ms: list[int] = []
         self.health_checks = 0
         # POST /renders being answered right now, and the most ever at once (bulkhead tests).
@@ -162,6 +182,7 @@ class FakeRenderer:
                 "mode": self.mode,
                 "renders": len(self.renders),
                 "posts_by_key": dict(self.posts_by_key),
+                "status_requests": dict(self.status_requests),
                 "health_checks": self.health_checks,
                 "max_in_flight": self.max_in_flight,
                 "callbacks_sent": len(self.callbacks_sent),
@@ -186,6 +207,8 @@ class FakeRenderer:
                 callback_url=str(body.get("callback_url", "")),
                 photos=len(body.get("photos") or []),
                 created_at=datetime.now(tz=UTC),
+                outcome=self.outcome,
+                complete_after=self.complete_after,
             )
             self.renders[key] = render
             if self.callbacks and render.callback_url:
@@ -195,7 +218,12 @@ class FakeRenderer:
                 timer.start()
         return render, False
 
-    def callback_body(self, render: FakeRender, outcome: str) -> dict:
+    def render_for_id(self, render_id: str) -> FakeRender | None:
+        with self.lock:
+            return next((r for r in self.renders.values() if r.render_id == render_id), None)
+
+    def render_data(self, render: FakeRender, outcome: str) -> dict[str, Any]:
+        """What the service says about a render: in its callback and at GET /renders/<id>."""
         data: dict[str, Any] = {
             "recap_id": render.recap_id,
             "render_id": render.render_id,
@@ -203,8 +231,12 @@ class FakeRenderer:
         }
         if outcome == "completed":
             data["video_url"] = f"{self.video_base_url}/{render.render_id}.mp4"
-        else:
+        elif outcome == "failed":
             data["error"] = {"code": "photos_unreadable", "message": "no photo could be decoded"}
+        return data
+
+    def callback_body(self, render: FakeRender, outcome: str) -> dict:
+        data = self.render_data(render, outcome)
         return {
             "type": f"render.{outcome}",
             "timestamp": datetime.now(tz=UTC).isoformat(),
@@ -225,7 +257,7 @@ class FakeRenderer:
         }
 
     def _send_callback(self, render: FakeRender) -> None:
-        outcome = self.outcome
+        outcome = render.outcome
         for attempt in range(1, _CALLBACK_ATTEMPTS + 1):
             if self.stopping.is_set():
                 return
@@ -301,6 +333,9 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._json(200, {"status": "ok"})
             return
+        if self.path.startswith("/renders/"):
+            self._status(self.path.removeprefix("/renders/"))
+            return
         self._json(404, {"error": "not_found"})
 
     def do_POST(self) -> None:
@@ -328,6 +363,47 @@ class _Handler(BaseHTTPRequestHandler):
             with fake.lock:
                 fake.in_flight -= 1
 
+    def _status(self, render_id: str) -> None:
+        fake = self.fake
+        deadline_ms = self.headers.get("X-Request-Deadline-Ms", "")
+        with fake.lock:
+            fake.status_requests[render_id] += 1
+            if deadline_ms.isdigit():
+                fake.deadlines_ms.append(int(deadline_ms))
+        if self._failure_answer(fake.mode, deadline_ms):
+            return
+        render = fake.render_for_id(render_id)
+        if render is None:
+            self._json(404, {"error": "not_found"})
+            return
+        state = render.state(datetime.now(tz=UTC))
+        answer = {**fake.render_data(render, state), "status": state}
+        if fake.mode == "slow":
+            fake.stopping.wait(fake.delay)
+        if fake.mode == "drip":
+            self._drip(200, answer)
+        else:
+            self._json(200, answer)
+
+    def _failure_answer(self, mode: str, deadline_ms: str) -> bool:
+        """Answer as the failure mode says, if it says anything; True when it did."""
+        fake = self.fake
+        if mode == "unhealthy":
+            self._json(503, {"error": "unavailable"})
+        elif mode == "error_5xx":
+            self._json(500, {"error": "internal"})
+        elif mode == "rate_limited":
+            self._json(429, {"error": "slow_down"}, {"Retry-After": str(fake.retry_after)})
+        elif mode == "hang":
+            # Honour the caller's deadline: there is no point holding a connection (or doing
+            # work) for a caller that has already given up.
+            wait = int(deadline_ms) / 1000 if deadline_ms.isdigit() else fake.delay
+            fake.stopping.wait(min(wait, fake.delay, _MAX_WAIT_SECONDS))
+            self._drop()
+        else:
+            return False
+        return True
+
     def _render(self) -> None:
         fake = self.fake
         body = self._body()
@@ -340,20 +416,10 @@ class _Handler(BaseHTTPRequestHandler):
         mode = fake.mode
         if not key:
             self._json(400, {"error": "idempotency_key_required"})
-        elif mode == "unhealthy":
-            self._json(503, {"error": "unavailable"})
-        elif mode == "error_5xx":
-            self._json(500, {"error": "internal"})
         elif mode == "error_4xx":
             self._json(422, {"error": "unprocessable"})
-        elif mode == "rate_limited":
-            self._json(429, {"error": "slow_down"}, {"Retry-After": str(fake.retry_after)})
-        elif mode == "hang":
-            # Honour the caller's deadline: there is no point holding a connection (or doing
-            # work) for a caller that has already given up.
-            wait = int(deadline_ms) / 1000 if deadline_ms.isdigit() else fake.delay
-            fake.stopping.wait(min(wait, fake.delay, _MAX_WAIT_SECONDS))
-            self._drop()
+        elif self._failure_answer(mode, deadline_ms):
+            pass
         else:
             render, replayed = fake.accept(key, body)
             answer = {"render_id": render.render_id, "status": "accepted", "replayed": replayed}

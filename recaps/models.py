@@ -69,6 +69,10 @@ class RecapVideo(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     paid_at = models.DateTimeField(null=True, blank=True)
     rendering_at = models.DateTimeField(null=True, blank=True)
+    # While `rendering`: when to ask the render service about this render if its completion
+    # callback has not arrived (rendering_at + expected time + margin, then every check
+    # interval; outbox/render_checks.py). A lost callback is not a one-way street.
+    render_check_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     failed_at = models.DateTimeField(null=True, blank=True)
 
@@ -77,6 +81,12 @@ class RecapVideo(models.Model):
         indexes = [
             models.Index(fields=["status", "updated_at"], name="recap_status_updated"),
             models.Index(fields=["buyer", "created_at"], name="recap_buyer_created"),
+            # The render checks' claim: only rendering recaps, by when they are due.
+            models.Index(
+                fields=["render_check_at"],
+                condition=Q(status=RecapStatus.RENDERING),
+                name="recap_render_check_due",
+            ),
         ]
         constraints = [
             models.CheckConstraint(

@@ -1,4 +1,5 @@
-"""The HTTP client for the render service: health precheck, then the render request.
+"""The HTTP client for the render service: health precheck, then the render request; and
+the status of a render whose completion callback never arrived (GET /renders/<id>).
 
 Every call has three limits (CallLimits): a connect timeout, a read timeout (the longest
 silence between two bytes) and a total deadline. `requests` alone only has the first two,
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import requests
 from django.conf import settings
@@ -72,6 +74,8 @@ class RenderClientConfig:
     callback_url: str
     health: CallLimits
     render: CallLimits
+    # GET /renders/<id>: asking about a render whose completion callback never arrived.
+    status: CallLimits
     # Render requests per dispatch (1 = no in-call retry; the outbox retries across runs).
     attempts: int
     # Pauses between those in-call attempts (unused when attempts == 1).
@@ -91,6 +95,11 @@ class RenderClientConfig:
                 connect=settings.RENDER_CONNECT_TIMEOUT_SECONDS,
                 read=settings.RENDER_READ_TIMEOUT_SECONDS,
                 total=settings.RENDER_TIMEOUT_SECONDS,
+            ),
+            status=CallLimits(
+                connect=settings.RENDER_STATUS_CONNECT_TIMEOUT_SECONDS,
+                read=settings.RENDER_STATUS_READ_TIMEOUT_SECONDS,
+                total=settings.RENDER_STATUS_TIMEOUT_SECONDS,
             ),
             attempts=settings.RENDER_CALL_ATTEMPTS,
             backoff=RetryPolicy(
@@ -112,6 +121,20 @@ class RenderAccepted:
     render_id: str
     # The service already knew the idempotency key (a retry of an accepted request).
     replayed: bool
+
+
+RENDER_STATES = ("rendering", "completed", "failed")
+
+
+@dataclass(frozen=True)
+class RenderStatus:
+    """The render service's answer to GET /renders/<id>."""
+
+    render_id: str
+    state: str  # one of RENDER_STATES
+    video_url: str = ""
+    error_code: str = ""
+    error_message: str = ""
 
 
 @dataclass(frozen=True)
@@ -187,6 +210,41 @@ class RenderClient:
                     extra={"idempotency_key": idempotency_key, "attempt": attempt},
                 )
                 self._sleep(pause)
+
+    # --- asking about a render whose completion callback never arrived ------------------------
+
+    def render_status(self, *, render_id: str, deadline: float) -> RenderStatus:
+        """GET /renders/<id>: one bounded call (the `status` limits, within `deadline`), no
+        health precheck and no in-call retry. The retry loop is the render checks' interval
+        (outbox/render_checks.py), as the outbox is the render request's."""
+        self.config.require_configured()
+        answer = self._call(
+            "GET", f"/renders/{quote(render_id, safe='')}", self.config.status, deadline
+        )
+        if not 200 <= answer.status < 300:
+            raise RenderHTTPError(
+                status=answer.status,
+                retry_after=parse_retry_after(answer.headers.get("retry-after")),
+            )
+        try:
+            data = json.loads(answer.body)
+            state = str(data["status"])
+            error = data.get("error") or {}
+            status = RenderStatus(
+                render_id=str(data.get("render_id") or render_id),
+                state=state,
+                video_url=str(data.get("video_url") or ""),
+                error_code=str(error.get("code") or ""),
+                error_message=str(error.get("message") or ""),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise RenderBadResponse() from exc
+        # An answer we cannot act on is not evidence about the render: never a verdict.
+        if state not in RENDER_STATES or (state == "completed" and not status.video_url):
+            raise RenderBadResponse()
+        if status.render_id != render_id:
+            raise RenderBadResponse()
+        return status
 
     def check_health(self, *, deadline: float) -> None:
         answer = self._call("GET", "/health", self.config.health, deadline)

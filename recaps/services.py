@@ -7,6 +7,9 @@ The status machine (constraints in recaps/models.py hold the invariants):
                                            └──── outbox dead / render failed ──▶ failed
     failed ──operator retry──▶ paid            (a late `render.completed` still wins: ready)
 
+`rendering` ends by the service's callback or, when that callback is lost, by asking the
+service (outbox/render_checks.py) once `render_check_at` has passed.
+
 The outbox (outbox/) depends on recaps: its rows point at recaps and its outcomes move
 them. The few functions here that enqueue or re-arm import outbox.services when called,
 which keeps that dependency one-way while modules load.
@@ -14,7 +17,7 @@ which keeps that dependency one-way while modules load.
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import stripe
 from django.conf import settings
@@ -39,10 +42,21 @@ from recaps.errors import (
     RecapStateConflict,
 )
 from recaps.models import Event, RecapStatus, RecapVideo
+from recaps.render_client import RenderStatus
+from recaps.selectors import recaps_due_render_check
 
 logger = logging.getLogger(__name__)
 
 _REASON_LIMIT = 2000
+RENDER_STATUS_FAILED_REASON = "render failed (reported on a status check): {code}: {message}"
+RENDER_CHECK_FAILED_REASON = "render status check failed: {error_class}: {error}"
+
+
+def render_deadline() -> timedelta:
+    """How long after the render was accepted its callback may take before we ask."""
+    return timedelta(
+        seconds=settings.RENDER_EXPECTED_SECONDS + settings.RENDER_CALLBACK_MARGIN_SECONDS
+    )
 
 
 def _locked(recap_id: object) -> RecapVideo:
@@ -196,11 +210,16 @@ def recap_redeem_free(
 @transaction.atomic
 def recap_mark_rendering(*, recap_id: object, render_id: str, now: datetime | None = None) -> bool:
     """The render service accepted the render. Only a `paid` recap moves: a callback may
-    have made it `ready` already (the service can be faster than our bookkeeping)."""
+    have made it `ready` already (the service can be faster than our bookkeeping). If no
+    callback has come by `render_check_at`, the service is asked (outbox/render_checks.py)."""
     now = now or timezone.now()
     return bool(
         RecapVideo.objects.filter(pk=recap_id, status=RecapStatus.PAID).update(
-            status=RecapStatus.RENDERING, render_id=render_id, rendering_at=now, updated_at=now
+            status=RecapStatus.RENDERING,
+            render_id=render_id,
+            rendering_at=now,
+            render_check_at=now + render_deadline(),
+            updated_at=now,
         )
     )
 
@@ -216,6 +235,7 @@ def recap_mark_failed(*, recap_id: object, reason: str, now: datetime | None = N
         status=RecapStatus.FAILED,
         failure_reason=reason[:_REASON_LIMIT] or "failed",
         failed_at=now,
+        render_check_at=None,
         updated_at=now,
     )
     if failed:
@@ -253,6 +273,7 @@ def recap_mark_ready(
     recap.ready_at = now
     recap.failure_reason = ""
     recap.failed_at = None
+    recap.render_check_at = None
     recap.save()
     side_effects_settle_for_ready(recap_id=recap.id, now=now)
     logger.info("recaps.ready", extra={"recap_id": str(recap.id), "render_id": render_id})
@@ -305,7 +326,91 @@ def recap_retry_render(*, recap: RecapVideo, now: datetime | None = None) -> Rec
         side_effect_rearm(side_effect=row, new_render=new_render, now=now)
         if new_render and locked.status == RecapStatus.RENDERING:
             RecapVideo.objects.filter(pk=locked.pk).update(
-                status=RecapStatus.PAID, rendering_at=None, updated_at=now
+                status=RecapStatus.PAID, rendering_at=None, render_check_at=None, updated_at=now
             )
     logger.info("recaps.retry_render", extra={"recap_id": str(locked.pk)})
     return RecapVideo.objects.get(pk=locked.pk)
+
+
+# --- a lost completion callback: asking the render service (outbox/render_checks.py) -------
+
+
+@dataclass(frozen=True)
+class RenderCheckClaim:
+    recap_id: object
+    render_id: str
+
+
+@transaction.atomic
+def recaps_claim_render_checks(
+    *, limit: int, now: datetime | None = None
+) -> list[RenderCheckClaim]:
+    """Claim up to `limit` rendering recaps whose check is due (SKIP LOCKED).
+
+    The next check is scheduled before anyone asks (as the outbox's claim does): two check
+    runs never ask about the same render at once, and a run that dies mid-way leaves each
+    claimed recap due again one interval later, nothing half-written.
+    """
+    now = now or timezone.now()
+    due = list(
+        recaps_due_render_check(now=now)
+        .select_for_update(skip_locked=True)
+        .values_list("id", "render_id")[:limit]
+    )
+    if not due:
+        return []
+    RecapVideo.objects.filter(pk__in=[recap_id for recap_id, _ in due]).update(
+        render_check_at=now + timedelta(seconds=settings.RENDER_CHECK_INTERVAL_SECONDS),
+        updated_at=now,
+    )
+    return [RenderCheckClaim(recap_id=recap_id, render_id=render_id) for recap_id, render_id in due]
+
+
+def _still_rendering(recap_id: object, render_id: str) -> RecapVideo | None:
+    """The locked recap if it is still waiting for exactly this render; None if it moved on
+    (its callback arrived meanwhile, or an operator asked for a new render)."""
+    recap = _locked(recap_id)
+    if recap.status != RecapStatus.RENDERING or recap.render_id != render_id:
+        return None
+    return recap
+
+
+@transaction.atomic
+def recap_record_render_status(
+    *, recap_id: object, status: RenderStatus, now: datetime | None = None
+) -> str:
+    """What the render service says about a render whose callback never arrived: `ready`,
+    `failed` (the service gave up on it, as a `render.failed` callback would have said) or
+    still `rendering` (asked again one interval later). Returns that, or "moved_on"."""
+    recap = _still_rendering(recap_id, status.render_id)
+    if recap is None:
+        return "moved_on"
+    if status.state == "completed":
+        recap_mark_ready(
+            recap_id=recap.id, video_url=status.video_url, render_id=status.render_id, now=now
+        )
+        logger.info("recaps.render_check.ready", extra={"recap_id": str(recap.id)})
+        return RecapStatus.READY
+    if status.state == "failed":
+        reason = RENDER_STATUS_FAILED_REASON.format(
+            code=status.error_code[:64] or "unknown", message=status.error_message[:500]
+        )
+        recap_mark_failed(recap_id=recap.id, reason=reason, now=now)
+        return RecapStatus.FAILED
+    return RecapStatus.RENDERING
+
+
+@transaction.atomic
+def recap_fail_render_check(
+    *, recap_id: object, render_id: str, error_class: str, error: str, now: datetime | None = None
+) -> bool:
+    """The status call failed *permanently* (e.g. the service answers 404 for the render):
+    the recap is `failed`, visibly, with the reason, and staff can retry it. Transient
+    failures never come here."""
+    if _still_rendering(recap_id, render_id) is None:
+        return False
+    return recap_mark_failed(
+        recap_id=recap_id,
+        reason=RENDER_CHECK_FAILED_REASON.format(error_class=error_class, error=error),
+        now=now,
+    )

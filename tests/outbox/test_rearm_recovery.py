@@ -51,7 +51,7 @@ def test_the_claim_schedules_the_next_attempt_before_calling_out(paid_recap):
 
 
 def test_a_late_worker_cannot_overwrite_a_rearmed_and_reclaimed_row(paid_recap):
-    from outbox.errors import Failure
+    from eventdrop.retry import Disposition, Failure
     from outbox.services import side_effect_fail
 
     _, side_effect = paid_recap()
@@ -60,7 +60,7 @@ def test_a_late_worker_cannot_overwrite_a_rearmed_and_reclaimed_row(paid_recap):
     (new_claim,) = side_effects_claim(limit=1, now=T0 + STALE * 2)
     outcome = side_effect_fail(
         claim=old_claim,
-        failure=Failure(transient=False, error_class="http_400"),
+        failure=Failure(Disposition.PERMANENT, error_class="http_400"),
         error="late",
         started_at=T0,
         now=T0 + STALE * 3,
@@ -97,9 +97,9 @@ def test_recover_recaps_command_output(paid_recap, capsys):
     side_effect.delete()
     call_command("recover_recaps")
     out = capsys.readouterr().out
-    assert out == (
+    assert out.startswith(
         "recover_recaps: created 1 missing side effects, re-armed 0 stale processing rows, "
-        "0 recaps rendering for more than 24 h (not touched; see the console)\n"
+        "0 recaps rendering for more than 24 h (see the console); render checks 0: "
     )
 
 

@@ -27,6 +27,7 @@ def config(url: str, **overrides) -> RenderClientConfig:
         "callback_url": "http://127.0.0.1:9/cb/",
         "health": CallLimits(connect=1.0, read=1.0, total=2.0),
         "render": CallLimits(connect=1.0, read=1.0, total=2.0),
+        "status": CallLimits(connect=1.0, read=1.0, total=2.0),
         "attempts": 1,
         "backoff": RetryPolicy(max_attempts=1, base_seconds=0.01, cap_seconds=0.02),
     }

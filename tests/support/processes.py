@@ -33,6 +33,10 @@ TEST_SECRETS = {
     "GITHUB_WEBHOOK_SECRET": "It's a Secret to Everybody",
     "SLACK_SIGNING_SECRET": "8f742231b10e8888abcd99yyyzzz85a5",
     "RENDERER_WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    # Production refuses to start a dispatcher (and `check` fails, outbox.E004) without these;
+    # a test that dispatches passes its fake render service's URL in `extra`.
+    "RENDER_SERVICE_URL": "http://127.0.0.1:9",
+    "RENDER_CALLBACK_URL": "http://127.0.0.1:9/webhooks/renderer/",
 }
 
 

@@ -1,29 +1,51 @@
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from eventdrop.worker_loop import run_until_stopped
-from outbox.dispatcher import dispatch_run
+from outbox.configuration import DispatchNotConfigured, require_dispatch_configuration
+from outbox.dispatcher import DispatchReport, dispatch_run
+from outbox.render_checks import RenderCheckReport, render_checks_run
+
+
+def _dispatch_pass() -> tuple[DispatchReport, RenderCheckReport]:
+    """One dispatcher run, then one render-check run (the scheduled task's pass)."""
+    return dispatch_run(), render_checks_run()
 
 
 class Command(BaseCommand):
     help = (
-        "Dispatch due recap side effects to the render service, one budgeted run after "
-        "another until stopped (SIGTERM/SIGINT finish the current run); --once runs once."
+        "Dispatch due recap side effects to the render service and ask about renders whose "
+        "callback is overdue, one budgeted pass after another until stopped (SIGTERM/SIGINT "
+        "finish the current pass); --once runs once. Refuses to start, touching no row, "
+        "when the render service's configuration is incomplete."
     )
+    # The refusal below comes first, as one line; the other checks run right after it.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
-        parser.add_argument("--once", action="store_true", help="one run, then exit")
+        parser.add_argument("--once", action="store_true", help="one pass, then exit")
 
     def handle(self, *args, once: bool, **options):
+        try:
+            require_dispatch_configuration(who="dispatch_side_effects")
+        except DispatchNotConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        if not options.get("skip_checks"):
+            self.check()
         if once:
-            self.stdout.write(f"dispatch_side_effects: {dispatch_run().summary()}")
+            dispatched, checked = _dispatch_pass()
+            self.stdout.write(f"dispatch_side_effects: {dispatched.summary()}; {checked.summary()}")
             return
 
         run_until_stopped(
             name="dispatch_side_effects",
-            run_pass=dispatch_run,
-            is_idle=lambda report: not report.claimed,
+            run_pass=_dispatch_pass,
+            is_idle=lambda reports: not reports[0].claimed and not reports[1].checked,
             idle_sleep_seconds=settings.OUTBOX_IDLE_SLEEP_SECONDS,
             write=self.stdout.write,
-            describe=lambda report: report.summary() if report.claimed else None,
+            describe=lambda reports: (
+                f"{reports[0].summary()}; {reports[1].summary()}"
+                if reports[0].claimed or reports[1].checked
+                else None
+            ),
         )

@@ -1,13 +1,24 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
+from outbox.configuration import DispatchNotConfigured, require_dispatch_configuration
+from outbox.render_checks import render_checks_run
 from outbox.services import outbox_recover
 
 
 class Command(BaseCommand):
     help = (
-        "Nightly recovery: create the missing render row of every paid recap, re-arm rows "
-        "stuck in processing, count recaps stuck rendering. Triggers no render itself."
+        "Nightly recovery: ask the render service about renders whose callback is overdue, "
+        "create the missing render row of every paid recap, re-arm rows stuck in processing, "
+        "count recaps stuck rendering. Requests no render itself."
     )
+    requires_system_checks: list[str] = []
 
     def handle(self, *args, **options):
-        self.stdout.write(f"recover_recaps: {outbox_recover().summary()}")
+        try:
+            require_dispatch_configuration(who="recover_recaps")
+        except DispatchNotConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        if not options.get("skip_checks"):
+            self.check()
+        checks = render_checks_run()
+        self.stdout.write(f"recover_recaps: {outbox_recover().summary()}; {checks.summary()}")
