@@ -247,7 +247,7 @@ def raw_events_verify_batch(*, limit: int | None = None, now: datetime | None = 
         events = list(
             RawEvent.objects.select_for_update(skip_locked=True)
             .filter(signature_status=SignatureStatus.PENDING)
-            # A row that failed waits out its backoff (Q(...) keeps the pending index usable).
+            # A row that failed waits out its backoff: a filter on the pending-index scan.
             .filter(Q(retry_not_before__isnull=True) | Q(retry_not_before__lte=now))
             .order_by("received_at")[:limit]
         )
@@ -282,7 +282,8 @@ def _settle_one_by_one(ids: list[int], now: datetime) -> None:
             _charge_settle_failure(event, exc, now)
 
 
-def _row_retry_policy() -> RetryPolicy:
+def raw_event_retry_policy() -> RetryPolicy:
+    """For raw events whose settling raises (see _charge_settle_failure)."""
     return RetryPolicy(
         max_attempts=settings.INBOX_MAX_ROW_FAILURES,
         base_seconds=settings.INBOX_ROW_RETRY_BASE_SECONDS,
@@ -297,7 +298,7 @@ def _charge_settle_failure(event: RawEvent, exc: Exception, now: datetime) -> No
     herd to spread, and a fixed pause keeps a bad row from coming back the very next pass.
     Only the exception's class (and SQLSTATE) is kept: its message may quote the payload.
     """
-    policy = _row_retry_policy()
+    policy = raw_event_retry_policy()
     failures = event.processing_failures + 1
     error = type(exc).__name__
     sqlstate = getattr(exc.__cause__, "sqlstate", None)

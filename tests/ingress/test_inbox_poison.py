@@ -14,6 +14,8 @@ from datetime import timedelta
 from urllib.parse import urlencode
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection
 from django.utils import timezone
 
@@ -366,3 +368,9 @@ def test_a_handler_whose_writes_fail_at_commit_does_not_stall_its_batch(handlers
     assert (stuck.status, stuck.attempts) == ("dead", 2)
     assert list(stuck.history.values_list("outcome", flat=True)) == ["transient", "dead"]
     assert not DeliveryAttempt.objects.filter(delivery_id=10**12).exists()
+
+
+def test_process_inbox_refuses_to_start_with_a_row_retry_setting_that_cannot_work(settings):
+    settings.INBOX_MAX_ROW_FAILURES = 0
+    with pytest.raises(CommandError, match="INBOX_MAX_ROW_FAILURES"):
+        call_command("process_inbox", "--once")

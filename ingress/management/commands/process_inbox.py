@@ -2,7 +2,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from eventdrop.worker_loop import run_until_stopped
-from ingress.inbox import InboxPass, inbox_run_once
+from ingress.inbox import InboxPass, delivery_retry_policy, inbox_run_once, raw_event_retry_policy
 
 
 def _summary(result: InboxPass) -> str:
@@ -22,6 +22,15 @@ class Command(BaseCommand):
     def handle(self, *args, once: bool, batch_size: int | None, **options):
         if batch_size is not None and batch_size < 1:
             raise CommandError("--batch-size must be at least 1")
+        # A retry setting that cannot work stops the worker here, not every pass later.
+        try:
+            raw_event_retry_policy()
+            delivery_retry_policy()
+        except ValueError as exc:
+            raise CommandError(
+                f"{exc}: check INBOX_MAX_ROW_FAILURES, INBOX_ROW_RETRY_BASE_SECONDS, "
+                "DELIVERY_MAX_ATTEMPTS and DELIVERY_BACKOFF_*"
+            ) from exc
         if once:
             self.stdout.write(_summary(inbox_run_once(limit=batch_size)))
             return
