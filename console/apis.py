@@ -11,9 +11,11 @@ a write whose `Origin` or `Sec-Fetch-Site` says it comes from another site is a 
 its credentials.
 """
 
+import logging
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.shortcuts import get_object_or_404
 from django.utils.http import is_same_domain
 from rest_framework import serializers
@@ -22,7 +24,7 @@ from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.permissions import SAFE_METHODS, BasePermission, IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
+from rest_framework.views import APIView, exception_handler
 
 from console.models import OperatorAction, OperatorActionVia, PayloadAccessKind
 from console.presentation import body_for_api, seconds_between
@@ -53,7 +55,10 @@ from ingress.models import (
     SignatureStatus,
 )
 
+logger = logging.getLogger(__name__)
+
 VIEW_PAYLOAD_PERMISSION = "ingress.view_raw_payload"
+DATABASE_UNAVAILABLE = "The database is unavailable; retry later."
 BODY_SEARCH_FORBIDDEN = "Searching body text needs the permission ingress.view_raw_payload."
 PAYLOAD_FORBIDDEN = "Including bodies and headers needs the permission ingress.view_raw_payload."
 CROSS_SITE_FORBIDDEN = "Cross-site writes are refused: send the request from this site."
@@ -63,6 +68,27 @@ OWN_FETCH_SITES = {"same-origin", "none"}
 PAGINATION_PARAMS = {"limit", "offset"}
 # PostgreSQL bigint: a larger id is bad input, not a database error.
 MAX_ID = 2**63 - 1
+
+
+def api_exception_handler(exc, context):
+    """DRF's handler, plus: the database being down is a 503 to retry, not a 500.
+
+    Every API of the project (REST_FRAMEWORK's EXCEPTION_HANDLER). Authentication alone
+    needs the database (a token or session lookup), so an outage reaches every endpoint.
+    The log line is one incident kind: eventdrop.logformat rate-limits it.
+    """
+    if isinstance(exc, DatabaseError):
+        logger.error(
+            "api.database_unavailable",
+            exc_info=exc,
+            extra={"view": type(context.get("view")).__name__},
+        )
+        return Response(
+            {"detail": DATABASE_UNAVAILABLE},
+            status=503,
+            headers={"Retry-After": str(settings.INGRESS_UNAVAILABLE_RETRY_AFTER)},
+        )
+    return exception_handler(exc, context)
 
 
 class UncountedLimitOffsetPagination(LimitOffsetPagination):
