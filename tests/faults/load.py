@@ -8,8 +8,9 @@ sequence number, a random tag, and non-ASCII bytes, so an exact-bytes comparison
 something), pausing between requests so the load stays bounded. Every request becomes one
 JSON line in `--out`: what was sent (the exact body, base64) and what came back (status,
 Retry-After, Content-Type, the response text, wall-clock start and duration, or the client
-error). It stops starting requests after `--duration` seconds or `--requests` requests,
-whichever comes first, and exits 0 once every thread has finished. Standard library only.
+error). It stops starting requests after `--duration` seconds, `--requests` requests or a
+SIGTERM, whichever comes first, and exits 0 once every thread has finished its request.
+Standard library only.
 """
 
 import argparse
@@ -20,6 +21,7 @@ import http.client
 import itertools
 import json
 import secrets
+import signal
 import threading
 import time
 import uuid
@@ -46,6 +48,8 @@ def run(args: argparse.Namespace) -> None:
     numbers = itertools.count()
     lock = threading.Lock()
     stop_at = time.monotonic() + args.duration
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     out = open(args.out, "a", encoding="utf-8")  # noqa: SIM115 (closed below)
 
     def record(line: dict) -> None:
@@ -56,7 +60,7 @@ def run(args: argparse.Namespace) -> None:
 
     def worker() -> None:
         conn: http.client.HTTPConnection | None = None
-        while time.monotonic() < stop_at:
+        while time.monotonic() < stop_at and not stopping.is_set():
             with lock:
                 n = next(numbers)
             if n >= args.requests:
