@@ -12,7 +12,9 @@ places, all for a server that stops answering or restarts (issue 8, findings 5 a
    ContextVar read and one clock read per wait. When it expires the connection is closed
    (it is mid-message, unusable) and `DatabaseWaitTimeout`, an OperationalError, is raised.
 2. A connection opened inside a deadline gets a libpq connect_timeout that fits what is
-   left of it, and none is started when less than libpq's 2 s minimum is left.
+   left of it, and none is started when less than libpq's 2 s minimum is left. The timeout
+   is per address tried: give HOST as an address (as DATABASE_URL does here) or a name with
+   one address, or a connect can take that long once per address, plus the DNS lookup.
 3. `is_usable()`, Django's health check (CONN_HEALTH_CHECKS, once per request before the
    first query), polls the idle socket instead of sending `SELECT 1`: an idle connection
    has nothing to read, so a readable socket means the server hung up (restart, crash,
