@@ -1,28 +1,50 @@
-"""A circuit breaker whose state lives in the database, shared by every dispatcher.
+"""The render service's circuit breaker: judged by real calls, shared in the database, off
+the per-row path.
 
-Why the database: dispatchers run in several django-q2 workers on several hosts, and a
-breaker per process would let each of them pay a full timeout per row during an outage
-before learning what the others already know. One row per breaker, changed only under
-SELECT … FOR UPDATE, is enough at this rate (a few writes per dispatched row).
+Why the database: dispatchers run in several processes on several hosts, and a breaker per
+process would let each of them pay a full timeout per row during an outage before learning
+what the others already know. Why not a lock per dispatch: that serialised every dispatcher
+on one row (29 dispatches/s with four slots, issue 9). So:
 
-    closed ──N consecutive service failures──▶ open ──cool-down over──▶ half-open
-      ▲                                          ▲                          │
-      └──────────── probe succeeds ──────────────┴──── probe fails ─────────┘
+- reads: each dispatcher run keeps an in-process view (`Breaker`) of the shared row,
+  refreshed at most every RENDER_BREAKER_REFRESH_MS; a closed breaker with no failure streak
+  costs a dispatch nothing, not even a query;
+- writes: only on a transition or a service failure, as one conditional UPDATE on the row's
+  `version` (optimistic concurrency: re-read and retry when another process got there
+  first), under a short lock_timeout. A write that fails (lock timeout, deadlock, a restarted
+  database) is logged and dropped: the breaker is advice, it never fails a row.
 
-While open, a dispatch is skipped as transient *without a network call and without
-spending one of the row's attempts* (we never asked the service anything). After the
-cool-down exactly one caller gets a probe permit; the dispatcher spends it on a health
-check, not on a row (see outbox/dispatcher.py `_probe`), so an outage of any length costs
-each row at most the attempts made before the breaker opened. If the probe's worker dies,
-another probe is allowed once the worst case of one dispatch has passed.
+What it judges: the outcomes of real render calls. A service failure (health red, 5xx, 429,
+timeouts, refused connections) adds the row to the failure streak; a real answer (2xx, or a
+4xx about that row) ends the streak. The breaker opens when the streak holds
+RENDER_BREAKER_FAILURE_THRESHOLD *distinct rows* — one row failing again and again (its own
+5xx while the service renders the others) never opens it, so that row is charged and dies
+after its attempts, as it should.
+
+    closed ──streak of N distinct rows──▶ open ──cool-down over──▶ half-open
+      ▲                                    ▲                           │ one REAL dispatch
+      └───────── probe rendered ───────────┴──── probe failed ─────────┘
+
+The half-open probe is one real dispatch of one row, not a health check: a health check
+answers 200 while /renders answers 500, and closing on it burned every row (issue 9).
+What a failure costs the row (the dispatcher records it):
+- the failure that completes the streak, every failure while open or half-open, and a
+  failed probe are not charged (`Judgement.charged` is False);
+- the earlier failures of the streak that opened it are refunded (`Judgement.refund`):
+  they were the service's, not the rows'.
+So a row's attempt counter counts how often *that row* was tried against a working service.
 """
 
 import logging
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from outbox.models import BreakerState, CircuitBreaker
@@ -30,6 +52,9 @@ from outbox.models import BreakerState, CircuitBreaker
 logger = logging.getLogger(__name__)
 
 RENDER_SERVICE_BREAKER = "render-service"
+# Optimistic writes that lose the race re-read and try again; beyond this, the breaker
+# gives up on recording (and says so) rather than keep a dispatch waiting.
+_WRITE_TRIES = 5
 
 
 @dataclass(frozen=True)
@@ -38,6 +63,10 @@ class BreakerConfig:
     cooldown: timedelta
     # A half-open probe not heard from in this long died with its worker.
     probe_timeout: timedelta
+    # How old the in-process view may get before it is read again.
+    refresh_seconds: float = 0.5
+    # The longest a breaker write waits for the row's lock (PostgreSQL lock_timeout).
+    lock_timeout_ms: int = 200
 
     @classmethod
     def from_settings(cls) -> "BreakerConfig":
@@ -47,97 +76,305 @@ class BreakerConfig:
             failure_threshold=settings.RENDER_BREAKER_FAILURE_THRESHOLD,
             cooldown=timedelta(seconds=settings.RENDER_BREAKER_COOLDOWN_SECONDS),
             probe_timeout=timedelta(seconds=render_dispatch_worst_case().seconds),
+            refresh_seconds=settings.RENDER_BREAKER_REFRESH_MS / 1000,
+            lock_timeout_ms=settings.RENDER_BREAKER_LOCK_TIMEOUT_MS,
         )
 
 
 @dataclass(frozen=True)
-class Permit:
+class Snapshot:
+    """The shared row as last read (a missing row is a closed breaker)."""
+
+    state: str = BreakerState.CLOSED
+    consecutive_failures: int = 0
+    # (side effect id, its attempts at its first and at its last failure in the streak)
+    failing_rows: tuple[tuple[int, int, int], ...] = ()
+    opened_at: datetime | None = None
+    open_until: datetime | None = None
+    probe_started_at: datetime | None = None
+    version: int = 0
+    exists: bool = False
+
+    @classmethod
+    def of(cls, row: CircuitBreaker | None) -> "Snapshot":
+        if row is None:
+            return cls()
+        return cls(
+            state=row.state,
+            consecutive_failures=row.consecutive_failures,
+            failing_rows=tuple(tuple(int(v) for v in entry) for entry in row.failing_rows or ()),
+            opened_at=row.opened_at,
+            open_until=row.open_until,
+            probe_started_at=row.probe_started_at,
+            version=row.version,
+            exists=True,
+        )
+
+    @property
+    def clean(self) -> bool:
+        return self.state == BreakerState.CLOSED and self.consecutive_failures == 0
+
+
+@dataclass(frozen=True)
+class Admission:
     allowed: bool
     probe: bool = False
-    # When asking again makes sense (for a skipped row's next_attempt_at).
+    # When asking again makes sense (a denied row's next_attempt_at).
     retry_at: datetime | None = None
 
 
-def _locked(name: str) -> CircuitBreaker:
-    breaker = CircuitBreaker.objects.select_for_update().filter(name=name).first()
-    if breaker is None:
-        CircuitBreaker.objects.bulk_create([CircuitBreaker(name=name)], ignore_conflicts=True)
-        breaker = CircuitBreaker.objects.select_for_update().get(name=name)
-    return breaker
+@dataclass(frozen=True)
+class Judgement:
+    """What one service failure costs its row."""
+
+    charged: bool
+    state: str
+    retry_at: datetime | None = None
+    # The other rows of the streak that opened the breaker, (id, attempts at their first
+    # and at their last failure in it): each is given back what the streak cost it.
+    refund: tuple[tuple[int, int, int], ...] = ()
 
 
-@transaction.atomic
-def circuit_breaker_acquire(
-    *, name: str, now: datetime | None = None, config: BreakerConfig | None = None
-) -> Permit:
-    """May a call go out now? Half-open lets exactly one probe through."""
-    now = now or timezone.now()
-    config = config or BreakerConfig.from_settings()
-    breaker = _locked(name)
-    if breaker.state == BreakerState.CLOSED:
-        return Permit(allowed=True)
-    if breaker.state == BreakerState.OPEN and now < breaker.open_until:
-        return Permit(allowed=False, retry_at=breaker.open_until)
-    if breaker.state == BreakerState.HALF_OPEN:
-        probe_deadline = breaker.probe_started_at + config.probe_timeout
-        if now < probe_deadline:
-            return Permit(allowed=False, retry_at=probe_deadline)
-    breaker.state = BreakerState.HALF_OPEN
-    breaker.probe_started_at = now
-    breaker.save(update_fields=["state", "probe_started_at", "updated_at"])
-    logger.info("outbox.breaker.half_open", extra={"breaker": name})
-    return Permit(allowed=True, probe=True)
+class Breaker:
+    """A dispatcher run's view of one shared breaker. Thread-safe (the bulkhead's threads
+    share it); every method is safe to call with the database down."""
 
-
-@transaction.atomic
-def circuit_breaker_record_success(*, name: str) -> None:
-    # One conditional UPDATE: the common case (already closed, no failures) writes nothing.
-    closed = (
-        CircuitBreaker.objects.filter(name=name)
-        .exclude(state=BreakerState.CLOSED, consecutive_failures=0)
-        .update(
-            state=BreakerState.CLOSED,
-            consecutive_failures=0,
-            opened_at=None,
-            open_until=None,
-            probe_started_at=None,
-            updated_at=timezone.now(),
-        )
-    )
-    if closed:
-        logger.info("outbox.breaker.closed", extra={"breaker": name})
-
-
-@transaction.atomic
-def circuit_breaker_record_failure(
-    *,
-    name: str,
-    error_class: str,
-    now: datetime | None = None,
-    config: BreakerConfig | None = None,
-) -> str:
-    """Count one service failure; open (again) at the threshold or when a probe failed."""
-    now = now or timezone.now()
-    config = config or BreakerConfig.from_settings()
-    breaker = _locked(name)
-    breaker.consecutive_failures += 1
-    breaker.last_error_class = error_class[:64]
-    if (
-        breaker.state == BreakerState.HALF_OPEN
-        or breaker.consecutive_failures >= config.failure_threshold
+    def __init__(
+        self,
+        *,
+        name: str = RENDER_SERVICE_BREAKER,
+        config: BreakerConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
-        if breaker.state != BreakerState.OPEN:
-            breaker.opened_at = now
-        breaker.state = BreakerState.OPEN
-        breaker.open_until = now + config.cooldown
-        breaker.probe_started_at = None
+        self.name = name
+        self.config = config or BreakerConfig.from_settings()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._snapshot = Snapshot()
+        self._read_at: float | None = None
+        self._probing = False  # this view holds the half-open probe
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def view(self, *, fresh: bool = False) -> Snapshot:
+        with self._lock:
+            age = None if self._read_at is None else self._clock() - self._read_at
+            if not fresh and age is not None and age < self.config.refresh_seconds:
+                return self._snapshot
+        try:
+            snapshot = Snapshot.of(CircuitBreaker.objects.filter(name=self.name).first())
+        except DatabaseError:
+            logger.warning("outbox.breaker.read_failed", extra={"breaker": self.name})
+            connection.close_if_unusable_or_obsolete()
+            with self._lock:
+                return self._snapshot
+        with self._lock:
+            self._snapshot, self._read_at = snapshot, self._clock()
+        return snapshot
+
+    def _probe_deadline(self, snapshot: Snapshot) -> datetime:
+        return snapshot.probe_started_at + self.config.probe_timeout
+
+    def _waiting_until(self, snapshot: Snapshot, now: datetime) -> datetime | None:
+        """When calls may go again, or None if a probe may be taken now."""
+        if snapshot.state == BreakerState.OPEN and now < snapshot.open_until:
+            return snapshot.open_until
+        if snapshot.state == BreakerState.HALF_OPEN and now < self._probe_deadline(snapshot):
+            return self._probe_deadline(snapshot)
+        return None
+
+    def claim_limit(self, free: int, *, now: datetime) -> int:
+        """How many rows a dispatcher should claim now: all free slots when closed, one
+        (the probe) when a probe may be taken, else none."""
+        snapshot = self.view()
+        if snapshot.state == BreakerState.CLOSED:
+            return free
+        with self._lock:
+            if self._probing:
+                return 0
+        return 0 if self._waiting_until(snapshot, now) else min(free, 1)
+
+    def admit(self, *, now: datetime) -> Admission:
+        """May this row's render call go out now? Half-open lets exactly one through."""
+        snapshot = self.view()
+        if snapshot.state == BreakerState.CLOSED:
+            return Admission(allowed=True)
+        until = self._waiting_until(snapshot, now)
+        if until is None and self._take_probe(snapshot, now):
+            return Admission(allowed=True, probe=True)
+        if until is None:
+            snapshot = self.view(fresh=True)
+            until = self._waiting_until(snapshot, now) or now + self.config.probe_timeout
+        return Admission(allowed=False, retry_at=until)
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def _write(self, snapshot: Snapshot, now: datetime, **fields) -> bool:
+        """One conditional UPDATE, fenced on the version read; True if it was ours."""
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SET LOCAL lock_timeout = {int(self.config.lock_timeout_ms)}")
+            updated = CircuitBreaker.objects.filter(
+                name=self.name, version=snapshot.version
+            ).update(version=F("version") + 1, updated_at=now, **fields)
+        if updated:
+            known = {k: v for k, v in fields.items() if k in Snapshot.__dataclass_fields__}
+            if "failing_rows" in known:
+                known["failing_rows"] = tuple(tuple(pair) for pair in known["failing_rows"])
+            with self._lock:
+                self._snapshot = replace(snapshot, version=snapshot.version + 1, **known)
+                self._read_at = self._clock()
+        return bool(updated)
+
+    def _take_probe(self, snapshot: Snapshot, now: datetime) -> bool:
+        with self._lock:
+            if self._probing:
+                return False
+            self._probing = True
+        try:
+            taken = self._write(
+                snapshot, now, state=BreakerState.HALF_OPEN, probe_started_at=now
+            )
+        except DatabaseError:
+            logger.warning("outbox.breaker.write_failed", extra={"breaker": self.name})
+            connection.close_if_unusable_or_obsolete()
+            taken = False
+        if taken:
+            logger.info("outbox.breaker.half_open", extra={"breaker": self.name})
+        else:
+            with self._lock:
+                self._probing = False
+        return taken
+
+    def _end_probe(self, probe: bool) -> None:
+        if probe:
+            with self._lock:
+                self._probing = False
+
+    def abandon_probe(self) -> None:
+        """The probe row never made its call: let another row probe after the timeout."""
+        self._end_probe(True)
+
+    def record_success(self, *, probe: bool, now: datetime | None = None) -> None:
+        """The service answered a real call: the streak ends, an open breaker closes."""
+        now = now or timezone.now()
+        self._end_probe(probe)
+        if self.view().clean and not probe:
+            return  # the hot path: nothing to write
+        try:
+            with transaction.atomic():
+                if connection.vendor == "postgresql":
+                    with connection.cursor() as cursor:
+                        cursor.execute(
+                            f"SET LOCAL lock_timeout = {int(self.config.lock_timeout_ms)}"
+                        )
+                closed = (
+                    CircuitBreaker.objects.filter(name=self.name)
+                    .exclude(state=BreakerState.CLOSED, consecutive_failures=0)
+                    .update(
+                        state=BreakerState.CLOSED,
+                        consecutive_failures=0,
+                        failing_rows=[],
+                        opened_at=None,
+                        open_until=None,
+                        probe_started_at=None,
+                        version=F("version") + 1,
+                        updated_at=now,
+                    )
+                )
+        except DatabaseError:
+            logger.warning("outbox.breaker.write_failed", extra={"breaker": self.name})
+            connection.close_if_unusable_or_obsolete()
+            return
+        with self._lock:
+            self._read_at = None  # read the new version next time
+        if closed:
+            logger.info("outbox.breaker.closed", extra={"breaker": self.name})
+
+    def record_failure(
+        self,
+        *,
+        side_effect_id: int,
+        attempts: int,
+        error_class: str,
+        probe: bool,
+        now: datetime | None = None,
+    ) -> Judgement:
+        """A real call failed in a way that says something about the service."""
+        now = now or timezone.now()
+        self._end_probe(probe)
+        try:
+            for _ in range(_WRITE_TRIES):
+                judgement = self._fold_failure(side_effect_id, attempts, error_class, probe, now)
+                if judgement is not None:
+                    return judgement
+            logger.warning("outbox.breaker.contended", extra={"breaker": self.name})
+        except DatabaseError:
+            logger.warning("outbox.breaker.write_failed", extra={"breaker": self.name})
+            connection.close_if_unusable_or_obsolete()
+        # We could not record it: judge by what we last saw.
+        snapshot = self._snapshot
+        closed = snapshot.state == BreakerState.CLOSED and not probe
+        return Judgement(charged=closed, state=snapshot.state)
+
+    def _fold_failure(
+        self, side_effect_id: int, attempts: int, error_class: str, probe: bool, now: datetime
+    ) -> Judgement | None:
+        """One optimistic try; None when another process changed the row meanwhile."""
+        snapshot = self.view(fresh=True)
+        if not snapshot.exists:
+            CircuitBreaker.objects.bulk_create(
+                [CircuitBreaker(name=self.name)], ignore_conflicts=True
+            )
+            return None
+        reopen = {
+            "state": BreakerState.OPEN,
+            "open_until": now + self.config.cooldown,
+            "probe_started_at": None,
+            "last_error_class": error_class[:64],
+        }
+        if probe:
+            # The probe failed: the service still fails. Open for another cool-down.
+            if not self._write(snapshot, now, opened_at=snapshot.opened_at or now, **reopen):
+                return None
+            logger.warning("outbox.breaker.probe_failed", extra={"breaker": self.name})
+            return Judgement(charged=False, state=BreakerState.OPEN, retry_at=reopen["open_until"])
+        if snapshot.state != BreakerState.CLOSED:
+            # A call let through before the breaker opened: the service's failure, not ours.
+            until = self._waiting_until(snapshot, now) or now + self.config.probe_timeout
+            return Judgement(charged=False, state=snapshot.state, retry_at=until)
+        streak = {row: (first, last) for row, first, last in snapshot.failing_rows}
+        first = streak.get(side_effect_id, (attempts, attempts))[0]
+        streak[side_effect_id] = (first, attempts)
+        entries = sorted((row, first, last) for row, (first, last) in streak.items())
+        failures = snapshot.consecutive_failures + 1
+        if len(streak) < self.config.failure_threshold:
+            if not self._write(
+                snapshot,
+                now,
+                consecutive_failures=failures,
+                failing_rows=entries,
+                last_error_class=error_class[:64],
+            ):
+                return None
+            return Judgement(charged=True, state=BreakerState.CLOSED)
+        if not self._write(
+            snapshot,
+            now,
+            consecutive_failures=failures,
+            failing_rows=[],
+            opened_at=now,
+            **reopen,
+        ):
+            return None
         logger.warning(
             "outbox.breaker.open",
-            extra={
-                "breaker": name,
-                "consecutive_failures": breaker.consecutive_failures,
-                "error_class": error_class,
-            },
+            extra={"breaker": self.name, "rows": len(streak), "error_class": error_class},
         )
-    breaker.save()
-    return breaker.state
+        return Judgement(
+            charged=False,
+            state=BreakerState.OPEN,
+            retry_at=reopen["open_until"],
+            refund=tuple(entry for entry in entries if entry[0] != side_effect_id),
+        )

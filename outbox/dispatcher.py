@@ -11,39 +11,39 @@ attempts within one run; between runs, the backoff and the circuit breaker sprea
 Several dispatchers on several hosts can run at once: claims are SELECT … FOR UPDATE SKIP
 LOCKED, committed as `processing` before any call, so no row is ever dispatched twice at
 the same time.
+
+The circuit breaker (outbox/breaker.py) is consulted through the run's in-process view: no
+lock and, while it is closed and clean, no query per row. Whatever goes wrong, including our
+own database, a row's outcome is decided by eventdrop.retry (the one classification table):
+a database error is transient, a missing configuration releases the row uncharged.
 """
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from outbox.breaker import (
-    RENDER_SERVICE_BREAKER,
-    BreakerConfig,
-    circuit_breaker_acquire,
-    circuit_breaker_record_failure,
-    circuit_breaker_record_success,
-)
+from eventdrop.retry import classify
+from outbox.breaker import RENDER_SERVICE_BREAKER, Breaker, BreakerConfig
 from outbox.budgets import render_dispatch_worst_case
-from outbox.errors import classify
 from outbox.models import AttemptOutcome, BreakerState
-from outbox.selectors import circuit_breaker_get
 from outbox.services import (
     Claim,
     side_effect_complete,
     side_effect_fail,
-    side_effect_release,
     side_effects_claim,
     side_effects_rearm_stale,
+    side_effects_refund,
 )
-from recaps.errors import EventNotFound, RenderCircuitOpen, RenderError, TooFewPhotos
+from recaps.errors import EventNotFound, RenderCircuitOpen, TooFewPhotos
 from recaps.models import RecapStatus
 from recaps.render_client import RenderClient, RenderClientConfig
 from recaps.selectors import event_photo_keys, recap_get
@@ -69,53 +69,83 @@ class DispatchReport:
         return self.outcomes.get(outcome, 0)
 
     def summary(self) -> str:
+        waiting = (
+            self.count(AttemptOutcome.SKIPPED)
+            + self.count(AttemptOutcome.SERVICE_UNAVAILABLE)
+            + self.count(AttemptOutcome.DEFERRED)
+        )
         return (
             f"claimed {self.claimed}: done {self.count(AttemptOutcome.DONE)}, "
             f"retry later {self.count(AttemptOutcome.TRANSIENT)}, "
             f"dead {self.count(AttemptOutcome.DEAD) + self.count(AttemptOutcome.PERMANENT)}, "
-            f"skipped {self.count(AttemptOutcome.SKIPPED)} (breaker {self.breaker}), "
+            f"released uncharged {waiting} (breaker {self.breaker}), "
             f"errors {self.errors}; re-armed {self.rearmed_stale} stale; "
             f"{self.elapsed_seconds:.1f} s of {self.budget_seconds:.1f} s budget "
             f"(worst-case dispatch {self.worst_case_seconds:.1f} s)"
         )
 
 
-class _InlineExecutor:
-    """A bulkhead of one needs no thread: run the dispatch here, return a finished future."""
+class _Bulkhead:
+    """At most `size` dispatches at once, on threads that live for the whole run.
+
+    Each thread keeps its database connection for the run and closes it when the run ends
+    (opening one per dispatch cost more than the dispatch). A bulkhead of one runs inline.
+    """
+
+    def __init__(self, size: int):
+        self._size = size
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"render-dispatch-{n}", daemon=True)
+            for n in range(size if size > 1 else 0)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _serve(self) -> None:
+        try:
+            while (item := self._work.get()) is not None:
+                future, fn, args, kwargs = item
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn(*args, **kwargs))
+                    except BaseException as exc:
+                        future.set_exception(exc)
+        finally:
+            connection.close()
 
     def submit(self, fn, *args, **kwargs) -> Future:
         future: Future = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:
-            future.set_exception(exc)
+        if not self._threads:
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:
+                future.set_exception(exc)
+        else:
+            self._work.put((future, fn, args, kwargs))
         return future
 
-    def shutdown(self, wait: bool = True) -> None:
-        return None
-
-
-def _in_worker_thread(fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        # Each pool thread opened its own connection; do not leak it past the run.
-        connection.close()
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._work.put(None)
+        for thread in self._threads:
+            thread.join()
 
 
 def dispatch_one(
     claim: Claim,
     *,
     deadline: float,
+    breaker: Breaker,
     now: Callable[[], datetime] = timezone.now,
     client_factory: ClientFactory = RenderClient,
-    breaker_config: BreakerConfig | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> str:
     """Dispatch one claimed row and record its outcome. Returns the AttemptOutcome."""
     started_at = now()
     config = RenderClientConfig.from_settings()
-    permit = None
+    admission = None
+    called = False
     try:
         recap = recap_get(recap_id=claim.recap_id)
         if recap.status == RecapStatus.READY:
@@ -129,12 +159,11 @@ def dispatch_one(
         photos = event_photo_keys(event=recap.event)
         if len(photos) < settings.RECAP_MIN_PHOTOS:
             raise TooFewPhotos(count=len(photos), minimum=settings.RECAP_MIN_PHOTOS)
-        permit = circuit_breaker_acquire(
-            name=RENDER_SERVICE_BREAKER, now=now(), config=breaker_config
-        )
-        if not permit.allowed:
-            until = permit.retry_at.isoformat() if permit.retry_at else "later"
+        admission = breaker.admit(now=now())
+        if not admission.allowed:
+            until = admission.retry_at.isoformat() if admission.retry_at else "later"
             raise RenderCircuitOpen(until=until)
+        called = True
         client = client_factory(config, clock=clock)
         try:
             accepted = client.request_render(
@@ -149,87 +178,45 @@ def dispatch_one(
         finally:
             client.close()
     except Exception as exc:
+        if isinstance(exc, DatabaseError):
+            # A broken connection must not poison the rest of this thread's run.
+            connection.close_if_unusable_or_obsolete()
         failure = classify(exc)
-        if isinstance(exc, RenderCircuitOpen):
-            return side_effect_release(
-                claim=claim,
-                retry_at=permit.retry_at if permit else None,
-                error=str(exc),
-                started_at=started_at,
+        charged, release_at, refund = True, None, ()
+        probe = admission is not None and admission.probe
+        if admission is not None and not admission.allowed:
+            release_at = admission.retry_at
+        elif called and failure.service_failure:
+            # The service was asked and failed: evidence for the breaker, which also says
+            # whether this was the service failing as a whole (then not the row's cost).
+            judgement = breaker.record_failure(
+                side_effect_id=claim.id,
+                attempts=claim.attempts,
+                error_class=failure.error_class,
+                probe=probe,
                 now=now(),
             )
-        if permit is not None and permit.allowed:
-            # The service was asked: its answer (or silence) is evidence for the breaker.
-            if failure.service_failure:
-                circuit_breaker_record_failure(
-                    name=RENDER_SERVICE_BREAKER,
-                    error_class=failure.error_class,
-                    now=now(),
-                    config=breaker_config,
-                )
-            else:
-                circuit_breaker_record_success(name=RENDER_SERVICE_BREAKER)
-        return side_effect_fail(
-            claim=claim, failure=failure, error=str(exc), started_at=started_at, now=now()
+            charged, release_at, refund = judgement.charged, judgement.retry_at, judgement.refund
+        elif called:
+            breaker.record_success(probe=probe, now=now())  # it answered about this row
+        elif probe:
+            breaker.abandon_probe()
+        outcome = side_effect_fail(
+            claim=claim,
+            failure=failure,
+            error=str(exc),
+            started_at=started_at,
+            now=now(),
+            charged=charged,
+            release_at=release_at,
         )
-    circuit_breaker_record_success(name=RENDER_SERVICE_BREAKER)
+        if refund:
+            side_effects_refund(rows=refund, started_at=started_at, now=now())
+        return outcome
+    breaker.record_success(probe=admission.probe, now=now())
     return side_effect_complete(
         claim=claim, render_id=accepted.render_id, started_at=started_at, now=now()
     )
-
-
-def _claim_limit(free: int, at: datetime, config: BreakerConfig) -> int | None:
-    """How many rows to claim now, given the shared breaker; None means "probe first".
-
-    Read without a lock: a stale view only costs a skipped, refunded attempt, which
-    dispatch_one handles.
-    """
-    breaker = circuit_breaker_get(name=RENDER_SERVICE_BREAKER)
-    if breaker is None or breaker.state == BreakerState.CLOSED:
-        return free
-    if breaker.state == BreakerState.OPEN and at < breaker.open_until:
-        return 0
-    if (
-        breaker.state == BreakerState.HALF_OPEN
-        and at < breaker.probe_started_at + config.probe_timeout
-    ):
-        return 0  # another dispatcher's probe is under way
-    return None
-
-
-def _probe(
-    *,
-    now: datetime,
-    clock: Callable[[], float],
-    client_factory: ClientFactory,
-    config: BreakerConfig,
-) -> bool:
-    """The half-open probe: a health check, not a row's dispatch.
-
-    A probe made with a real row would charge that row an attempt per failed probe, and
-    the same earliest-due rows would be picked every cool-down: a long outage would kill
-    them one by one, which is exactly the seed's loss, only slower. The health check costs
-    no row anything.
-    """
-    permit = circuit_breaker_acquire(name=RENDER_SERVICE_BREAKER, now=now, config=config)
-    if not permit.allowed:
-        return False
-    client_config = RenderClientConfig.from_settings()
-    client = client_factory(client_config, clock=clock)
-    try:
-        client.check_health(deadline=clock() + client_config.health.total)
-    except RenderError as exc:
-        circuit_breaker_record_failure(
-            name=RENDER_SERVICE_BREAKER,
-            error_class=classify(exc).error_class,
-            now=now,
-            config=config,
-        )
-        return False
-    finally:
-        client.close()
-    circuit_breaker_record_success(name=RENDER_SERVICE_BREAKER)
-    return True
 
 
 def dispatch_run(
@@ -244,7 +231,7 @@ def dispatch_run(
     budget = settings.OUTBOX_DISPATCH_BUDGET_SECONDS if budget_seconds is None else budget_seconds
     concurrency = max_concurrency or settings.RENDER_MAX_CONCURRENCY
     worst = render_dispatch_worst_case().seconds
-    breaker_config = BreakerConfig.from_settings()
+    breaker = Breaker(name=RENDER_SERVICE_BREAKER, config=BreakerConfig.from_settings())
 
     def current() -> datetime:
         return now or timezone.now()
@@ -254,11 +241,7 @@ def dispatch_run(
     run_deadline = start + budget
     report.rearmed_stale = side_effects_rearm_stale(now=current())
 
-    executor = (
-        ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="render-dispatch")
-        if concurrency > 1
-        else _InlineExecutor()
-    )
+    bulkhead = _Bulkhead(concurrency)
     seen: set[int] = set()
     in_flight: dict[Future, Claim] = {}
     exhausted = False
@@ -266,16 +249,8 @@ def dispatch_run(
         while True:
             free = concurrency - len(in_flight)
             if not exhausted and free > 0 and run_deadline - clock() >= worst:
-                limit = _claim_limit(free, current(), breaker_config)
-                if limit is None:
-                    # Cool-down over: probe once, before any row is risked.
-                    probed = not in_flight and _probe(
-                        now=current(),
-                        clock=clock,
-                        client_factory=client_factory,
-                        config=breaker_config,
-                    )
-                    limit = free if probed else 0
+                # Closed: every free slot; cool-down over: one row, the half-open probe.
+                limit = breaker.claim_limit(free, now=current())
                 claims = (
                     side_effects_claim(limit=limit, now=current(), exclude=seen) if limit else []
                 )
@@ -283,19 +258,14 @@ def dispatch_run(
                 for claim in claims:
                     seen.add(claim.id)
                     report.claimed += 1
-                    deadline = min(clock() + worst, run_deadline)
-                    call = (dispatch_one, claim)
-                    kwargs = {
-                        "deadline": deadline,
-                        "now": current,
-                        "client_factory": client_factory,
-                        "breaker_config": breaker_config,
-                        "clock": clock,
-                    }
-                    future = (
-                        executor.submit(_in_worker_thread, *call, **kwargs)
-                        if concurrency > 1
-                        else executor.submit(*call, **kwargs)
+                    future = bulkhead.submit(
+                        dispatch_one,
+                        claim,
+                        deadline=min(clock() + worst, run_deadline),
+                        breaker=breaker,
+                        now=current,
+                        client_factory=client_factory,
+                        clock=clock,
                     )
                     in_flight[future] = claim
                 if not claims and not in_flight:
@@ -314,9 +284,8 @@ def dispatch_run(
                     report.errors += 1
                     logger.exception("outbox.dispatch.error", extra={"side_effect_id": claim.id})
     finally:
-        executor.shutdown(wait=True)
-    breaker = circuit_breaker_get(name=RENDER_SERVICE_BREAKER)
-    report.breaker = breaker.state if breaker else BreakerState.CLOSED
+        bulkhead.shutdown()
+    report.breaker = breaker.view(fresh=True).state
     report.elapsed_seconds = clock() - start
     logger.info(
         "outbox.dispatch.run",

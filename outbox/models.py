@@ -28,6 +28,15 @@ class SideEffectStatus(models.TextChoices):
     DEAD = "dead", "dead"
 
 
+class WaitReason(models.TextChoices):
+    """Why a pending row is waiting (the ops page and /metrics count rows per reason)."""
+
+    NONE = "", "not waiting on anything (new or re-armed)"
+    BREAKER = "breaker", "the render service failed as a whole (not charged)"
+    OWN_ERROR = "own_error", "its own last attempt failed (charged)"
+    CONFIGURATION = "configuration", "our configuration was incomplete (not charged)"
+
+
 class RecapSideEffect(models.Model):
     recap = models.ForeignKey(RecapVideo, on_delete=models.CASCADE, related_name="side_effects")
     effect_type = models.CharField(max_length=32, choices=EffectType.choices)
@@ -48,6 +57,16 @@ class RecapSideEffect(models.Model):
     key_generation = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
     last_error_class = models.CharField(max_length=64, blank=True, default="")
+    # The first *charged* failure since the row was armed: the give-up horizon
+    # (OUTBOX_TRANSIENT_HORIZON_SECONDS) is measured from here, not from an incident's start.
+    first_failed_at = models.DateTimeField(null=True, blank=True)
+    wait_reason = models.CharField(
+        max_length=16,
+        choices=WaitReason.choices,
+        blank=True,
+        default=WaitReason.NONE,
+        db_default=WaitReason.NONE,
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -65,6 +84,10 @@ class RecapSideEffect(models.Model):
             models.CheckConstraint(
                 condition=Q(effect_type__in=EffectType.values),
                 name="recap_side_effect_type_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(wait_reason__in=WaitReason.values),
+                name="recap_side_effect_wait_reason_valid",
             ),
             models.CheckConstraint(
                 condition=~Q(status=SideEffectStatus.PROCESSING) | Q(claimed_at__isnull=False),
@@ -104,6 +127,12 @@ class AttemptOutcome(models.TextChoices):
     PERMANENT = "permanent", "permanent error"
     DEAD = "dead", "gave up after the last attempt"
     SKIPPED = "skipped", "skipped, circuit breaker open (not counted)"
+    SERVICE_UNAVAILABLE = (
+        "service_unavailable",
+        "failed while the render service failed as a whole (not counted)",
+    )
+    DEFERRED = "deferred", "released: our configuration was incomplete (not counted)"
+    REFUNDED = "refunded", "an earlier failure refunded: the breaker opened (not counted)"
     LOST_CLAIM = "lost_claim", "finished after the row was re-armed (ignored)"
     REARMED_STALE = "rearmed_stale", "re-armed: its worker died"
     REARMED = "rearmed", "re-armed by an operator"
@@ -119,7 +148,7 @@ class RecapSideEffectAttempt(models.Model):
     number = models.PositiveIntegerField()
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField()
-    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices)
+    outcome = models.CharField(max_length=32, choices=AttemptOutcome.choices)
     error_class = models.CharField(max_length=64, blank=True, default="")
     error = models.TextField(blank=True, default="")
 
@@ -146,8 +175,10 @@ class BreakerState(models.TextChoices):
 class CircuitBreaker(models.Model):
     """One row per breaker, shared by every dispatcher process on every host.
 
-    Rows are changed only under SELECT … FOR UPDATE (outbox/breaker.py), so two processes
-    cannot both let a half-open probe through or lose a failure count.
+    Dispatchers read it without a lock (at most every RENDER_BREAKER_REFRESH_MS) and change
+    it with one conditional UPDATE on `version` (optimistic concurrency, outbox/breaker.py):
+    two processes cannot both take the half-open probe or lose a failure, and nobody holds
+    its lock across a render call.
     """
 
     name = models.CharField(max_length=64, primary_key=True)
@@ -158,6 +189,10 @@ class CircuitBreaker(models.Model):
     opened_at = models.DateTimeField(null=True, blank=True)
     open_until = models.DateTimeField(null=True, blank=True)
     probe_started_at = models.DateTimeField(null=True, blank=True)
+    # Side effects whose service failures form the current streak (distinct ids, at most
+    # the threshold): one row failing again and again never opens the breaker by itself.
+    failing_rows = models.JSONField(default=list, blank=True)
+    version = models.PositiveBigIntegerField(default=0, db_default=0)
     last_error_class = models.CharField(max_length=64, blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
 

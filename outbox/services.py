@@ -4,11 +4,18 @@ The row is the state machine (the seed's third lesson, "accepted ≠ done"):
 
     pending ──claim──▶ processing ──render accepted──▶ done
        ▲                   │
-       │                   ├── transient failure, attempts left ──▶ pending (next_attempt_at)
-       │                   ├── transient failure, last attempt ───▶ dead ─▶ recap failed
-       │                   ├── permanent or unclassified failure ─▶ dead ─▶ recap failed
-       │                   └── breaker open (attempt refunded) ───▶ pending
+       │                   ├── transient failure of the row (charged) ─────────▶ pending
+       │                   ├── the service failing as a whole, the breaker open,
+       │                   │   our configuration incomplete (NOT charged) ─────▶ pending
+       │                   ├── transient, 5 charged attempts and past the horizon ▶ dead
+       │                   ├── permanent failure ──────────────────────────────▶ dead
+       │                   └──────────────────────────────────▶ dead ─▶ recap failed
        └──── re-arm (stale processing, operator) ─────────────────────┘
+
+`attempts` counts *charged* attempts: how often this row was tried against a working
+service. The claim charges one before the call (so a worker that dies mid-call has paid
+for it); an uncharged outcome gives it back. What to do with a failure is decided by
+eventdrop.retry.RetryStrategy (one decision for deliveries and side effects alike).
 
 Only `dead` writes a terminal state on the recap. Transaction boundaries: the claim is one
 short transaction, the network call happens outside any transaction, and each outcome is
@@ -23,16 +30,16 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from eventdrop.retry import RetryPolicy
+from eventdrop.retry import Action, Failure, RetryDecision, RetryPolicy, RetryStrategy, fenced
 from outbox.errors import (
     SIDE_EFFECT_ALREADY_DEAD,
     SIDE_EFFECT_ALREADY_DONE,
     SIDE_EFFECT_IN_FLIGHT,
     SIDE_EFFECT_REASON_REQUIRED,
-    Failure,
     OutboxError,
 )
 from outbox.models import (
@@ -41,6 +48,7 @@ from outbox.models import (
     RecapSideEffect,
     RecapSideEffectAttempt,
     SideEffectStatus,
+    WaitReason,
 )
 from recaps.models import RecapVideo
 from recaps.selectors import recaps_paid_without_side_effect, recaps_stuck_rendering
@@ -51,6 +59,10 @@ logger = logging.getLogger(__name__)
 DEAD_REASON = "render request gave up after {attempts} attempt(s): {error_class}: {error}"
 OPERATOR_DEAD_REASON = "marked dead by an operator: {reason}"
 STALE_ERROR = "re-armed: processing since {claimed_at}, its worker died"
+REFUND_NOTE = (
+    "{count} attempt(s) refunded: the breaker opened on this failure streak "
+    "(the service failed, not this row)"
+)
 _ERROR_LIMIT = 2000
 
 
@@ -59,6 +71,12 @@ def outbox_retry_policy() -> RetryPolicy:
         max_attempts=settings.OUTBOX_MAX_ATTEMPTS,
         base_seconds=settings.OUTBOX_BACKOFF_BASE_SECONDS,
         cap_seconds=settings.OUTBOX_BACKOFF_CAP_SECONDS,
+    )
+
+
+def outbox_retry_strategy() -> RetryStrategy:
+    return RetryStrategy(
+        policy=outbox_retry_policy(), horizon_seconds=settings.OUTBOX_TRANSIENT_HORIZON_SECONDS
     )
 
 
@@ -75,6 +93,8 @@ class Claim:
     attempts: int
     claimed_at: datetime
     idempotency_key: str
+    # The row's first charged failure since it was armed (the horizon counts from it).
+    first_failed_at: datetime | None = None
 
 
 def _history(
@@ -148,25 +168,34 @@ def side_effects_claim(
         next_attempt_at=now + _stale_after(),
         updated_at=now,
     )
-    rows = RecapSideEffect.objects.filter(id__in=due).order_by("next_attempt_at", "id")
+    rows = (
+        RecapSideEffect.objects.filter(id__in=due)
+        .order_by("next_attempt_at", "id")
+        .values_list(
+            "id", "recap_id", "attempts", "claimed_at", "key_generation", "first_failed_at"
+        )
+    )
     return [
         Claim(
-            id=row.id,
-            recap_id=row.recap_id,
-            attempts=row.attempts,
-            claimed_at=row.claimed_at,
-            idempotency_key=row.idempotency_key,
+            id=id,
+            recap_id=recap_id,
+            attempts=attempts,
+            claimed_at=claimed_at,
+            idempotency_key=RecapSideEffect(
+                recap_id=recap_id, effect_type=EffectType.RENDER, key_generation=generation
+            ).idempotency_key,
+            first_failed_at=first_failed_at,
         )
-        for row in rows
+        for id, recap_id, attempts, claimed_at, generation, first_failed_at in rows
     ]
 
 
 def _fenced(claim: Claim):
-    return RecapSideEffect.objects.filter(
-        id=claim.id,
-        status=SideEffectStatus.PROCESSING,
+    return fenced(
+        RecapSideEffect.objects.filter(id=claim.id),
         claimed_at=claim.claimed_at,
         attempts=claim.attempts,
+        processing=SideEffectStatus.PROCESSING,
     )
 
 
@@ -197,6 +226,7 @@ def side_effect_complete(
         claimed_at=None,
         last_error="",
         last_error_class="",
+        wait_reason=WaitReason.NONE,
         updated_at=now,
     )
     if not updated:
@@ -216,6 +246,15 @@ def side_effect_complete(
     return AttemptOutcome.DONE
 
 
+def _uncharged_outcome(failure: Failure) -> tuple[str, str]:
+    """(history outcome, wait reason) of a failure the row is not charged for."""
+    if failure.error_class == "circuit_open":
+        return AttemptOutcome.SKIPPED, WaitReason.BREAKER
+    if failure.error_class == "not_configured":
+        return AttemptOutcome.DEFERRED, WaitReason.CONFIGURATION
+    return AttemptOutcome.SERVICE_UNAVAILABLE, WaitReason.BREAKER
+
+
 @transaction.atomic
 def side_effect_fail(
     *,
@@ -224,25 +263,51 @@ def side_effect_fail(
     error: str,
     started_at: datetime,
     now: datetime | None = None,
+    charged: bool = True,
+    release_at: datetime | None = None,
 ) -> str:
-    """Record a failed attempt: retry later if transient with attempts left, else dead.
+    """Record a failed attempt as eventdrop.retry.RetryStrategy decides it.
 
-    A transient failure never writes a terminal state unless it was the last attempt.
+    `charged=False`: the dispatcher knows the failure was not the row's (the breaker was
+    open or opened on it, or it was the half-open probe); the attempt is given back and the
+    row waits until `release_at`. A transient failure never writes a terminal state unless
+    the row has used its charged attempts *and* its horizon.
     """
     now = now or timezone.now()
-    policy = outbox_retry_policy()
-    if failure.transient and not policy.gives_up_after(claim.attempts):
-        delay = policy.delay(claim.attempts, retry_after=failure.retry_after)
+    decision: RetryDecision = outbox_retry_strategy().decide(
+        failure,
+        attempts=claim.attempts,
+        now=now,
+        first_failed_at=claim.first_failed_at,
+        charged=charged,
+        release_at=release_at,
+    )
+    if decision.action == Action.RELEASE:
+        outcome, wait_reason = _uncharged_outcome(failure)
         updated = _fenced(claim).update(
             status=SideEffectStatus.PENDING,
             claimed_at=None,
-            next_attempt_at=now + timedelta(seconds=delay),
+            attempts=F("attempts") - 1,
+            next_attempt_at=decision.retry_at,
             last_error=error[:_ERROR_LIMIT],
             last_error_class=failure.error_class,
+            wait_reason=wait_reason,
             updated_at=now,
         )
+    elif decision.action == Action.RETRY:
         outcome = AttemptOutcome.TRANSIENT
+        updated = _fenced(claim).update(
+            status=SideEffectStatus.PENDING,
+            claimed_at=None,
+            next_attempt_at=decision.retry_at,
+            last_error=error[:_ERROR_LIMIT],
+            last_error_class=failure.error_class,
+            first_failed_at=claim.first_failed_at or now,
+            wait_reason=WaitReason.OWN_ERROR,
+            updated_at=now,
+        )
     else:
+        outcome = AttemptOutcome.PERMANENT if not failure.transient else AttemptOutcome.DEAD
         reason = DEAD_REASON.format(
             attempts=claim.attempts, error_class=failure.error_class, error=error
         )
@@ -252,9 +317,9 @@ def side_effect_fail(
             finished_at=now,
             last_error=error[:_ERROR_LIMIT] or failure.error_class,
             last_error_class=failure.error_class,
+            wait_reason=WaitReason.NONE,
             updated_at=now,
         )
-        outcome = AttemptOutcome.PERMANENT if not failure.transient else AttemptOutcome.DEAD
         if updated:
             recap_mark_failed(recap_id=claim.recap_id, reason=reason, now=now)
     if not updated:
@@ -268,7 +333,7 @@ def side_effect_fail(
         error_class=failure.error_class,
         error=error,
     )
-    log = logger.info if outcome == AttemptOutcome.TRANSIENT else logger.warning
+    log = logger.warning if decision.action == Action.GIVE_UP else logger.info
     log(
         f"outbox.dispatch.{outcome}",
         extra={
@@ -276,42 +341,51 @@ def side_effect_fail(
             "recap_id": str(claim.recap_id),
             "attempt": claim.attempts,
             "error_class": failure.error_class,
+            "decision": decision.reason,
         },
     )
     return outcome
 
 
 @transaction.atomic
-def side_effect_release(
-    *,
-    claim: Claim,
-    retry_at: datetime | None,
-    error: str,
-    started_at: datetime,
-    now: datetime | None = None,
-) -> str:
-    """Give a claimed row back untouched (breaker open): no call was made, so the attempt
-    is refunded and the row waits until the breaker may let calls through again."""
+def side_effects_refund(
+    *, rows: Iterable[tuple[int, int, int]], started_at: datetime, now: datetime | None = None
+) -> int:
+    """The breaker opened on a streak of service failures: the streak's earlier failures,
+    charged when nobody could tell them from the rows' own, were the service's.
+
+    `rows`: (id, attempts at its first failure in the streak, at its last). Each row gets
+    back what the streak cost it — only if it is still waiting on that last failure
+    (pending, same attempts), so a row claimed again meanwhile is left alone."""
     now = now or timezone.now()
-    updated = _fenced(claim).update(
-        status=SideEffectStatus.PENDING,
-        claimed_at=None,
-        attempts=F("attempts") - 1,
-        next_attempt_at=max(retry_at or now, now),
-        updated_at=now,
-    )
-    if not updated:
-        return _lost_claim(claim, started_at, now, error)
-    _history(
-        claim.id,
-        number=claim.attempts,
-        started_at=started_at,
-        finished_at=now,
-        outcome=AttemptOutcome.SKIPPED,
-        error_class="circuit_open",
-        error=error,
-    )
-    return AttemptOutcome.SKIPPED
+    refunded = 0
+    for side_effect_id, first, last in rows:
+        before = max(first - 1, 0)
+        updated = RecapSideEffect.objects.filter(
+            id=side_effect_id,
+            status=SideEffectStatus.PENDING,
+            attempts=last,
+            wait_reason=WaitReason.OWN_ERROR,
+        ).update(
+            attempts=before,
+            wait_reason=WaitReason.BREAKER,
+            # Its first charged failure was in the streak: its horizon has not started.
+            first_failed_at=None if before == 0 else F("first_failed_at"),
+            updated_at=now,
+        )
+        if updated:
+            refunded += 1
+            _history(
+                side_effect_id,
+                number=before,
+                started_at=started_at,
+                finished_at=now,
+                outcome=AttemptOutcome.REFUNDED,
+                error=REFUND_NOTE.format(count=last - before),
+            )
+    if refunded:
+        logger.info("outbox.dispatch.refunded", extra={"count": refunded})
+    return refunded
 
 
 @transaction.atomic
@@ -331,7 +405,13 @@ def side_effects_rearm_stale(*, now: datetime | None = None) -> int:
     if not stale:
         return 0
     RecapSideEffect.objects.filter(id__in=[row[0] for row in stale]).update(
-        status=SideEffectStatus.PENDING, claimed_at=None, next_attempt_at=now, updated_at=now
+        status=SideEffectStatus.PENDING,
+        claimed_at=None,
+        next_attempt_at=now,
+        # Charged: the horizon starts here unless an earlier charged failure started it.
+        first_failed_at=Coalesce("first_failed_at", Value(now)),
+        wait_reason=WaitReason.OWN_ERROR,
+        updated_at=now,
     )
     for side_effect_id, attempts, claimed_at in stale:
         _history(
@@ -379,6 +459,8 @@ def side_effect_rearm(
     row.next_attempt_at = now
     row.claimed_at = None
     row.finished_at = None
+    row.first_failed_at = None
+    row.wait_reason = WaitReason.NONE
     row.save()
     _history(
         row.id,

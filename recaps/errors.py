@@ -1,7 +1,7 @@
 """Domain errors of recaps and of the render-service client.
 
 Messages are constants (tests assert on them) and never quote payloads or secrets. Whether a
-render error is worth another attempt is decided in one place, outbox/errors.py.
+render error is worth another attempt is decided in one place, eventdrop/retry.py.
 """
 
 from eventdrop.errors import EventDropError
@@ -77,11 +77,11 @@ class CheckoutUnavailable(CheckoutError):
         super().__init__(message)
 
 
-# --- why a render could not be requested (classified in outbox/errors.py) -------------------
+# --- why a render could not be requested (classified in eventdrop/retry.py) ------------------
 
 
 class RenderError(EventDropError):
-    """Requesting a render failed; see outbox/errors.py for transient vs permanent."""
+    """Requesting a render failed; see eventdrop/retry.py for transient vs permanent."""
 
 
 class EventNotFound(RenderError):

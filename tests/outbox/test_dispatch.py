@@ -105,7 +105,6 @@ def test_a_slow_drip_is_cut_at_the_call_deadline_not_the_read_timeout(fake_rende
         ("error_4xx", "http_422", 1),
         ("too_few_photos", "too_few_photos", 0),
         ("event_deleted", "event_not_found", 0),
-        ("not_configured", "not_configured", 0),
     ],
 )
 def test_permanent_failures_are_dead_at_once_and_fail_the_recap_with_the_reason(
@@ -116,8 +115,6 @@ def test_permanent_failures_are_dead_at_once_and_fail_the_recap_with_the_reason(
         fake_renderer.configure(mode="error_4xx")
     elif setup == "event_deleted":
         recap.event.delete()
-    elif setup == "not_configured":
-        settings.RENDER_SERVICE_URL = ""
     report = run()
     reload(recap, side_effect)
     assert report.count(AttemptOutcome.PERMANENT) == 1
@@ -127,6 +124,23 @@ def test_permanent_failures_are_dead_at_once_and_fail_the_recap_with_the_reason(
     assert sum(fake_renderer.posts_by_key.values()) == calls
 
 
+def test_a_missing_configuration_never_kills_a_row_it_is_released_uncharged(
+    fake_renderer, paid_recap, settings
+):
+    # The dispatcher refuses to start without it (outbox/configuration.py); a row that
+    # meets it anyway — configuration changed under a running process — only waits.
+    settings.RENDER_SERVICE_URL = ""
+    recap, side_effect = paid_recap()
+    report = run()
+    reload(recap, side_effect)
+    assert report.count(AttemptOutcome.DEFERRED) == 1
+    assert (side_effect.status, side_effect.attempts) == ("pending", 0)
+    assert side_effect.wait_reason == "configuration"
+    assert side_effect.last_error_class == "not_configured"
+    assert recap.status == RecapStatus.PAID and recap.failure_reason == ""
+    assert outcomes(side_effect) == [AttemptOutcome.DEFERRED]
+
+
 def test_too_few_photos_reason_names_the_counts(fake_renderer, paid_recap):
     recap, _ = paid_recap(photos=2)
     run()
@@ -134,7 +148,13 @@ def test_too_few_photos_reason_names_the_counts(fake_renderer, paid_recap):
     assert "The event has 2 photos; a recap needs at least 5." in recap.failure_reason
 
 
-def test_an_unclassified_error_is_permanent_the_conservative_default(fake_renderer, paid_recap):
+def test_an_unclassified_error_is_retried_charged_and_ends_dead_visibly(
+    fake_renderer, paid_recap, settings
+):
+    # One table for deliveries and side effects: what nobody classified is retried, charged,
+    # a bounded number of times, then dead with its class name — never final at once.
+    settings.OUTBOX_TRANSIENT_HORIZON_SECONDS = 0
+
     class Exploding(RenderClient):
         def request_render(self, **kwargs):
             raise ValueError("something nobody classified yet")
@@ -142,9 +162,17 @@ def test_an_unclassified_error_is_permanent_the_conservative_default(fake_render
     recap, side_effect = paid_recap()
     run(client_factory=Exploding)
     reload(recap, side_effect)
-    assert side_effect.status == "dead"
+    assert (side_effect.status, side_effect.attempts) == ("pending", 1)
     assert side_effect.last_error_class == "unclassified:ValueError"
+    assert recap.status == RecapStatus.PAID
+    at = T0
+    for _ in range(4):
+        at = side_effect.next_attempt_at + timedelta(seconds=1)
+        run(at, client_factory=Exploding)
+        reload(recap, side_effect)
+    assert (side_effect.status, side_effect.attempts) == ("dead", 5)
     assert recap.status == RecapStatus.FAILED
+    assert "unclassified:ValueError" in recap.failure_reason
 
 
 def test_dead_after_five_transient_attempts_and_only_then_failed(fake_renderer, paid_recap):

@@ -1,9 +1,18 @@
-"""The seed's failure story, replayed: the render service restarts for two minutes while
-recaps are being paid. Before the rebuild, a red health check wrote `failed` at once and
-every recap paid in that window was lost for good. Now every one of them renders, once.
+"""The seed's failure story and its relatives, replayed against the fake render service over
+HTTP with the production dispatcher (`dispatch_run`): the service fails in one of five ways
+for far longer than a row's five attempts would last, recaps keep being paid, then it
+recovers. Before issue 9 a 5xx (or 429, or hang) outage behind a green health check killed
+every recap paid in it: each half-open probe was a health check, came back green and closed
+the breaker, and the next claims burned real attempts.
+
+The contract shown here: no recap `failed`, exactly one render per idempotency key, and
+every row ends with exactly ONE charged attempt — the one that rendered. Rows were tried
+during the outage, but a failure while the service fails as a whole is not the row's.
 
 Time is simulated: the dispatcher runs with an injected `now` (every row, backoff and the
-breaker's cool-down are computed from it); only the network calls take real time.
+breaker's cool-down are computed from it); only the network calls take real time. Settings
+compress time further: backoff 1..4 s (five attempts' worth of pauses: 1+2+4+4 = 11 s of
+ceilings), cool-down 20 s, a 60 s horizon; the outage lasts 10 minutes, some 50 times that.
 """
 
 from datetime import timedelta
@@ -17,62 +26,138 @@ from tests.recaps.fixtures import T0
 
 pytestmark = pytest.mark.django_db
 
-OUTAGE = timedelta(minutes=2)
-EVERY_TWO_MINUTES = timedelta(minutes=2)
+OUTAGE = timedelta(minutes=10)
+EVERY = timedelta(seconds=30)
 
 
-@pytest.mark.parametrize("outage_mode", ["unhealthy", "down"])
-def test_a_two_minute_render_outage_loses_no_recap(fake_renderer, paid_recap, outage_mode):
-    fake_renderer.configure(mode=outage_mode)
+@pytest.fixture
+def compressed(settings):
+    settings.OUTBOX_BACKOFF_BASE_SECONDS = 1.0
+    settings.OUTBOX_BACKOFF_CAP_SECONDS = 4.0
+    settings.OUTBOX_TRANSIENT_HORIZON_SECONDS = 60.0
+    settings.RENDER_BREAKER_COOLDOWN_SECONDS = 20.0
+    # A hanging call costs its whole deadline: keep it short so ten minutes stay quick.
+    settings.RENDER_READ_TIMEOUT_SECONDS = 0.3
+    settings.RENDER_TIMEOUT_SECONDS = 0.5
+
+
+def _outage_then_recovery(fake_renderer, paid_recap, mode):
+    fake_renderer.configure(mode=mode, retry_after=2)
     paid = []
-    # Payments keep arriving during the outage, one every ten seconds…
-    for second in range(0, 120, 10):
-        paid.append(paid_recap(now=T0 + timedelta(seconds=second))[0])
-        # …and a dispatcher (several hosts, or an impatient operator) runs every 30 s.
-        if second % 30 == 20:
-            dispatch_run(now=T0 + timedelta(seconds=second))
-
-    failed_during_outage = RecapSideEffect.objects.filter(attempts__gt=0).count()
-    assert failed_during_outage > 0  # the outage was real: calls were made and failed
+    at = T0
+    # Payments keep arriving during the outage, two every 30 s, and the dispatcher runs.
+    while at < T0 + OUTAGE:
+        paid += [paid_recap(now=at)[0] for _ in range(2)]
+        dispatch_run(now=at)
+        at += EVERY
     assert not RecapVideo.objects.filter(status=RecapStatus.FAILED).exists()
+    assert not RecapSideEffect.objects.filter(status="dead").exists()
 
-    # The service is back after two minutes; the schedule keeps running every two minutes.
     fake_renderer.configure(mode="ok")
-    at = T0 + OUTAGE
-    for _ in range(30):  # bounded: 60 simulated minutes at most
+    for _ in range(20):  # bounded: ten simulated minutes at most
         dispatch_run(now=at)
         if not RecapSideEffect.objects.exclude(status="done").exists():
             break
-        at += EVERY_TWO_MINUTES
+        at += EVERY
+    return paid
 
-    statuses = set(RecapVideo.objects.values_list("status", flat=True))
-    assert statuses == {RecapStatus.RENDERING}
+
+@pytest.mark.parametrize("mode", ["down", "unhealthy", "error_5xx", "rate_limited", "hang"])
+def test_a_long_outage_of_any_kind_loses_no_recap_and_charges_no_row(
+    fake_renderer, paid_recap, compressed, mode
+):
+    paid = _outage_then_recovery(fake_renderer, paid_recap, mode)
+
+    assert set(RecapVideo.objects.values_list("status", flat=True)) == {RecapStatus.RENDERING}
     assert not RecapSideEffect.objects.filter(status="dead").exists()
-    assert max(RecapSideEffect.objects.values_list("attempts", flat=True)) < 5
-    # Every recap rendered exactly once: one render per recap, one key each.
-    assert len(fake_renderer.renders) == len(paid)
+    # Exactly one render per idempotency key, one key per recap.
+    rows = list(RecapSideEffect.objects.all())
+    assert len(fake_renderer.renders) == len(paid) == len(rows)
+    assert set(fake_renderer.renders) == {row.idempotency_key for row in rows}
     for recap in paid:
         assert len(fake_renderer.renders_for_recap(str(recap.id))) == 1
-    assert set(fake_renderer.posts_by_key.values()) == {1}
+    # The attempts as designed: one charged attempt per row, the one that rendered.
+    assert {row.attempts for row in rows} == {1}
+    # The outage was real: rows were tried, and not charged for it.
+    outcomes = set(RecapSideEffect.objects.values_list("history__outcome", flat=True))
+    assert {"refunded", "service_unavailable"} & outcomes
 
 
-def test_a_long_outage_costs_each_row_at_most_the_attempts_before_the_breaker_opened(
-    fake_renderer, paid_recap
+def test_the_probe_is_a_real_dispatch_and_a_green_health_check_does_not_close_it(
+    fake_renderer, paid_recap, compressed
 ):
-    # An hour down, the dispatcher running every two minutes throughout. Once the breaker
-    # is open its probes are health checks, so no row pays for them: nothing dies.
-    fake_renderer.configure(mode="down")
-    rows = [paid_recap(now=T0)[1] for _ in range(10)]
+    # /health answers 200 throughout, /renders 500: the breaker stays open from the moment
+    # it opened until a real render succeeds.
+    fake_renderer.configure(mode="error_5xx")
+    for _ in range(10):
+        paid_recap(now=T0)
     at = T0
-    for _ in range(30):
-        dispatch_run(now=at)
-        at += EVERY_TWO_MINUTES
-    attempts = list(RecapSideEffect.objects.values_list("attempts", flat=True))
-    assert max(attempts) == 1 and attempts.count(1) == 5  # the threshold, no more
-    assert not RecapSideEffect.objects.filter(status="dead").exists()
-    assert fake_renderer.posts_by_key == {}  # down: nothing ever arrived
+    states = []
+    for _ in range(20):
+        states.append(dispatch_run(now=at).breaker)
+        at += EVERY
+    assert states[0] == "open" and set(states[1:]) == {"open"}
+    # One probe per cool-down, each a real POST /renders: the breaker did not close again.
+    posts = sum(fake_renderer.posts_by_key.values())
+    assert 5 <= posts <= 5 + 20
+    assert set(RecapSideEffect.objects.values_list("attempts", flat=True)) == {0}
 
-    fake_renderer.configure(mode="ok")
-    dispatch_run(now=at + timedelta(hours=1))
-    assert set(RecapVideo.objects.values_list("status", flat=True)) == {RecapStatus.RENDERING}
-    assert set(fake_renderer.renders) == {row.idempotency_key for row in rows}
+
+def test_a_row_that_fails_alone_still_dies_after_five_attempts_with_its_history(
+    settings, paid_recap, compressed
+):
+    # The service renders every other recap; this one gets a 500 every time. The breaker
+    # never opens (one row is not a streak), so each failure is charged: after five charged
+    # attempts, and past the horizon (5 minutes here), the row is dead and its recap failed.
+    import os
+
+    from recaps.fake_renderer import FakeRenderer, _Handler
+
+    settings.OUTBOX_TRANSIENT_HORIZON_SECONDS = 300.0
+
+    class OneRecapFails(_Handler):
+        def _body(self):
+            if not hasattr(self, "_cached_body"):
+                self._cached_body = super()._body()
+            return self._cached_body
+
+        def _render(self):
+            if self._body().get("recap_id") == self.fake.doomed:
+                with self.fake.lock:
+                    self.fake.posts_by_key[self.headers.get("Idempotency-Key", "")] += 1
+                self._json(500, {"error": "internal"})
+                return
+            super()._render()
+
+    fake = FakeRenderer(secret=os.environ["RENDERER_WEBHOOK_SECRET"], callbacks=False)
+    fake._server.RequestHandlerClass = OneRecapFails
+    settings.RENDER_SERVICE_URL = fake.url
+    settings.RENDER_CALLBACK_URL = "http://127.0.0.1:9/webhooks/renderer/"
+    with fake:
+        doomed, doomed_row = paid_recap(now=T0)
+        fake.doomed = str(doomed.id)
+        at = T0
+        others = []
+        for _ in range(40):  # bounded: 20 simulated minutes
+            others += [paid_recap(now=at)[0] for _ in range(2)]
+            dispatch_run(now=at)
+            doomed_row.refresh_from_db()
+            if doomed_row.status == "dead":
+                break
+            at += EVERY
+    doomed.refresh_from_db()
+    assert doomed_row.status == "dead" and doomed_row.attempts == 5
+    assert doomed.status == RecapStatus.FAILED
+    assert doomed.failure_reason == (
+        "render request gave up after 5 attempt(s): http_500: The render service answered HTTP 500."
+    )
+    history = list(doomed_row.history.all())
+    assert [h.outcome for h in history] == ["transient"] * 4 + ["dead"]
+    assert [h.number for h in history] == [1, 2, 3, 4, 5]
+    # It lived at least the horizon after its first failure.
+    assert history[-1].started_at - history[0].finished_at >= timedelta(seconds=300)
+    # Everything else rendered, once.
+    assert fake.posts_by_key[doomed_row.idempotency_key] == 5
+    assert all(
+        RecapVideo.objects.get(pk=recap.pk).status == RecapStatus.RENDERING for recap in others
+    )
