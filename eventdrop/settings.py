@@ -157,9 +157,35 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
+# --- Serving security (docs/security.md; `manage.py check --deploy` is clean in production,
+# tests/eventdrop/test_deploy_check.py). The web process binds 127.0.0.1 and sits behind a
+# TLS-terminating proxy or load balancer, which says `X-Forwarded-Proto: https` (and must
+# overwrite whatever a client sent in that header).
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+# HSTS for this host, a year by default (sent on HTTPS responses only). Covering every
+# subdomain, or asking to be preloaded into browsers, is a decision about the whole domain
+# that is hard to take back: both are opt-in, and their deploy-check reminders (W005, W021)
+# are silenced until an operator opts in.
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 365 * 24 * 3600)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD")
+# Off by default: the proxy in front redirects browsers to HTTPS. Django redirecting would
+# answer a webhook POSTed over plain HTTP (an internal callback, a health check through the
+# load balancer) with a 301 that providers do not follow — the event would be lost, not
+# upgraded. Set it where the app faces the internet itself (W008 is silenced while it is off).
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT")
+SILENCED_SYSTEM_CHECKS = [
+    *([] if SECURE_HSTS_INCLUDE_SUBDOMAINS else ["security.W005"]),
+    *([] if SECURE_HSTS_PRELOAD else ["security.W021"]),
+    *([] if SECURE_SSL_REDIRECT else ["security.W008"]),
+]
 
 LOGIN_URL = "/admin/login/"
 
