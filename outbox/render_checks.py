@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from eventdrop.retry import Disposition, classify
 from outbox.budgets import render_status_worst_case
-from recaps.errors import RenderError
+from recaps.errors import RecapNotFound, RenderError
 from recaps.render_client import RenderClient, RenderClientConfig
 from recaps.services import (
     RenderCheckClaim,
@@ -85,6 +85,15 @@ def _check_one(
     claim: RenderCheckClaim, *, client: RenderClient, deadline: float, now: datetime
 ) -> tuple[str, bool]:
     """Ask about one render and record the answer. Returns (outcome, service failing)."""
+    try:
+        return _ask_and_record(claim, client=client, deadline=deadline, now=now)
+    except RecapNotFound:
+        return MOVED_ON, False  # deleted while we asked: nothing left to record
+
+
+def _ask_and_record(
+    claim: RenderCheckClaim, *, client: RenderClient, deadline: float, now: datetime
+) -> tuple[str, bool]:
     try:
         status = client.render_status(render_id=claim.render_id, deadline=deadline)
     except RenderError as exc:

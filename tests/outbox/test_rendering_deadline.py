@@ -314,3 +314,21 @@ def test_the_defaults_pass_the_deadline_checks():
     from outbox.checks import check_rendering_deadline
 
     assert check_rendering_deadline() == []
+
+
+def test_a_recap_deleted_while_its_render_is_asked_about_ends_the_check_quietly(
+    compressed, paid_recap
+):
+    from outbox.render_checks import render_checks_run
+    from recaps.render_client import RenderClient
+
+    recap, _ = rendering(paid_recap)
+    wait_until_due(recap)
+
+    class DeletesFirst(RenderClient):
+        def render_status(self, **kwargs):
+            RecapVideo.objects.filter(pk=recap.pk).delete()
+            return super().render_status(**kwargs)
+
+    report = render_checks_run(client_factory=DeletesFirst)
+    assert (report.checked, report.count("moved_on"), report.errors) == (1, 1, 0)
