@@ -9,10 +9,13 @@ docs/benchmarks.md, "Ingress ACK" and "Slow clients"):
   provider's webhook queued behind them.
 - Here granian speaks HTTP on its event loop and `BufferedBody` (below) collects the whole
   body there — within `WEBHOOK_BODY_READ_TIMEOUT_SECONDS`, and at most `max_body_bytes` —
-  before Django gets a thread from the pool (`WEB_THREADS` per process, via a2wsgi). A slow
+  before Django gets a thread from the pool (`WEB_THREADS` per process). A slow
   client costs a coroutine and a few kilobytes while it lasts, never a thread, and it is cut
   off with 408 at the deadline. Only complete bodies reach the receive view, so the view's
   own limits, its one INSERT and its 503 work exactly as under any WSGI server.
+- `DjangoThreads` then runs Django's WSGI handler on a thread pool with one hop from the
+  loop to a thread and back per request (not Django's ASGI handler, which runs every sync
+  view on one shared thread: 146 webhooks/s where gunicorn did 729).
 - A body the server cannot complete (shorter than its Content-Length when the client
   half-closes, broken chunked framing) arrives as `http.disconnect`: it is answered 400 if
   the connection still takes an answer, and never reaches Django, so it is never stored.
@@ -25,6 +28,7 @@ past it; the receive view bounds each source lower, `max_header_bytes`).
 """
 
 import asyncio
+import io
 import json
 import os
 import shutil
@@ -155,6 +159,65 @@ class BufferedBody:
             pass  # the client is gone; there is nobody to tell
 
 
+class DjangoThreads:
+    """ASGI app: run a WSGI app (Django) on a pool of `threads` threads, one hop per request.
+
+    a2wsgi's WSGIMiddleware does this too, but crosses between the loop and the thread for
+    every message (start, each body chunk, the end); measured on the webhook route that cost
+    up to a third of its ACK rate (docs/benchmarks.md). Here the thread runs the whole WSGI
+    call and hands back the finished response. That buffers responses, which suits this app:
+    none of its views streams. The environ is a2wsgi's (`build_environ`), the subtle part.
+    """
+
+    def __init__(self, app, *, threads: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.app = app
+        # Each thread keeps its own database connection (CONN_MAX_AGE), as under gunicorn.
+        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="django")
+
+    async def __call__(self, scope, receive, send) -> None:
+        from a2wsgi.wsgi import build_environ
+
+        chunks: list[bytes] = []
+        while True:  # BufferedBody replays the whole body as one message
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if message["type"] == HTTP_DISCONNECT or not message.get("more_body", False):
+                break
+        environ = build_environ(scope, io.BytesIO(b"".join(chunks)))
+        loop = asyncio.get_running_loop()
+        status, headers, body = await loop.run_in_executor(self.executor, self._call, environ)
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        except (OSError, RuntimeError):
+            pass  # the client left while the view ran; what it stored is stored
+
+    def _call(self, environ: dict) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        response: dict = {}
+        written: list[bytes] = []
+
+        def start_response(status: str, headers: list, exc_info=None):
+            # Nothing has been sent yet (the response is buffered), so a late error
+            # response (exc_info) simply replaces the first one. Django's Set-Cookie values
+            # start with a space (SimpleCookie.output(header="")).
+            response["status"] = int(status.split(" ", 1)[0])
+            response["headers"] = [
+                (name.strip().lower().encode("latin-1"), value.strip().encode("latin-1"))
+                for name, value in headers
+            ]
+            return written.append  # PEP 3333's legacy write()
+
+        iterable = self.app(environ, start_response)
+        try:
+            body = b"".join([*written, *iterable])
+        finally:
+            if hasattr(iterable, "close"):
+                iterable.close()
+        return response["status"], response["headers"], body
+
+
 class _LifespanAccepted:
     """granian sends ASGI lifespan events; Django has nothing to do at start-up or shutdown."""
 
@@ -176,7 +239,6 @@ class _LifespanAccepted:
 def application():
     """The ASGI app each granian worker builds (granian's factory mode: nothing at import)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "eventdrop.settings")
-    from a2wsgi import WSGIMiddleware
     from django.conf import settings
     from django.core.wsgi import get_wsgi_application
 
@@ -196,7 +258,7 @@ def application():
     )
     return _LifespanAccepted(
         BufferedBody(
-            WSGIMiddleware(complete_body_wsgi, workers=config.threads),
+            DjangoThreads(complete_body_wsgi, threads=config.threads),
             timeout_seconds=settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS,
             max_body_bytes=max(largest_source_limit, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0),
         )

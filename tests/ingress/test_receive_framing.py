@@ -191,6 +191,22 @@ def test_headers_over_the_source_limit_are_431_without_a_row(server):
     assert not RawEvent.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_rest_of_the_app_is_served_too(server):
+    _, port = server
+    with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
+        sock.sendall(b"GET /admin/login/?next=/admin/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Connection: close\r\n\r\n")
+        received = b""
+        while data := sock.recv(65536):
+            received += data
+
+    head, _, page = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert b"set-cookie: csrftoken=" in head.lower()
+    assert b'name="next" value="/admin/"' in page
+
+
 # --- only the production server bounds the time a body may take ----------------------------
 
 
