@@ -119,6 +119,24 @@ def test_a_whole_body_is_stored(server):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_body_at_the_source_limit_is_stored_and_one_byte_more_is_413(server):
+    _, port = server
+    limit = 1024 * 1024  # the default max_body_bytes
+    body = bytes(range(256)) * (limit // 256)
+
+    status, answer = exchange(port, post_head(
+        "/webhooks/stripe/", b"Content-Length: %d\r\n" % limit), body)
+    assert status == 202, answer
+    assert bytes(RawEvent.objects.get(pk=answer["id"]).body) == body
+
+    status, answer = exchange(port, post_head(
+        "/webhooks/stripe/", b"Content-Length: %d\r\n" % (limit + 1)), body + b"x")
+    assert status == 413, answer
+    assert answer["error"] == "body_too_large"
+    assert RawEvent.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
 def test_body_shorter_than_its_content_length_is_never_stored(server):
     _, port = server
     status, answer = exchange(
