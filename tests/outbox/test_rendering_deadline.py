@@ -11,6 +11,7 @@ settings: RENDER_MAX_CONCURRENCY = 1). About 20 s for the module, most of it wai
 compressed deadlines.
 """
 
+import subprocess
 import time
 
 import pytest
@@ -332,3 +333,46 @@ def test_a_recap_deleted_while_its_render_is_asked_about_ends_the_check_quietly(
 
     report = render_checks_run(client_factory=DeletesFirst)
     assert (report.checked, report.count("moved_on"), report.errors) == (1, 1, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lost_callbacks_through_the_dispatcher_command_as_it_runs_in_production(
+    compressed, paid_recap
+):
+    """`dispatch_side_effects --once` in a clean environment (its own process, compressed
+    settings): the first run has the render accepted, a run after the deadline asks."""
+    from django.conf import settings
+
+    from tests.support.processes import PYTHON, ROOT, app_env
+
+    db = settings.DATABASES["default"]
+    env = app_env(
+        f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        RENDER_SERVICE_URL=compressed.url,
+        RENDER_EXPECTED_SECONDS="0.3",
+        RENDER_CALLBACK_MARGIN_SECONDS="0.2",
+        RENDER_CHECK_INTERVAL_SECONDS="1.0",
+        RENDER_STATUS_TIMEOUT_SECONDS="0.8",
+        RENDER_STATUS_CONNECT_TIMEOUT_SECONDS="0.5",
+        RENDER_STATUS_READ_TIMEOUT_SECONDS="0.5",
+    )
+
+    def dispatch_once() -> str:
+        result = subprocess.run(
+            [PYTHON, "manage.py", "dispatch_side_effects", "--once"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    recap, side_effect = paid_recap()
+    assert "claimed 1: done 1" in dispatch_once()
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.RENDERING
+    wait_until_due(recap)
+    out = dispatch_once()
+    assert "render checks 1: ready 1" in out, out
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.READY
+    assert_rendered_once(compressed, recap, side_effect)
+    assert compressed.callbacks_sent == []
