@@ -59,8 +59,9 @@ class BoundedConnection(psycopg.Connection):
         except psycopg.errors._WaitTimeout:
             # The request is sent and its answer half-read at best: the connection cannot
             # be used again. If the server runs the statement later anyway (it was frozen,
-            # not dead), the caller saw an error and retries; every write of ours is
-            # idempotent downstream (a webhook row twice is one event after dedup).
+            # not dead), that is the ambiguity of a connection lost after COMMIT was sent,
+            # which every writer must survive anyway: the caller saw an error and retries
+            # (a webhook stored twice is one event after the inbox's dedup).
             self.close()
             raise DatabaseWaitTimeout(
                 f"the database did not answer within {bound:.2f} s (client-side bound)"
