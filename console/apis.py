@@ -27,7 +27,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView, exception_handler
 
 from console.models import OperatorAction, OperatorActionVia, PayloadAccessKind
-from console.presentation import body_for_api, seconds_between
+from console.presentation import body_for_api, error_for_viewer, seconds_between
 from console.selectors import (
     PAYLOAD_FIELDS,
     operator_action_list,
@@ -255,7 +255,17 @@ class RawEventWithPayloadOutputSerializer(RawEventOutputSerializer):
         return body_for_api(bytes(obj.body))
 
 
+class ViewerErrorField(serializers.CharField):
+    """A handler's error text, payload-free unless the serializer's `may_read_payload`."""
+
+    def to_representation(self, value):
+        may_read_payload = self.context.get("may_read_payload", False)
+        return error_for_viewer(str(value), may_read_payload=may_read_payload)
+
+
 class DeliveryAttemptOutputSerializer(serializers.ModelSerializer):
+    error = ViewerErrorField()
+
     class Meta:
         model = DeliveryAttempt
         fields = ("number", "started_at", "finished_at", "outcome", "error")
@@ -263,6 +273,7 @@ class DeliveryAttemptOutputSerializer(serializers.ModelSerializer):
 
 class DeliveryOutputSerializer(serializers.ModelSerializer):
     history = DeliveryAttemptOutputSerializer(many=True)
+    last_error = ViewerErrorField()
 
     class Meta:
         model = Delivery
@@ -382,7 +393,9 @@ class RawEventDetailApi(ConsoleApi):
             _audit(request, PayloadAccessKind.VIEW, raw_event_ids=[event.pk])
         data = _raw_event_serializer(request)(event).data
         data["deliveries"] = DeliveryOutputSerializer(
-            raw_event_deliveries(raw_event_id=event.pk), many=True
+            raw_event_deliveries(raw_event_id=event.pk),
+            many=True,
+            context={"may_read_payload": request.user.has_perm(VIEW_PAYLOAD_PERMISSION)},
         ).data
         return Response(data)
 

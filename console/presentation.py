@@ -7,6 +7,7 @@ as it is, anything else as a hex dump — a body that is not UTF-8 must never br
 
 import base64
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -95,3 +96,26 @@ def format_seconds(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+# A handler's exception message is free text, and handlers format payload values into it
+# (`recap id '<from the body>' not found`). Staff who may not read payloads see the class.
+ERROR_DETAIL_HIDDEN = (
+    "message hidden: a handler's message may quote the payload "
+    "(shown with the permission ingress.view_raw_payload)"
+)
+_ERROR_CLASS = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def error_for_viewer(error: str, *, may_read_payload: bool) -> str:
+    """A stored delivery error (`Class: message`) as this viewer may see it.
+
+    With the payload permission, the whole text; without it, the exception class (from our
+    code, never from the payload) and a fixed sentence — so nothing a handler quoted from a
+    body reaches them. Text that does not start with a class name shows as `error`.
+    """
+    if may_read_payload or not error:
+        return error
+    head, separator, _ = error.partition(":")
+    error_class = head if separator and _ERROR_CLASS.fullmatch(head) else "error"
+    return f"{error_class}: {ERROR_DETAIL_HIDDEN}"

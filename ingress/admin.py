@@ -28,6 +28,7 @@ from console.admin_actions import (
 from console.models import OperatorActionVia, PayloadAccessKind
 from console.presentation import (
     body_view,
+    error_for_viewer,
     format_seconds,
     headers_rows,
     seconds_between,
@@ -214,9 +215,17 @@ class RawEventAdmin(OperatorAdmin):
 
     def get_fieldsets(self, request, obj=None):
         # What an on-call engineer asks first comes first: what happened, then why.
-        payload = self.payload_fields if _can_view_payload(request) else ("payload_hidden",)
+        may_read_payload = _can_view_payload(request)
+        payload = self.payload_fields if may_read_payload else ("payload_hidden",)
+        # Handler errors may quote the payload: without the permission, their class only.
+        summary = self.summary_fields
+        if not may_read_payload:
+            summary = tuple(
+                "deliveries_table_without_messages" if name == "deliveries_table" else name
+                for name in summary
+            )
         return [
-            ("What happened", {"fields": self.summary_fields}),
+            ("What happened", {"fields": summary}),
             ("Verification", {"fields": self.verification_fields}),
             ("Dedup and dispatch", {"fields": self.dispatch_fields}),
             ("Received", {"fields": self.received_fields}),
@@ -230,6 +239,7 @@ class RawEventAdmin(OperatorAdmin):
             *self.dispatch_fields,
             *self.payload_fields,
             *self.summary_fields,
+            "deliveries_table_without_messages",
             "payload_hidden",
         )
 
@@ -423,14 +433,19 @@ class RawEventAdmin(OperatorAdmin):
         )
 
     @admin.display(description="deliveries")
-    def deliveries_table(self, obj: RawEvent) -> str:
+    def deliveries_table(self, obj: RawEvent, may_read_payload: bool = True) -> str:
+        def shown(error: str) -> str:
+            return error_for_viewer(error, may_read_payload=may_read_payload)
+
         rows = [
             (
                 delivery,
+                shown(delivery.last_error),
                 [
                     (
                         attempt,
                         format_seconds(seconds_between(attempt.started_at, attempt.finished_at)),
+                        shown(attempt.error),
                     )
                     for attempt in delivery.history.all()
                 ],
@@ -439,16 +454,35 @@ class RawEventAdmin(OperatorAdmin):
         ]
         return render_to_string("console/admin/raw_event_deliveries.html", {"rows": rows})
 
+    @admin.display(description="deliveries")
+    def deliveries_table_without_messages(self, obj: RawEvent) -> str:
+        return self.deliveries_table(obj, may_read_payload=False)
+
     @admin.display(description="operator actions")
     def operator_actions(self, obj: RawEvent) -> str:
         return render_operator_actions(obj)
 
 
+def _without_messages(request: HttpRequest, names, field: str, replacement: str) -> tuple:
+    """Swap the field showing a handler's error text for its payload-free twin, unless the
+    user may read payloads (the text may quote one)."""
+    if _can_view_payload(request):
+        return tuple(names)
+    return tuple(replacement if name == field else name for name in names)
+
+
 class DeliveryAttemptInline(ReadOnlyInline):
     model = DeliveryAttempt
     fields = ("number", "started_at", "finished_at", "outcome", "error")
-    readonly_fields = fields
+    readonly_fields = (*fields, "error_without_message")
     ordering = ("started_at", "id")
+
+    def get_fields(self, request, obj=None):
+        return _without_messages(request, self.fields, "error", "error_without_message")
+
+    @admin.display(description="error")
+    def error_without_message(self, obj: DeliveryAttempt) -> str:
+        return error_for_viewer(obj.error, may_read_payload=False) or "—"
 
 
 @admin.register(Delivery)
@@ -482,7 +516,15 @@ class DeliveryAdmin(OperatorAdmin):
         "finished_at",
         "last_error",
     )
-    readonly_fields = fields
+    readonly_fields = (*fields, "last_error_without_message")
+
+    def get_list_display(self, request):
+        return _without_messages(
+            request, self.list_display, "short_error", "short_error_without_message"
+        )
+
+    def get_fields(self, request, obj=None):
+        return _without_messages(request, self.fields, "last_error", "last_error_without_message")
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip().removeprefix("#")
@@ -499,6 +541,14 @@ class DeliveryAdmin(OperatorAdmin):
     @admin.display(description="last error")
     def short_error(self, obj: Delivery) -> str:
         return obj.last_error[:120] + ("…" if len(obj.last_error) > 120 else "")
+
+    @admin.display(description="last error")
+    def short_error_without_message(self, obj: Delivery) -> str:
+        return error_for_viewer(obj.last_error, may_read_payload=False)
+
+    @admin.display(description="last error")
+    def last_error_without_message(self, obj: Delivery) -> str:
+        return error_for_viewer(obj.last_error, may_read_payload=False) or "—"
 
 
 @admin.register(ReconciliationRun)
