@@ -22,6 +22,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
@@ -244,33 +245,40 @@ def dispatch_run(
     bulkhead = _Bulkhead(concurrency)
     seen: set[int] = set()
     in_flight: dict[Future, Claim] = {}
+    # Rows claimed ahead (at most one per slot), so that claiming costs one transaction per
+    # batch rather than one per row. Each starts within one worst-case dispatch of its claim
+    # (every slot frees within that), so ahead-claims are made only while the budget covers
+    # two worst cases.
+    ahead: deque[Claim] = deque()
     exhausted = False
     try:
         while True:
             free = concurrency - len(in_flight)
-            if not exhausted and free > 0 and run_deadline - clock() >= worst:
-                # Closed: every free slot; cool-down over: one row, the half-open probe.
-                limit = breaker.claim_limit(free, now=current())
+            if not ahead and not exhausted and free > 0 and run_deadline - clock() >= worst:
+                extra = concurrency if run_deadline - clock() >= 2 * worst else 0
+                # Closed: every free slot (and the ahead-claims); cool-down over: one row,
+                # the half-open probe; open: none.
+                limit = breaker.claim_limit(free + extra, now=current())
                 claims = (
                     side_effects_claim(limit=limit, now=current(), exclude=seen) if limit else []
                 )
                 exhausted = limit > 0 and len(claims) < limit
-                for claim in claims:
-                    seen.add(claim.id)
-                    report.claimed += 1
-                    future = bulkhead.submit(
-                        dispatch_one,
-                        claim,
-                        deadline=min(clock() + worst, run_deadline),
-                        breaker=breaker,
-                        now=current,
-                        client_factory=client_factory,
-                        clock=clock,
-                    )
-                    in_flight[future] = claim
-                if not claims and not in_flight:
-                    break
-            elif not in_flight:
+                seen.update(claim.id for claim in claims)
+                report.claimed += len(claims)
+                ahead.extend(claims)
+            while ahead and len(in_flight) < concurrency:
+                claim = ahead.popleft()
+                future = bulkhead.submit(
+                    dispatch_one,
+                    claim,
+                    deadline=min(clock() + worst, run_deadline),
+                    breaker=breaker,
+                    now=current,
+                    client_factory=client_factory,
+                    clock=clock,
+                )
+                in_flight[future] = claim
+            if not in_flight:
                 break
             done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
             for future in done:

@@ -126,11 +126,14 @@ def test_an_open_breaker_stops_the_dispatcher_without_spending_attempts(
     fake_renderer.configure(mode="down")
     rows = [paid_recap()[1] for _ in range(8)]
     report = dispatch_run(now=T0)
-    # Three calls fail, the breaker opens, the other five rows are not even claimed; the
-    # three are refunded: the service failed, not they.
-    assert report.claimed == 3 and report.breaker == "open"
+    # Three calls fail and the breaker opens; the row claimed ahead is released without a
+    # call, the other four are not even claimed. The three are refunded: the service
+    # failed, not they.
+    assert report.claimed == 4 and report.breaker == "open"
+    assert report.count(AttemptOutcome.SKIPPED) == 1
+    assert sum(fake_renderer.stats()["posts_by_key"].values()) == 0  # down: nothing arrived
     assert set(RecapSideEffect.objects.values_list("attempts", flat=True)) == {0}
-    assert RecapSideEffect.objects.filter(wait_reason="breaker").count() == 3
+    assert RecapSideEffect.objects.filter(wait_reason="breaker").count() == 4
     # While open, a later run makes no call at all.
     health_checks = fake_renderer.health_checks
     report = dispatch_run(now=T0 + timedelta(seconds=30))
