@@ -23,9 +23,6 @@ from ingress.verifiers.common import (
 )
 
 UNPARSEABLE_BODY = "The body is neither a JSON object nor a form the provider sends."
-UNSTORABLE_BODY = "The body holds text PostgreSQL cannot store (NUL or a lone surrogate)."
-
-# received_at plays no part in parsing; the helpers take the stored request as a whole.
 _NO_TIME = datetime.min.replace(tzinfo=UTC)
 
 
@@ -34,18 +31,7 @@ class UnparseablePayload(EventDropError):
 
 
 def parse_payload(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
-    """The handler's view of a body; never one holding text the database cannot store.
-
-    The inbox rejects such bodies as `unstorable_text` before they reach a handler; this
-    refusal covers rows verified before that check existed (a replay) too.
-    """
-    payload = _parse(headers, body)
-    if _may_hold_unstorable_text(headers, body) and _holds_unstorable(payload):
-        raise UnparseablePayload(UNSTORABLE_BODY)
-    return payload
-
-
-def _parse(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
+    # received_at plays no part in parsing; the helpers take the stored request as a whole.
     request = StoredRequest(headers=headers, body=body, received_at=_NO_TIME)
     try:
         text = body_text(request)
@@ -77,7 +63,7 @@ def holds_unstorable_text(headers: Mapping[str, str], body: bytes) -> bool:
     if not _may_hold_unstorable_text(headers, body):
         return False
     try:
-        return _holds_unstorable(_parse(headers, body))
+        return _holds_unstorable(parse_payload(headers, body))
     except UnparseablePayload:
         return False
 

@@ -160,24 +160,6 @@ def test_unstorable_text_behind_form_percent_escapes_is_found(handlers):
     assert handlers["github"].seen == [plain.id]
 
 
-def test_a_handler_never_receives_unstorable_text(handlers, monkeypatch):
-    """An event verified before the check existed (or replayed) still reaches no handler
-    with such text: its delivery is dead at once, saying why."""
-    monkeypatch.setattr(inbox, "holds_unstorable_text", lambda headers, body: False, raising=False)
-    old = store_stripe("evt_old", name="\udc00 lone low")
-    raw_events_verify_batch()
-    monkeypatch.undo()
-
-    deliveries_run_due()
-
-    assert handlers["stripe"].seen == []
-    delivery = Delivery.objects.get(raw_event_id=old.id)
-    assert (delivery.status, delivery.attempts) == ("dead", 1)
-    assert delivery.last_error == (
-        "UnparseablePayload: The body holds text PostgreSQL cannot store (NUL or a lone surrogate)."
-    )
-
-
 def test_unstorable_text_past_the_check_is_still_isolated_to_its_row(handlers, monkeypatch):
     """Defence in depth: should the check miss a case, the database refusing the row (or
     the driver refusing to encode it) costs that row one charged try, not the batch."""
