@@ -392,12 +392,14 @@ def report(
     )
     print(
         f"{'endpoint':<22}{'2xx':>7}{'other':>7}{'ACK/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
+        f"{'max ms':>9}"
     )
     for phase in phases:
         other = sum(v for k, v in phase.statuses.items() if k != 202) + phase.errors
         print(
             f"{phase.path:<22}{phase.ok:>7}{other:>7}{phase.rate:>9.0f}"
             f"{phase.percentile(50):>9.2f}{phase.percentile(95):>9.2f}{phase.percentile(99):>9.2f}"
+            f"{phase.percentile(100):>9.0f}"
         )
     webhook, noop = phases
     if noop.rate and webhook.latencies_ms and noop.latencies_ms:
