@@ -16,6 +16,7 @@ import logging
 import re
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -46,6 +47,16 @@ class KeyValueFormatter(logging.Formatter):
         if extras:
             line += " " + " ".join(f"{key}={value!r}" for key, value in sorted(extras.items()))
         return line
+
+
+def raised_at(exc: BaseException) -> str:
+    """Where `exc` was raised, as `file:line in function`: a log field that locates a failure
+    without its message, which may quote a payload."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f"{frame.filename}:{frame.lineno} in {frame.name}"
 
 
 # --- search terms never reach a log line ----------------------------------------------------
