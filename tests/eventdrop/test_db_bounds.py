@@ -16,7 +16,7 @@ from django.core.management.base import SystemCheckError
 from django.db import OperationalError, connection
 
 from eventdrop.db import database_deadline
-from eventdrop.db.postgresql.base import DatabaseWrapper
+from eventdrop.db.postgresql.base import BoundedConnection, DatabaseWrapper
 from ingress.models import RawEvent
 from ingress.services import raw_event_store
 from ingress.sources import get_source
@@ -268,3 +268,20 @@ def test_a_store_deadline_too_short_to_connect_is_refused_at_check(settings):
     settings.WEBHOOK_STORE_TIMEOUT_SECONDS = 2.0
     with pytest.raises(SystemCheckError, match=r"eventdrop\.E001"):
         call_command("check")
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_every_process_on_postgresql_gets_the_bounded_backend():
+    """The settings every process (web, inbox, qcluster, commands) starts from."""
+    database = connection.settings_dict
+    options = database["OPTIONS"]
+    assert database["ENGINE"] == "eventdrop.db.postgresql"
+    assert database["CONN_HEALTH_CHECKS"] is True  # the poll(2), not a SELECT 1
+    assert options["client_wait_timeout"] == 15.0 + 5.0  # statement_timeout + margin
+    assert options["options"] == "-c statement_timeout=15000"
+    assert options["keepalives"] == 1
+    assert options["tcp_user_timeout"] == 20000
+    RawEvent.objects.exists()
+    assert isinstance(connection.connection, BoundedConnection)
+    assert connection.connection.client_wait_timeout == 20.0
