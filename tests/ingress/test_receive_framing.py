@@ -119,6 +119,21 @@ def test_a_whole_body_is_stored(server):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_whole_chunked_body_is_stored_byte_exact(server):
+    _, port = server
+    chunks = [b'{"id": "evt_', bytes(range(256)), b"\r\n0\r\n", b'"}']
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+
+    status, answer = exchange(port, post_head(
+        "/webhooks/stripe/", b"Transfer-Encoding: chunked\r\n"), framed)
+
+    assert status == 202, answer
+    event = RawEvent.objects.get(pk=answer["id"])
+    assert bytes(event.body) == b"".join(chunks)
+    assert "transfer-encoding" not in event.headers
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_body_at_the_source_limit_is_stored_and_one_byte_more_is_413(server):
     _, port = server
     limit = 1024 * 1024  # the default max_body_bytes
