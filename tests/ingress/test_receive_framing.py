@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 SIGNATURE = b"Stripe-Signature: t=1700000000,v1=00\r\n"
 BODY_READ_TIMEOUT_SECONDS = 1.5
+HEADER_READ_TIMEOUT_SECONDS = 2
 SOCKET_TIMEOUT_SECONDS = 10
 
 
@@ -38,6 +39,7 @@ def _start(kind: str, port: int, log) -> Managed:
     env = app_env(
         _database_url(),
         WEBHOOK_BODY_READ_TIMEOUT_SECONDS=str(BODY_READ_TIMEOUT_SECONDS),
+        WEB_HEADER_READ_TIMEOUT_SECONDS=str(HEADER_READ_TIMEOUT_SECONDS),
         WEB_CONCURRENCY="1",
     )
     if kind == "web":
@@ -267,6 +269,31 @@ def test_slow_body_is_cut_off_at_the_read_deadline_and_never_stored(server):
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b'"body_read_timeout"' in answer
     assert time.monotonic() - started < BODY_READ_TIMEOUT_SECONDS + 3
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_headers_sent_slowly_are_cut_off_at_the_header_deadline(server):
+    kind, port = server
+    if kind != "web":
+        pytest.skip("WEB_HEADER_READ_TIMEOUT_SECONDS is the production server's setting")
+    started = time.monotonic()
+    closed = False
+    with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
+        sock.sendall(b"POST /webhooks/stripe/ HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        sock.settimeout(0.5)
+        for n in range(20):  # a header line every half second: never done
+            try:
+                sock.sendall(b"X-Slow-%d: x\r\n" % n)
+                closed = sock.recv(65536) == b""
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+            break
+
+    assert closed
+    assert time.monotonic() - started < HEADER_READ_TIMEOUT_SECONDS + 2
     assert not RawEvent.objects.exists()
 
 
