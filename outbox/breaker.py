@@ -153,6 +153,9 @@ class Breaker:
         self._snapshot = Snapshot()
         self._read_at: float | None = None
         self._probing = False  # this view holds the half-open probe
+        # A write that could not get the row (lock timeout, database down) is not retried
+        # by every following success: that would stall each dispatch by the lock timeout.
+        self._writes_blocked_until: float | None = None
 
     # --- reads -------------------------------------------------------------------------------
 
@@ -237,8 +240,7 @@ class Breaker:
                 snapshot, now, state=BreakerState.HALF_OPEN, probe_started_at=now
             )
         except DatabaseError:
-            logger.warning("outbox.breaker.write_failed", extra={"breaker": self.name})
-            connection.close_if_unusable_or_obsolete()
+            self._write_failed()
             taken = False
         if taken:
             logger.info("outbox.breaker.half_open", extra={"breaker": self.name})
@@ -246,6 +248,12 @@ class Breaker:
             with self._lock:
                 self._probing = False
         return taken
+
+    def _write_failed(self) -> None:
+        logger.warning("outbox.breaker.write_failed", extra={"breaker": self.name})
+        connection.close_if_unusable_or_obsolete()
+        with self._lock:
+            self._writes_blocked_until = self._clock() + max(self.config.refresh_seconds, 0.1)
 
     def _end_probe(self, probe: bool) -> None:
         if probe:
@@ -262,6 +270,9 @@ class Breaker:
         self._end_probe(probe)
         if self.view().clean and not probe:
             return  # the hot path: nothing to write
+        blocked = self._writes_blocked_until
+        if not probe and blocked is not None and self._clock() < blocked:
+            return  # the last write could not get the row; the streak ends next time
         try:
             with transaction.atomic():
                 if connection.vendor == "postgresql":
@@ -284,8 +295,7 @@ class Breaker:
                     )
                 )
         except DatabaseError:
-            logger.warning("outbox.breaker.write_failed", extra={"breaker": self.name})
-            connection.close_if_unusable_or_obsolete()
+            self._write_failed()
             return
         with self._lock:
             self._read_at = None  # read the new version next time
@@ -311,8 +321,7 @@ class Breaker:
                     return judgement
             logger.warning("outbox.breaker.contended", extra={"breaker": self.name})
         except DatabaseError:
-            logger.warning("outbox.breaker.write_failed", extra={"breaker": self.name})
-            connection.close_if_unusable_or_obsolete()
+            self._write_failed()
         # We could not record it: judge by what we last saw.
         snapshot = self._snapshot
         closed = snapshot.state == BreakerState.CLOSED and not probe
