@@ -8,7 +8,7 @@ Two servers, started once per module against the test database:
   receive view's own checks are the only defence, so they are proven here too.
 
 The invariant for every case: no 2xx and no row for a body that is not exactly what its
-framing declared; an answer, when there is one, is a 4xx with a JSON error body. About 15 s.
+framing declared; an answer, when there is one, is a 4xx with a JSON error body. About 20 s.
 """
 
 import json

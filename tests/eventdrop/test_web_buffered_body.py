@@ -1,0 +1,91 @@
+"""eventdrop.web.BufferedBody at the ASGI level: what reaches the app, and what never does.
+
+The real server runs it in tests/ingress/test_receive_framing.py and
+tests/faults/test_slow_clients.py; here each branch is driven message by message.
+"""
+
+import asyncio
+import json
+
+from eventdrop.web import BufferedBody
+
+
+class RecordingApp:
+    def __init__(self):
+        self.calls: list[bytes] = []
+
+    async def __call__(self, scope, receive, send):
+        message = await receive()
+        self.calls.append(message["body"])
+        assert message["more_body"] is False
+        await send({"type": "http.response.start", "status": 202, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+def run(messages: list[dict], *, headers=(), timeout=1.0, max_body_bytes=100, pause=0.0):
+    """Feed `messages` to BufferedBody (then wait forever, like a client that stops);
+    returns (what the app got, status sent, JSON body sent)."""
+    app = RecordingApp()
+    sent: list[dict] = []
+    queue = list(messages)
+
+    async def receive():
+        if queue:
+            if pause:
+                await asyncio.sleep(pause)
+            return queue.pop(0)
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "headers": [(k.encode(), v.encode()) for k, v in headers]}
+    middleware = BufferedBody(app, timeout_seconds=timeout, max_body_bytes=max_body_bytes)
+    asyncio.run(middleware(scope, receive, send))
+    status = sent[0]["status"] if sent else None
+    body = sent[1]["body"] if len(sent) > 1 else b""
+    answer = json.loads(body) if sent and status != 202 else None
+    return app.calls, status, answer
+
+
+def chunk(body: bytes, more: bool) -> dict:
+    return {"type": "http.request", "body": body, "more_body": more}
+
+
+def test_a_body_in_pieces_reaches_the_app_whole_and_once():
+    calls, status, _ = run([chunk(b"ab", True), chunk(b"cd", True), chunk(b"", False)])
+    assert calls == [b"abcd"] and status == 202
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408_and_never_reaches_the_app():
+    calls, status, answer = run([chunk(b"a", True)], timeout=0.2)
+    assert calls == [] and status == 408 and answer["error"] == "body_read_timeout"
+
+
+def test_the_deadline_is_for_the_whole_body_not_per_read():
+    pieces = [chunk(b"x", True) for _ in range(10)] + [chunk(b"", False)]
+    calls, status, _ = run(pieces, timeout=0.3, pause=0.05)  # each read in time, all 0.5 s
+    assert calls == [] and status == 408
+
+
+def test_a_disconnect_before_the_end_of_a_declared_body_is_truncated_body():
+    calls, status, answer = run(
+        [chunk(b"y" * 10, True), {"type": "http.disconnect"}], headers=[("content-length", "50")]
+    )
+    assert calls == [] and status == 400 and answer["error"] == "truncated_body"
+    assert "10 of the 50" in answer["message"]
+
+
+def test_a_disconnect_in_a_chunked_body_is_malformed_body():
+    calls, status, answer = run([{"type": "http.disconnect"}])
+    assert calls == [] and status == 400 and answer["error"] == "malformed_body"
+
+
+def test_a_declared_length_over_the_cap_is_413_before_any_read():
+    calls, status, answer = run([], headers=[("content-length", "101")])
+    assert calls == [] and status == 413 and answer["error"] == "body_too_large"
+
+
+def test_a_streamed_body_over_the_cap_is_413_without_reading_on():
+    calls, status, _ = run([chunk(b"x" * 60, True), chunk(b"x" * 60, True), chunk(b"", False)])
+    assert calls == [] and status == 413
