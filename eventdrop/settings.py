@@ -186,6 +186,11 @@ SILENCED_SYSTEM_CHECKS = [
     *([] if SECURE_HSTS_PRELOAD else ["security.W021"]),
     *([] if SECURE_SSL_REDIRECT else ["security.W008"]),
 ]
+# Database roles per process kind (`manage.py db_roles`, eventdrop/db_roles.py): named
+# <prefix><kind>. A process connecting as the inbox or worker role runs webhook handlers as
+# DATABASE_HANDLER_ROLE (e.g. eventdrop_handler); unset, handlers run as the process's role.
+DATABASE_ROLE_PREFIX = os.environ.get("DATABASE_ROLE_PREFIX", "eventdrop_")
+DATABASE_HANDLER_ROLE = os.environ.get("DATABASE_HANDLER_ROLE", "")
 
 LOGIN_URL = "/admin/login/"
 

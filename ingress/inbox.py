@@ -34,6 +34,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
+from eventdrop.db_roles import handler_role
 from eventdrop.errors import EventDropError
 from eventdrop.logformat import raised_at
 from eventdrop.retry import RetryPolicy
@@ -395,7 +396,10 @@ def _call_handler(claimed: _Claimed, events: dict[int, RawEvent]) -> None:
     spec = get_handler(claimed.handler)
     if spec is None:
         raise PermanentHandlerError(HANDLER_MISSING.format(name=claimed.handler))
-    spec.func(event, parse_payload(event.headers, bytes(event.body)))
+    payload = parse_payload(event.headers, bytes(event.body))
+    # As DATABASE_HANDLER_ROLE when set: the inbox's own role cannot touch business tables.
+    with handler_role():
+        spec.func(event, payload)
 
 
 def _record_failure(failure: _Failure) -> None:
