@@ -122,6 +122,14 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
         "Side effects processing longer than OUTBOX_STALE_PROCESSING_SECONDS (worker died).",
         outbox["stale_processing"],
     )
+    yield _labelled(
+        "eventdrop_side_effects_waiting",
+        "Pending side effects by why they wait: breaker (the render service failed as a "
+        "whole, not charged), own_error (their own last attempt failed, charged), "
+        "configuration (ours was incomplete, not charged).",
+        ["wait_reason"],
+        {(reason,): count for reason, count in outbox["waiting"].items()},
+    )
     yield _gauge(
         "eventdrop_side_effects_oldest_due_age_seconds",
         "How long the oldest due side effect has waited (0: none due).",

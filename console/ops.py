@@ -431,6 +431,12 @@ class OpsSnapshot:
     def breaker_level(self) -> Level:
         return BREAKER_LEVELS[self.breaker_state]
 
+    @property
+    def side_effects_waiting(self) -> dict[str, int]:
+        """Pending render rows by why they wait: the breaker (the service failed as a whole;
+        not charged) versus their own errors (charged), and our configuration."""
+        return self.outbox["waiting"]
+
     def values(self) -> dict[str, float | None]:
         """The value of every figure in SLOS. A queue with nothing waiting has age 0."""
         return {

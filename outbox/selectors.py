@@ -6,7 +6,16 @@ from django.conf import settings
 from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
-from outbox.models import CircuitBreaker, RecapSideEffect, RecapSideEffectAttempt, SideEffectStatus
+from outbox.models import (
+    CircuitBreaker,
+    RecapSideEffect,
+    RecapSideEffectAttempt,
+    SideEffectStatus,
+    WaitReason,
+)
+
+# Why pending rows wait (the empty reason, "new or re-armed", is not a wait).
+WAIT_REASONS = [reason for reason in WaitReason.values if reason]
 
 
 def side_effect_depths(*, now: datetime | None = None) -> dict:
@@ -15,6 +24,9 @@ def side_effect_depths(*, now: datetime | None = None) -> dict:
     One aggregate query. `stale_processing` counts rows a dead worker left behind (they are
     re-armed by the next dispatcher run); `oldest_due_age_seconds` is None when nothing is
     due, and is the figure to alert on: it grows when the dispatcher is not running.
+    `waiting` counts pending rows by why they wait: `breaker` (the render service failed as
+    a whole; not charged), `own_error` (their own last attempt failed; charged),
+    `configuration` (our configuration was incomplete; not charged).
     """
     now = now or timezone.now()
     stale_before = now - timedelta(seconds=settings.OUTBOX_STALE_PROCESSING_SECONDS)
@@ -26,10 +38,18 @@ def side_effect_depths(*, now: datetime | None = None) -> dict:
             "id", filter=Q(status=SideEffectStatus.PROCESSING, claimed_at__lt=stale_before)
         ),
         oldest_due=Min("next_attempt_at", filter=due),
+        **{
+            f"waiting_{reason}": Count(
+                "id", filter=Q(status=SideEffectStatus.PENDING, wait_reason=reason)
+            )
+            for reason in WAIT_REASONS
+        },
     )
     oldest_due = row.pop("oldest_due")
+    waiting = {reason: row.pop(f"waiting_{reason}") for reason in WAIT_REASONS}
     return {
         **row,
+        "waiting": waiting,
         "oldest_due_age_seconds": (
             None if oldest_due is None else max((now - oldest_due).total_seconds(), 0.0)
         ),

@@ -281,3 +281,17 @@ def test_multiprocess_mode_merges_every_worker_process(client, token, tmp_path, 
     assert sample(families, ACK, "_sum", source="stripe") == pytest.approx(0.308)
     assert "eventdrop_raw_events_pending" in families  # the database figures as well
     assert ack_latency().count == 3
+
+
+def test_side_effects_waiting_by_reason(client, token, admin_user):
+    from outbox.models import RecapSideEffect
+    from tests.console.samples import paid_recap
+
+    rows = [RecapSideEffect.objects.get(recap=paid_recap(client, admin_user)) for _ in range(4)]
+    for row, reason in zip(rows, ["breaker", "breaker", "own_error", "configuration"], strict=True):
+        RecapSideEffect.objects.filter(pk=row.pk).update(wait_reason=reason)
+    families = scrape(client, **bearer(TOKEN))
+    waiting = "eventdrop_side_effects_waiting"
+    assert sample(families, waiting, wait_reason="breaker") == 2
+    assert sample(families, waiting, wait_reason="own_error") == 1
+    assert sample(families, waiting, wait_reason="configuration") == 1

@@ -528,3 +528,31 @@ def test_the_rejection_link_opens_the_matching_events_in_the_admin(
     listing = admin_client.get(link)
     assert listing.status_code == 200
     assert [e.rejection_reason for e in listing.context["cl"].result_list] == ["bad_signature"]
+
+
+def _waiting_rows(client, user):
+    """Pending render rows: two waiting for the breaker, one after its own error."""
+    rows = [RecapSideEffect.objects.get(recap=paid_recap(client, user)) for _ in range(4)]
+    for row, reason in zip(rows, ["breaker", "breaker", "own_error", ""], strict=True):
+        RecapSideEffect.objects.filter(pk=row.pk).update(wait_reason=reason)
+    # A done row that once waited for the breaker is not waiting any more.
+    RecapSideEffect.objects.filter(pk=paid_recap(client, user).side_effects.get().pk).update(
+        status="done", wait_reason="breaker"
+    )
+
+
+def test_the_snapshot_tells_rows_waiting_for_the_breaker_from_their_own_errors(
+    client, admin_user
+):
+    _waiting_rows(client, admin_user)
+    snapshot = ops_snapshot()
+    assert snapshot.side_effects_waiting == {"breaker": 2, "own_error": 1, "configuration": 0}
+
+
+def test_the_page_shows_why_side_effects_wait(client, ops_viewer, admin_user):
+    _waiting_rows(client, admin_user)
+    client.force_login(ops_viewer)
+    page = client.get(OPS).content.decode()
+    assert '<span id="side-effects-waiting-breaker">2</span> waiting for the breaker' in page
+    assert '<span id="side-effects-waiting-own-error">1</span> after their own error' in page
+    assert "side-effects-waiting-configuration" not in page
