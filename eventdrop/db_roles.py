@@ -256,10 +256,19 @@ def db_roles_apply(
     with transaction.atomic(using=using), connection.cursor() as cursor:
         cursor.execute("SELECT rolname FROM pg_roles")
         existing = [row[0] for row in cursor.fetchall()]
+        # Sent as SCRAM verifiers hashed by libpq here, never as the password itself: a
+        # server logging DDL (log_statement = 'ddl', common on managed PostgreSQL) logs
+        # only the verifier.
+        verifiers = {
+            kind: connection.connection.pgconn.encrypt_password(
+                password.encode(), role_name(kind, prefix).encode(), b"scram-sha-256"
+            ).decode()
+            for kind, password in (passwords or {}).items()
+        }
         plan = db_roles_plan(
             database=connection.settings_dict["NAME"],
             existing_roles=existing,
-            passwords=passwords,
+            passwords=verifiers,
             prefix=prefix,
             quote=connection.ops.quote_name,
         )

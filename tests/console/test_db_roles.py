@@ -291,6 +291,9 @@ def test_every_login_role_connects_and_is_refused_what_it_may_not(settings):
                 "SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", [f"{prefix}handler"]
             )
             assert cursor.fetchone() == (False,)
+            # The server got a SCRAM verifier, never the password.
+            cursor.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", [f"{prefix}web"])
+            assert cursor.fetchone()[0].startswith("SCRAM-SHA-256$4096:")
     finally:
         with connection.cursor() as cursor:
             for spec in reversed(ROLES):
