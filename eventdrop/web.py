@@ -1,12 +1,13 @@
 """The production web server: granian (Rust HTTP/1.1) in front of Django's WSGI app.
 
 `python -m eventdrop.web` is the Procfile's `web` line. Why this shape (measured in
-docs/benchmarks.md, "Ingress ACK" and "Slow clients"):
+docs/benchmarks.md, "The production web server: gunicorn → granian"):
 
 - A thread-per-request server (gunicorn gthread, granian's own WSGI mode) lends a Python
   thread to a request as soon as its headers are in, and that thread then waits on the
-  client for the body: sixteen clients sending 1 byte/s held every thread, and every
-  provider's webhook queued behind them.
+  client for the body. Issue 8 saw ~16 clients sending 1 byte/s block every other sender;
+  with 32 of them gunicorn's ACK rate fell from ~600/s to 198/s, and webhooks waited past
+  their client's 10 s timeout.
 - Here granian speaks HTTP on its event loop and `BufferedBody` (below) collects the whole
   body there — within `WEBHOOK_BODY_READ_TIMEOUT_SECONDS`, and at most `max_body_bytes` —
   before Django gets a thread from the pool (`WEB_THREADS` per process). A slow
@@ -45,6 +46,12 @@ class WebServerConfig:
     threads: int
     header_read_timeout_seconds: float
     max_header_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.processes < 1 or self.threads < 1:
+            raise ValueError("WEB_CONCURRENCY and WEB_THREADS must be at least 1")
+        if not 0 < self.header_read_timeout_seconds <= 60:  # granian's range, in ms
+            raise ValueError("WEB_HEADER_READ_TIMEOUT_SECONDS must be above 0 and at most 60")
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> "WebServerConfig":

@@ -59,8 +59,12 @@ def test_header_read_timeout_counts_against_the_budget(environ):
     assert "headers 25.0 s" in messages[0].msg
 
 
-def test_malformed_server_setting_fails_the_check(environ):
-    environ.setenv("WEB_THREADS", "many")
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("WEB_THREADS", "many"), ("WEB_THREADS", "0"), ("WEB_HEADER_READ_TIMEOUT_SECONDS", "61")],
+)
+def test_malformed_server_setting_fails_the_check(environ, variable, value):
+    environ.setenv(variable, value)
 
     assert [m.id for m in server_messages()] == ["ingress.E003"]
 
