@@ -121,6 +121,48 @@ def raw_event_store_worst_case() -> WorstCase:
     )
 
 
+@dataclass(frozen=True)
+class GiveUp:
+    """When a side effect gives up on transient failures (eventdrop.retry.RetryStrategy):
+    after `attempts` charged attempts AND once `horizon_seconds` have passed since its first
+    charged failure; the pause before the last attempt is stretched to reach the horizon."""
+
+    attempts: int
+    pauses: tuple[float, ...]  # the ceiling of each pause between attempts
+    horizon_seconds: float
+
+    @property
+    def backoff_seconds(self) -> float:
+        return sum(self.pauses)
+
+    @property
+    def min_life_seconds(self) -> float:
+        """How long a transient failure keeps a row alive, at least."""
+        return self.horizon_seconds
+
+    @property
+    def arithmetic(self) -> str:
+        pauses = "+".join(f"{p:.1f}" for p in self.pauses) or "0.0"
+        return (
+            f"dead after {self.attempts} charged attempts (OUTBOX_MAX_ATTEMPTS) with pauses "
+            f"of at most {pauses} s = {_s(self.backoff_seconds)} between them, the last "
+            f"attempt no earlier than the horizon, {_s(self.horizon_seconds)} "
+            f"({self.horizon_seconds / 3600:.1f} h, OUTBOX_TRANSIENT_HORIZON_SECONDS) after "
+            f"the first charged failure: a transient failure keeps a row alive for at least "
+            f"{_s(self.min_life_seconds)}; failures while the render service fails as a "
+            f"whole are not charged"
+        )
+
+
+def side_effect_give_up() -> GiveUp:
+    from outbox.services import outbox_retry_strategy
+
+    strategy = outbox_retry_strategy()  # ValueError on a setting that cannot work
+    policy = strategy.policy
+    pauses = tuple(policy.ceiling(n) for n in range(1, policy.max_attempts))
+    return GiveUp(policy.max_attempts, pauses, strategy.horizon_seconds)
+
+
 OPERATIONS: dict[str, Callable[[], WorstCase]] = {
     "render.dispatch": render_dispatch_worst_case,
     "render.status": render_status_worst_case,

@@ -6,12 +6,14 @@
 - outbox.E004  the dispatcher's configuration is incomplete (a deployment: DEBUG off);
   outbox.W001  the same in development (DEBUG on), where the dispatcher still refuses to run
 - outbox.E005  the rendering deadline settings are not sane or contradict each other
+- outbox.E006  the side effects' retry settings cannot work; outbox.W002  their horizon is
+  shorter than the backoff alone (it extends nothing). Both show the give-up arithmetic.
 """
 
 from django.conf import settings
 from django.core import checks
 
-from outbox.budgets import budget_violations, render_status_worst_case
+from outbox.budgets import budget_violations, render_status_worst_case, side_effect_give_up
 from outbox.configuration import dispatch_configuration_problems
 
 
@@ -117,3 +119,21 @@ def check_rendering_deadline(app_configs=None, **kwargs) -> list[checks.CheckMes
             f"({stuck} s): recaps would be reported stuck before anyone asked about them"
         )
     return [checks.Error(f"{error}.", id="outbox.E005") for error in errors]
+
+
+@checks.register()
+def check_side_effect_give_up(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    try:
+        give_up = side_effect_give_up()
+    except ValueError as exc:
+        return [checks.Error(f"Side effects cannot be retried: {exc}.", id="outbox.E006")]
+    if give_up.horizon_seconds < give_up.backoff_seconds:
+        return [
+            checks.Warning(
+                f"Side effects: {give_up.arithmetic}. The horizon is shorter than the "
+                "backoff alone, so it keeps no row alive longer than its attempts do.",
+                hint="Raise OUTBOX_TRANSIENT_HORIZON_SECONDS (default 24 h).",
+                id="outbox.W002",
+            )
+        ]
+    return []

@@ -139,3 +139,32 @@ def test_dispatcher_budget_must_fit_inside_the_task_timeout_and_the_stale_thresh
     settings.Q_CLUSTER = {**settings.Q_CLUSTER, "timeout": 60}
     settings.OUTBOX_STALE_PROCESSING_SECONDS = 60
     assert {m.id for m in check_time_budgets()} == {"outbox.E002", "outbox.E003"}
+
+
+def test_the_give_up_arithmetic_reports_the_horizon_next_to_the_attempts():
+    from outbox.budgets import side_effect_give_up
+
+    give_up = side_effect_give_up()
+    assert (give_up.attempts, give_up.backoff_seconds, give_up.min_life_seconds) == (
+        5,
+        900.0,
+        86400.0,
+    )
+    assert give_up.arithmetic.startswith(
+        "dead after 5 charged attempts (OUTBOX_MAX_ATTEMPTS) with pauses of at most "
+        "60.0+120.0+240.0+480.0 s = 900.0 s between them, the last attempt no earlier than "
+        "the horizon, 86400.0 s (24.0 h, OUTBOX_TRANSIENT_HORIZON_SECONDS) after the first "
+        "charged failure: a transient failure keeps a row alive for at least 86400.0 s"
+    )
+
+
+def test_check_warns_about_a_horizon_shorter_than_the_backoff_and_fails_a_negative_one(settings):
+    from outbox.checks import check_side_effect_give_up
+
+    assert check_side_effect_give_up() == []
+    settings.OUTBOX_TRANSIENT_HORIZON_SECONDS = 600
+    (warning,) = check_side_effect_give_up()
+    assert warning.id == "outbox.W002" and "900.0 s between them" in warning.msg
+    settings.OUTBOX_TRANSIENT_HORIZON_SECONDS = -1
+    (error,) = check_side_effect_give_up()
+    assert error.id == "outbox.E006" and "invalid retry horizon" in error.msg
