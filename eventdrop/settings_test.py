@@ -6,6 +6,9 @@ engine; without it they fall back to SQLite and PostgreSQL-only tests are skippe
 
 import os
 
+# Never read a developer's .env (eventdrop/settings.py): the suite runs on what it sets here.
+# In os.environ, so every process a test starts inherits it (tests/support/processes.py too).
+os.environ["PYTHON_DOTENV_DISABLED"] = "1"
 os.environ.setdefault("DJANGO_DEBUG", "0")
 os.environ.setdefault("DJANGO_SECRET_KEY", "test-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz")
 os.environ.setdefault("STRIPE_WEBHOOK_SECRET", "whsec_test_stripe_secret")

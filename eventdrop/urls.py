@@ -2,8 +2,10 @@ from django.contrib import admin
 from django.urls import include, path
 
 from console.views_ops import metrics, ops_page
+from eventdrop.views import home
 
 urlpatterns = [
+    path("", home, name="home"),
     path("admin/", admin.site.urls),
     path("webhooks/", include("ingress.urls")),
     path("recaps/", include("recaps.urls")),

@@ -1,14 +1,17 @@
-"""The console's view of recaps: status, payment, the render side effect, and a retry.
+"""The console's view of events, photos and recaps.
 
-Read-only: a recap's status moves only through recaps.services (payment, redemption,
-render callbacks) and the outbox; staff retry a render through console.services, which
-records who did it.
+Events and their photos are plain data an operator enters and corrects here (an event with
+recaps is never deleted: a paid recap would lose what it renders). Recaps are read-only: a
+recap's status moves only through recaps.services (payment, redemption, render callbacks)
+and the outbox; staff retry a render through console.services, which records who did it,
+and can start a free recap of an event for themselves (the demo path, through the same
+services as the API).
 """
 
 import uuid
 
-from django.contrib import admin
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.contrib import admin, messages
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -22,8 +25,10 @@ from console.admin_actions import (
 from console.models import OperatorActionVia
 from console.selectors import recaps_by_status
 from console.services import recaps_retry_render
+from eventdrop.errors import EventDropError
 from outbox.models import EffectType, RecapSideEffect
-from recaps.models import RecapVideo
+from recaps.models import Event, Photo, RecapVideo
+from recaps.services import recap_create, recap_redeem_free
 
 RETRY_DESCRIPTION = (
     "Each recap is rendered (again) through the outbox: a missing render row is created, a "
@@ -31,6 +36,85 @@ RETRY_DESCRIPTION = (
     "one is re-armed for a new render. A failed recap goes back to paid."
 )
 RETRY_WARNING = "Recaps that are ready or not paid yet are refused and reported."
+
+
+class PhotoInline(admin.TabularInline):
+    model = Photo
+    fields = ("storage_key", "taken_at", "created_at")
+    readonly_fields = ("created_at",)
+    extra = 1
+
+
+class EventRecapInline(ReadOnlyInline):
+    model = RecapVideo
+    fields = ("recap_link", "status", "is_free", "buyer", "updated_at")
+    readonly_fields = fields
+    verbose_name = "recap"
+
+    @admin.display(description="recap")
+    def recap_link(self, obj: RecapVideo) -> str:
+        url = reverse("admin:recaps_recapvideo_change", args=[obj.pk])
+        return format_html('<a href="{}">{}</a>', url, obj.pk)
+
+
+@admin.register(Event)
+class EventAdmin(admin.ModelAdmin):
+    list_display = ("id", "title", "photo_count", "recap_count", "created_at")
+    search_fields = ("title",)
+    ordering = ("-created_at",)
+    date_hierarchy = "created_at"
+    inlines = (PhotoInline, EventRecapInline)
+    actions = ("free_recap_for_me",)
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                photo_total=Count("photos", distinct=True),
+                recap_total=Count("recaps", distinct=True),
+            )
+        )
+
+    def has_delete_permission(self, request, obj=None):
+        if obj is not None and obj.recaps.exists():
+            return False
+        return super().has_delete_permission(request, obj)
+
+    @admin.display(description="photos", ordering="photo_total")
+    def photo_count(self, obj: Event) -> int:
+        return obj.photo_total
+
+    @admin.display(description="recaps", ordering="recap_total")
+    def recap_count(self, obj: Event) -> int:
+        return obj.recap_total
+
+    @admin.action(description="Render a free recap of the selected events (for me)")
+    def free_recap_for_me(self, request, queryset: QuerySet[Event]):
+        for event in queryset:
+            try:
+                recap = recap_create(event=event, buyer=request.user, is_free=True)
+                recap_redeem_free(recap_id=recap.id, user=request.user)
+            except EventDropError as exc:
+                self.message_user(request, f"{event}: {exc}", messages.ERROR)
+                continue
+            url = reverse("admin:recaps_recapvideo_change", args=[recap.pk])
+            self.message_user(
+                request,
+                format_html('{}: free recap <a href="{}">{}</a> queued for rendering', event, url,
+                            recap.pk),
+                messages.SUCCESS,
+            )
+
+
+@admin.register(Photo)
+class PhotoAdmin(admin.ModelAdmin):
+    list_display = ("id", "storage_key", "event", "taken_at", "created_at")
+    list_filter = (("taken_at", admin.DateFieldListFilter),)
+    search_fields = ("storage_key", "event__title")
+    list_select_related = ("event",)
+    autocomplete_fields = ("event",)
+    ordering = ("-created_at",)
 
 
 class SideEffectInline(ReadOnlyInline):

@@ -41,7 +41,7 @@ from recaps.errors import (
     RecapPermissionDenied,
     RecapStateConflict,
 )
-from recaps.models import Event, RecapStatus, RecapVideo
+from recaps.models import Event, Photo, RecapStatus, RecapVideo
 from recaps.render_client import RenderStatus
 from recaps.selectors import recaps_due_render_check
 
@@ -64,6 +64,15 @@ def _locked(recap_id: object) -> RecapVideo:
         return RecapVideo.objects.select_for_update().get(pk=recap_id)
     except (RecapVideo.DoesNotExist, ValueError) as exc:  # ValueError: not a UUID
         raise RecapNotFound() from exc
+
+
+@transaction.atomic
+def event_create(*, title: str, photo_storage_keys: list[str]) -> Event:
+    """An event and its photos (in the order given), in one transaction."""
+    event = Event.objects.create(title=title)
+    Photo.objects.bulk_create(Photo(event=event, storage_key=key) for key in photo_storage_keys)
+    logger.info("recaps.event_created", extra={"event_id": event.id})
+    return event
 
 
 @transaction.atomic

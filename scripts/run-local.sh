@@ -1,27 +1,54 @@
 #!/usr/bin/env bash
-# `make run`: migrate, then the web server, the django-q2 cluster, the inbox worker and the
-# fake render service, all in the foreground; Ctrl-C stops them all.
+# `make run`: check the ports, write .env on first use, migrate, then the web server, the
+# django-q2 cluster, the inbox worker, the dispatcher, the fake render service and the fake
+# Stripe, all in the foreground; Ctrl-C stops them all.
+#
+# Configuration is .env (from .env.example; real environment variables win), read by the
+# settings of every process — and of every manage.py command in any other shell.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 export DJANGO_DEBUG="${DJANGO_DEBUG:-1}"
-# Local-only defaults so every flow works out of the box; real deployments set their own.
-export STRIPE_WEBHOOK_SECRET="${STRIPE_WEBHOOK_SECRET:-whsec_local_stripe_secret}"
-export GITHUB_WEBHOOK_SECRET="${GITHUB_WEBHOOK_SECRET:-local-github-secret}"
-export SLACK_SIGNING_SECRET="${SLACK_SIGNING_SECRET:-local-slack-secret}"
-export RENDERER_WEBHOOK_SECRET="${RENDERER_WEBHOOK_SECRET:-whsec_bG9jYWwtcmVuZGVyZXItc2VjcmV0LWtleQ==}"
-export RENDER_SERVICE_URL="${RENDER_SERVICE_URL:-http://127.0.0.1:8200}"
-export RENDER_CALLBACK_URL="${RENDER_CALLBACK_URL:-http://127.0.0.1:8000/webhooks/renderer/}"
+export PYTHONUNBUFFERED=1  # the processes' lines interleave in the order they happen
 
-$PY manage.py migrate --noinput
-$PY manage.py ensure_schedules
-$PY manage.py raw_event_partitions
+# Before anything starts: a busy port is one line naming it, not a traceback later.
+ports=$($PY scripts/localdev.py ports) || exit 1
+read -r PORT FAKE_RENDERER_PORT FAKE_STRIPE_PORT <<<"$ports"
+export PORT FAKE_RENDERER_PORT FAKE_STRIPE_PORT
+$PY scripts/localdev.py ensure-env
 
+# The system checks once, here; every process below skips them (they would print each
+# warning once per process).
+$PY manage.py check
+$PY manage.py migrate --noinput --skip-checks
+$PY manage.py ensure_schedules --skip-checks
+$PY manage.py raw_event_partitions --skip-checks
+
+# Each process in a process group of its own (job control): Ctrl-C reaches this script
+# only, and each process is stopped once, as a whole, below. (A signal to every process of
+# django-q2's cluster at once leaves its parent waiting for children that are gone.)
+set -m
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT INT TERM
-$PY manage.py run_fake_renderer --port 8200 & pids+=($!)
-$PY manage.py qcluster & pids+=($!)
-$PY manage.py process_inbox & pids+=($!)
-echo "EventDrop on http://127.0.0.1:8000/ (admin at /admin/; create a user with: $PY manage.py createsuperuser)"
-$PY manage.py runserver 127.0.0.1:8000 & pids+=($!)
+stop_all() {
+  trap - EXIT INT TERM
+  kill "${pids[@]}" 2>/dev/null || true
+  wait  # until every one has stopped (Ctrl-C again gives up waiting)
+}
+trap stop_all EXIT INT TERM
+$PY manage.py run_fake_renderer --port "$FAKE_RENDERER_PORT" & pids+=($!)
+$PY manage.py run_fake_stripe --port "$FAKE_STRIPE_PORT" & pids+=($!)
+$PY manage.py qcluster --skip-checks & pids+=($!)
+$PY manage.py process_inbox --skip-checks & pids+=($!)
+# Its own lines say what each pass did; the run log of every idle second is not news.
+LOG_LEVEL=WARNING $PY manage.py dispatch_side_effects & pids+=($!)
+cat <<BANNER
+EventDrop on http://127.0.0.1:$PORT/  (console /admin/, ops /ops/)
+  fake render service http://127.0.0.1:$FAKE_RENDERER_PORT/   fake Stripe http://127.0.0.1:$FAKE_STRIPE_PORT/
+  in another shell:  .venv/bin/python manage.py createsuperuser
+                     .venv/bin/python manage.py demo     (a free and a paid recap, to ready)
+BANNER
+# Django's development server: it reloads on code changes and serves the admin's static
+# files. The production server (Procfile: python -m eventdrop.web) is what the fault suite
+# and the benchmarks run.
+$PY manage.py runserver "127.0.0.1:$PORT" --skip-checks & pids+=($!)
 wait -n

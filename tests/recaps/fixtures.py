@@ -56,9 +56,9 @@ def paid_recap():
 
 @pytest.fixture
 def fake_stripe(settings):
-    from tests.recaps.fake_stripe import FakeStripe
+    from recaps.fake_stripe import FakeStripe
 
-    with FakeStripe() as fake:
+    with FakeStripe(webhook_secret=os.environ["STRIPE_WEBHOOK_SECRET"]) as fake:
         settings.STRIPE_API_BASE = fake.url
         settings.STRIPE_CONNECT_TIMEOUT_SECONDS = 0.5
         settings.STRIPE_READ_TIMEOUT_SECONDS = 0.3

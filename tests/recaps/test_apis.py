@@ -104,7 +104,7 @@ def test_purchase_creates_the_recap_and_its_checkout(api, fake_stripe):
     assert response.status_code == 201
     data = response.json()
     assert data["status"] == "pending_payment" and data["event_id"] == event.id
-    assert data["checkout_url"] == "https://checkout.stripe.test/c/pay/cs_test_1"
+    assert data["checkout_url"] == f"{fake_stripe.url}/c/pay/cs_test_1"
     assert fake_stripe.requests[0]["form"]["metadata[recap_id]"] == data["id"]
 
 

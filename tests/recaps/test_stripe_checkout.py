@@ -16,7 +16,7 @@ def test_creates_a_session_with_the_recap_id_in_its_metadata(fake_stripe):
     checkout = recap_checkout_create(recap=recap, buyer=recap.buyer)
     recap.refresh_from_db()
     assert checkout.session_id == "cs_test_1" == recap.checkout_session_id
-    assert checkout.url == "https://checkout.stripe.test/c/pay/cs_test_1"
+    assert checkout.url == f"{fake_stripe.url}/c/pay/cs_test_1"
     (request,) = fake_stripe.requests
     form = request["form"]
     assert form["metadata[recap_id]"] == str(recap.id)

@@ -58,6 +58,8 @@ def app_env(database_url: str, **extra: str) -> dict[str, str]:
         {
             "DJANGO_SETTINGS_MODULE": "eventdrop.settings",
             "DJANGO_DEBUG": "0",
+            # A developer's .env must not fill in what a test left out on purpose.
+            "PYTHON_DOTENV_DISABLED": "1",
             "DATABASE_URL": database_url,
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
             "PYTHONUNBUFFERED": "1",

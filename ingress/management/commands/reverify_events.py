@@ -5,6 +5,7 @@ from django.utils.dateparse import parse_datetime
 
 from ingress.inbox import raw_event_reverify
 from ingress.models import RawEvent, RejectionReason, SignatureStatus
+from ingress.sources import all_sources
 
 
 class Command(BaseCommand):
@@ -28,6 +29,7 @@ class Command(BaseCommand):
             events = events.filter(id__in=ids)
         if source:
             events = events.filter(source=source)
+            self._require_known_source(source, rejected_of_source=events)
         if reason:
             events = events.filter(rejection_reason=reason)
         if since:
@@ -48,3 +50,14 @@ class Command(BaseCommand):
             outcomes[key] = outcomes.get(key, 0) + 1
         summary = ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())) or "nothing to do"
         self.stdout.write(f"re-verified {len(selected)} event(s) — {summary}")
+
+    def _require_known_source(self, source: str, *, rejected_of_source) -> None:
+        """A misspelt source is an error, not "nothing to do" (which reads as "all fine").
+        A source no longer configured still counts while rejected rows of it are stored."""
+        configured = sorted(all_sources())
+        if source in configured or rejected_of_source.exists():
+            return
+        raise CommandError(
+            f"unknown source {source!r}: not configured and no rejected event stored under it "
+            f"(configured: {', '.join(configured)})"
+        )

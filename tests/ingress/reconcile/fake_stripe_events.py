@@ -1,4 +1,4 @@
-"""The recaps' fake Stripe (tests/recaps/fake_stripe.py) taught to list Events.
+"""The recaps' fake Stripe (recaps/fake_stripe.py) taught to list Events.
 
     GET /v1/events   created[gte] / created[lt], types[n], limit, starting_after; newest
                      first, like Stripe. Bearer auth against `api_key`.
@@ -12,7 +12,7 @@ import threading
 from datetime import datetime
 from urllib.parse import parse_qsl, urlsplit
 
-from tests.recaps.fake_stripe import FakeStripe, _Handler
+from recaps.fake_stripe import FakeStripe, _Handler
 
 _numbers = itertools.count(1)
 

@@ -1,0 +1,62 @@
+import os
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
+
+from ingress.sources import all_sources
+from recaps.fake_stripe import FakeStripe
+
+
+def current_stripe_webhook_secret() -> str:
+    """The secret Stripe signs with: the first of the stripe source's secrets (during a
+    rotation STRIPE_WEBHOOK_SECRET is "new,old"), parsed as the ingress parses it."""
+    try:
+        source = all_sources().get("stripe")
+    except ImproperlyConfigured as exc:
+        raise CommandError(f"webhook sources are misconfigured: {exc}") from exc
+    if source is None or not source.secrets:
+        raise CommandError("STRIPE_WEBHOOK_SECRET is not set: webhooks cannot be signed.")
+    return source.secrets[0]
+
+
+class Command(BaseCommand):
+    # A stand-in for another service: it needs the webhook secret, not this app's checks.
+    requires_system_checks: list[str] = []
+    help = (
+        "Run the fake Stripe on 127.0.0.1 (local development and `manage.py demo`): Checkout "
+        "Sessions for the stripe SDK (STRIPE_API_BASE points here), and a checkout page whose "
+        "payment sends a signed checkout.session.completed to our own ingress."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--port", type=int, default=8300)
+        parser.add_argument(
+            "--webhook-url",
+            default=None,
+            help="where completed checkouts are POSTed "
+            "(default FAKE_STRIPE_WEBHOOK_URL, else http://127.0.0.1:$PORT/webhooks/stripe/)",
+        )
+
+    def handle(self, *args, port, webhook_url, **options):
+        webhook_url = (
+            webhook_url
+            or os.environ.get("FAKE_STRIPE_WEBHOOK_URL")
+            or f"http://127.0.0.1:{os.environ.get('PORT') or 8000}/webhooks/stripe/"
+        )
+        fake = FakeStripe(
+            port=port, webhook_url=webhook_url, webhook_secret=current_stripe_webhook_secret()
+        )
+        if settings.STRIPE_API_BASE.rstrip("/") != fake.url:
+            self.stderr.write(
+                f"note: STRIPE_API_BASE is {settings.STRIPE_API_BASE}, not this fake ({fake.url})"
+            )
+        self.stdout.write(f"fake Stripe on {fake.url}, webhooks to {webhook_url}; Ctrl-C to stop")
+        try:
+            fake.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            fake.stopping.set()
+            fake._server.server_close()
+            self.stdout.write("fake Stripe stopped")
