@@ -22,6 +22,16 @@ only the rows that raise again are charged: a raw event gets a failure counted o
 not-before time, and after INBOX_MAX_ROW_FAILURES it is rejected `processing_failed`; a
 delivery takes the usual transient-failure path (backoff, dead after DELIVERY_MAX_ATTEMPTS).
 Bodies holding text PostgreSQL cannot store are rejected `unstorable_text` before any write.
+
+A worker that dies (killed, out of memory) records nothing. A delivery it had claimed stays
+`processing` and is re-armed as stale, still charged, and given up `dead` once its charged
+attempts reach DELIVERY_MAX_ATTEMPTS (deliveries_rearm_stale). A raw event whose settling
+kills the worker is not bounded yet: its claim is rolled back with the dying connection, so
+nothing on the row counts the deaths, and the batch it belongs to is claimed again (and dies
+again) every pass. Counting them would need a committed "claimed" mark before settling — a
+second commit per batch on the fast path, which verification is designed not to pay. Until
+then such a row shows as a worker in a crash loop with a growing
+`raw_events_oldest_pending_age_seconds`, and no tool sets it aside yet (an open limit).
 """
 
 import hashlib
@@ -548,16 +558,78 @@ def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {message}"
 
 
+@transaction.atomic
 def deliveries_rearm_stale(*, now: datetime | None = None) -> int:
-    """Deliveries left `processing` by a worker that died go back to `pending`."""
+    """Deliveries left `processing` by a worker that died go back to `pending` — or `dead`.
+
+    The claim charged the attempt (the handler may have run, and written, before the worker
+    died), so a delivery whose charged attempts already reached DELIVERY_MAX_ATTEMPTS is
+    given up here, visibly, with a payload-free reason and a history row. Without that, a
+    handler that kills its worker (out of memory, a segfault in a C extension, a kill at the
+    task timeout) would be claimed and re-armed forever: the dead decision is otherwise only
+    made when a failure is *recorded*, and a dead worker records nothing. Returns how many
+    deliveries were re-armed or given up.
+    """
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.DELIVERY_STALE_AFTER_SECONDS)
-    count = Delivery.objects.filter(status=DeliveryStatus.PROCESSING, claimed_at__lt=cutoff).update(
+    stale = Delivery.objects.filter(status=DeliveryStatus.PROCESSING, claimed_at__lt=cutoff)
+    max_attempts = delivery_retry_policy().max_attempts
+    exhausted = list(
+        stale.filter(attempts__gte=max_attempts)
+        .select_for_update(skip_locked=True)
+        .values_list("id", "raw_event_id", "attempts", "total_attempts", "claimed_at")
+    )
+    for delivery_id, raw_event_id, attempts, total, claimed_at in exhausted:
+        _give_up_abandoned(
+            delivery_id, raw_event_id, attempts, total, claimed_at, now, max_attempts
+        )
+    count = stale.filter(attempts__lt=max_attempts).update(
         status=DeliveryStatus.PENDING, claimed_at=None, next_attempt_at=now
     )
     if count:
         logger.warning("ingress.deliver.rearmed_stale", extra={"count": count})
-    return count
+    return count + len(exhausted)
+
+
+WORKER_DIED = (
+    "given up when re-armed as stale after {attempts} of {max_attempts} attempts: the worker "
+    "died {died} times during this delivery, without recording an outcome"
+)
+
+
+def _give_up_abandoned(
+    delivery_id: int,
+    raw_event_id: int,
+    attempts: int,
+    total: int,
+    claimed_at: datetime,
+    now: datetime,
+    max_attempts: int,
+) -> None:
+    # The attempts since the delivery was armed are numbered (total - attempts, total]; the
+    # ones without a history row are the claims whose worker never came back.
+    recorded = DeliveryAttempt.objects.filter(
+        delivery_id=delivery_id, number__gt=total - attempts
+    ).count()
+    error = WORKER_DIED.format(
+        died=attempts - recorded, attempts=attempts, max_attempts=max_attempts
+    )
+    Delivery.objects.filter(id=delivery_id).update(
+        status=DeliveryStatus.DEAD, finished_at=now, last_error=error
+    )
+    DeliveryAttempt.objects.create(
+        delivery_id=delivery_id,
+        number=total,
+        started_at=claimed_at,
+        finished_at=now,
+        outcome=DeliveryAttempt.Outcome.DEAD,
+        error=error,
+    )
+    _mark_events_handled({raw_event_id}, now)
+    logger.error(
+        "ingress.deliver.worker_died",
+        extra={"delivery_id": delivery_id, "raw_event_id": raw_event_id, "attempts": attempts},
+    )
 
 
 @dataclass(frozen=True)
