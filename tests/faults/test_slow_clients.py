@@ -145,6 +145,7 @@ def test_slow_clients_do_not_move_the_p99_of_normal_senders(web):
     failed = [(r["n"], r["status"], r.get("error")) for r in results if r["status"] != 202]
     assert not failed, f"{len(failed)} normal requests not acknowledged: {failed[:10]}"
     p99 = percentile([r["seconds"] for r in results], 99)
+    print(f"{NORMAL_REQUESTS} webhooks beside {SLOW_CLIENTS} slow clients: p99 {p99:.3f} s")
     assert p99 < P99_BOUND_SECONDS, f"p99 {p99:.3f} s with {SLOW_CLIENTS} slow clients"
 
     rows = {event.pk: bytes(event.body) for event in RawEvent.objects.all()}
