@@ -96,6 +96,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Read-only screens read from the replica when there is one (eventdrop/routers.py).
+    "eventdrop.routers.ReplicaReadsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -122,9 +124,21 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {
-    "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+# Between the processes and PostgreSQL there may be PgBouncer in transaction pooling mode
+# (DATABASE_POOLER=pgbouncer; eventdrop/db/postgresql/base.py, docs/scaling.md). Then no
+# session state survives a transaction: statement_timeout is the database's default (set by
+# `manage.py database_timeouts`, checked on every new connection), server-side cursors are
+# off, and every advisory lock is transaction-scoped (ingress/partitions.py).
+DATABASE_POOLER = os.environ.get("DATABASE_POOLER", "").strip().lower()
+if DATABASE_POOLER not in {"", "pgbouncer"}:
+    raise ImproperlyConfigured(
+        f"DATABASE_POOLER must be empty or pgbouncer, got {DATABASE_POOLER!r}"
+    )
+
+
+def _database(url: str) -> dict:
+    database = dj_database_url.parse(
+        url,
         conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60),
         # Django checks a persistent connection once per request before its first query. On
         # PostgreSQL our backend's check is a poll(2) of the idle socket, not a `SELECT 1`:
@@ -132,30 +146,52 @@ DATABASES = {
         # restart) is replaced before use instead of failing one request each.
         conn_health_checks=True,
     )
-}
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    if database["ENGINE"] != "django.db.backends.postgresql":
+        return database
     # A statement that hangs must not hold a web worker past the provider's patience:
     # connect fast or fail into a 503, and cap every statement. statement_timeout is the
     # server's own cap; a frozen server enforces nothing, so eventdrop.db.postgresql also
     # bounds every wait on our side (client_wait_timeout: the server's cap plus a margin for
     # its cancel to arrive first). Keepalives and tcp_user_timeout end a connection across a
     # real network partition (they do not fire for a frozen server, whose kernel still ACKs).
-    _statement_timeout_ms = env_int("DATABASE_STATEMENT_TIMEOUT_MS", 15000)
-    DATABASES["default"]["ENGINE"] = "eventdrop.db.postgresql"
-    DATABASES["default"].setdefault("OPTIONS", {}).update(
+    statement_timeout_ms = env_int("DATABASE_STATEMENT_TIMEOUT_MS", 15000)
+    database["ENGINE"] = "eventdrop.db.postgresql"
+    database.setdefault("OPTIONS", {}).update(
         {
             "connect_timeout": env_int("DATABASE_CONNECT_TIMEOUT", 3),
-            "options": f"-c statement_timeout={_statement_timeout_ms}",
-            "client_wait_timeout": _statement_timeout_ms / 1000
+            # Sent as a startup setting on a direct connection; behind the pooler it is what
+            # every connection checks the server's default against instead.
+            "options": f"-c statement_timeout={statement_timeout_ms}",
+            "client_wait_timeout": statement_timeout_ms / 1000
             + env_float("DATABASE_CLIENT_WAIT_MARGIN_SECONDS", 5.0),
             "keepalives": 1,
             "keepalives_idle": 30,
             "keepalives_interval": 5,
             "keepalives_count": 3,
-            "tcp_user_timeout": _statement_timeout_ms + 5000,
+            "tcp_user_timeout": statement_timeout_ms + 5000,
         }
     )
-else:
+    if DATABASE_POOLER:
+        database["OPTIONS"]["pooler"] = DATABASE_POOLER
+        # A server-side cursor (QuerySet.iterator()) lives in one server session across
+        # transactions; PgBouncer hands that session to another client after each one.
+        database["DISABLE_SERVER_SIDE_CURSORS"] = True
+    return database
+
+
+DATABASES = {
+    "default": _database(os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"))
+}
+# A streaming replica for what only reads (eventdrop/routers.py decides what may): the
+# console's lists and searches, the ops page, /metrics, the API's list endpoints. It is
+# skipped for a read while it is unreachable or more than DATABASE_REPLICA_MAX_LAG_SECONDS
+# behind. Tests mirror it to the primary (one test database).
+DATABASE_REPLICA_URL = os.environ.get("DATABASE_REPLICA_URL", "")
+DATABASE_REPLICA_MAX_LAG_SECONDS = env_float("DATABASE_REPLICA_MAX_LAG_SECONDS", 30.0)
+if DATABASE_REPLICA_URL:
+    DATABASES["replica"] = {**_database(DATABASE_REPLICA_URL), "TEST": {"MIRROR": "default"}}
+DATABASE_ROUTERS = ["eventdrop.routers.ReplicaRouter"]
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # SQLite (`make run`): WAL lets the web server's INSERTs and the inbox's reads run side by
     # side; IMMEDIATE takes the write lock when a transaction begins, so two writers queue on
     # the busy timeout (5 s) instead of one failing at once with "database is locked" when

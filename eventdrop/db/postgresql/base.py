@@ -20,14 +20,28 @@ places, all for a server that stops answering or restarts (issue 8, findings 5 a
    has nothing to read, so a readable socket means the server hung up (restart, crash,
    pg_terminate_backend, idle timeout). One poll(2), no round trip.
 
+4. Behind PgBouncer in transaction pooling mode (OPTIONS["pooler"] = "pgbouncer", set by
+   DATABASE_POOLER): no session state survives a transaction, and PgBouncer refuses the libpq
+   `options` startup parameter that carries statement_timeout otherwise. So the timeout is
+   not sent; it must be the database's own default (`manage.py database_timeouts`: ALTER
+   DATABASE … SET statement_timeout, applied by PostgreSQL to every server connection
+   PgBouncer opens), and every new connection checks that the server really applies it, at
+   most the cap the settings ask for — else the connection is closed and refused
+   (`ServerTimeoutMismatch`, an OperationalError: a 503 on the webhook path, a backoff in
+   the workers), so no process ever runs uncapped statements unnoticed. The client-side
+   bounds above are unchanged: PgBouncer queueing a query for a busy or frozen server is one
+   more wait that `wait()` ends.
+
 Not supported: Django's connection pool (OPTIONS["pool"]); the bound lives on the
 connection class, which the pool would choose itself.
 """
 
 import math
+import re
 import select
 
 import psycopg
+from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.postgresql import base
 from psycopg.connection import _WAIT_INTERVAL
 
@@ -37,8 +51,28 @@ from eventdrop.db.bounds import deadline_seconds_left
 LIBPQ_MIN_CONNECT_TIMEOUT_SECONDS = 2
 
 
+POOLERS = ("pgbouncer",)
+_STATEMENT_TIMEOUT_OPTION = re.compile(r"^\s*-c\s*statement_timeout\s*=\s*(\d+)\s*$")
+
+
 class DatabaseWaitTimeout(psycopg.OperationalError):
     """The server did not answer within a client-side bound; the connection was closed."""
+
+
+class ServerTimeoutMismatch(psycopg.OperationalError):
+    """Behind a pooler, the server's statement_timeout is not the cap the settings ask for."""
+
+
+def pooled_statement_timeout_ms(options: str) -> int:
+    """The statement_timeout (ms) that `options` asks for, which a pooler cannot carry: it
+    may hold nothing else, since PgBouncer would drop every other startup setting too."""
+    match = _STATEMENT_TIMEOUT_OPTION.match(options or "")
+    if match is None:
+        raise ImproperlyConfigured(
+            f"Behind a pooler OPTIONS['options'] may only set statement_timeout, got "
+            f"{options!r}: PgBouncer does not pass startup settings to the server."
+        )
+    return int(match.group(1))
 
 
 class BoundedConnection(psycopg.Connection):
@@ -80,6 +114,51 @@ class _PsycopgOpeningBoundedConnections:
 
 class DatabaseWrapper(base.DatabaseWrapper):
     Database = _PsycopgOpeningBoundedConnections()
+    # Behind a pooler: the statement_timeout (ms) every connection must find on the server.
+    expected_statement_timeout_ms: int | None = None
+
+    def get_connection_params(self):
+        params = super().get_connection_params()
+        pooler = params.pop("pooler", None)
+        if pooler is None:
+            return params
+        if pooler not in POOLERS:
+            raise ImproperlyConfigured(f"Unknown pooler {pooler!r}; supported: {POOLERS}")
+        if params.get("cursor_factory") is base.ServerBindingCursor or params.get(
+            "prepare_threshold"
+        ):
+            # Server-side binding and prepared statements live in one server session, which
+            # transaction pooling hands to another client after every transaction.
+            raise ImproperlyConfigured(
+                "Behind PgBouncer (transaction pooling) server_side_binding and "
+                "prepare_threshold must stay unset."
+            )
+        self.expected_statement_timeout_ms = pooled_statement_timeout_ms(
+            params.pop("options", "")
+        )
+        return params
+
+    def init_connection_state(self):
+        super().init_connection_state()
+        expected = self.expected_statement_timeout_ms
+        if expected is None:
+            return
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'"
+            )
+            (server_ms,) = cursor.fetchone()
+        if 0 < server_ms <= expected:
+            return
+        # Closed and forgotten, so Django's next ensure_connection() opens (and checks) a new
+        # one instead of using this one unchecked.
+        self.connection.close()
+        self.connection = None
+        raise ServerTimeoutMismatch(
+            f"statement_timeout on the server is {server_ms} ms behind the pooler, the settings "
+            f"ask for {expected} ms (0 < server <= settings): run `manage.py "
+            f"database_timeouts` (ALTER DATABASE … SET statement_timeout) as the database owner."
+        )
 
     def get_new_connection(self, conn_params):
         conn_params = dict(conn_params)
