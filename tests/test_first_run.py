@@ -168,8 +168,10 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
         run.wait(timeout=10)
         log.close()
     assert not survivors, f"still running after make run stopped: {survivors}"
-    for freed in (port, renderer_port, stripe_port):
+    for freed in (port, renderer_port, stripe_port):  # a clean stop: every port free again
         with socket.socket() as probe:
+            # As a server binds: connections in TIME_WAIT do not hold a port.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(("127.0.0.1", freed))
 
 
