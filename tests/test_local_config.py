@@ -1,0 +1,154 @@
+"""Local configuration: `.env` (and who wins over it), and make run's busy-port message.
+
+Each test works in a temp dir holding a copy of what it needs from this working tree (so
+uncommitted changes are what is tested), never in the checkout itself: a `.env` written
+there would change every other command run from it. About 5 s.
+"""
+
+import json
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import ROOT, free_port
+
+PROBE = (
+    "import json, django; django.setup(); from django.conf import settings; "
+    "print(json.dumps({name: str(getattr(settings, name)) for name in "
+    "('DEBUG', 'RENDER_SERVICE_URL', 'RENDER_CALLBACK_URL', 'STRIPE_API_KEY', "
+    "'OUTBOX_IDLE_SLEEP_SECONDS')}))"
+)
+DOTENV = """\
+DJANGO_DEBUG=1
+PORT=8123
+FAKE_RENDERER_PORT=8223
+RENDER_SERVICE_URL=http://127.0.0.1:${FAKE_RENDERER_PORT}
+RENDER_CALLBACK_URL=http://127.0.0.1:${PORT}/webhooks/renderer/
+STRIPE_API_KEY=sk_test_from_dotenv
+OUTBOX_IDLE_SLEEP_SECONDS=0.25
+"""
+
+
+def shell_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """A new shell's environment: nothing inherited from this (test-configured) process."""
+    return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", **extra}
+
+
+@pytest.fixture
+def project(tmp_path):
+    """The settings package copied (BASE_DIR, and so `.env`, is where settings.py is), the
+    other apps linked, the checkout's virtualenv linked."""
+    copy = tmp_path / "project"
+    copy.mkdir()
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "eventdrop", copy / "eventdrop", ignore=skip)
+    for name in ("manage.py", ".env.example"):
+        shutil.copy(ROOT / name, copy / name)
+    shutil.copytree(ROOT / "scripts", copy / "scripts")
+    for name in ("ingress", "recaps", "outbox", "console", "templates", ".venv"):
+        (copy / name).symlink_to(ROOT / name)
+    return copy
+
+
+def settings_seen(project: Path, tmp_path: Path, **env: str) -> dict:
+    result = subprocess.run(
+        [".venv/bin/python", "-c", PROBE],
+        cwd=project,
+        env=shell_env(tmp_path, **{"DJANGO_SETTINGS_MODULE": "eventdrop.settings", **env}),
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_command_in_any_shell_reads_dotenv(project, tmp_path):
+    (project / ".env").write_text(DOTENV)
+    seen = settings_seen(project, tmp_path)
+    assert seen == {
+        "DEBUG": "True",
+        "RENDER_SERVICE_URL": "http://127.0.0.1:8223",
+        "RENDER_CALLBACK_URL": "http://127.0.0.1:8123/webhooks/renderer/",
+        "STRIPE_API_KEY": "sk_test_from_dotenv",
+        "OUTBOX_IDLE_SLEEP_SECONDS": "0.25",
+    }
+
+
+def test_real_environment_variables_win_over_dotenv(project, tmp_path):
+    (project / ".env").write_text(DOTENV)
+    seen = settings_seen(
+        project, tmp_path, STRIPE_API_KEY="sk_test_from_the_shell", PORT="9001"
+    )
+    assert seen["STRIPE_API_KEY"] == "sk_test_from_the_shell"
+    # A URL built from another variable follows the environment's value of it too.
+    assert seen["RENDER_CALLBACK_URL"] == "http://127.0.0.1:9001/webhooks/renderer/"
+
+
+def test_the_test_settings_never_read_dotenv(project, tmp_path):
+    (project / ".env").write_text(DOTENV)
+    seen = settings_seen(project, tmp_path, DJANGO_SETTINGS_MODULE="eventdrop.settings_test")
+    # The settings' and settings_test's own values, not the developer's .env.
+    assert seen["OUTBOX_IDLE_SLEEP_SECONDS"] == "5.0"
+    assert seen["RENDER_SERVICE_URL"] == "http://127.0.0.1:9"
+    assert seen["DEBUG"] == "False"
+
+
+def test_production_names_the_one_minimum_key_length(project, tmp_path):
+    result = subprocess.run(
+        [".venv/bin/python", "-c", PROBE],
+        cwd=project,
+        env=shell_env(
+            tmp_path, DJANGO_SETTINGS_MODULE="eventdrop.settings", DJANGO_SECRET_KEY="k" * 49
+        ),
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode != 0
+    assert "shorter than 50 characters" in result.stderr
+    readme = (ROOT / "README.md").read_text()
+    assert "50+ characters" in readme and "32+" not in readme
+
+
+def test_first_use_writes_dotenv_with_a_random_key_and_the_chosen_ports(project, tmp_path):
+    ports = {"PORT": str(free_port()), "FAKE_RENDERER_PORT": str(free_port())}
+    for _ in range(2):
+        subprocess.run(
+            [".venv/bin/python", "scripts/localdev.py", "ensure-env"],
+            cwd=project, env=shell_env(tmp_path, **ports), check=True, timeout=30,
+        )
+    written = (project / ".env").read_text()
+    key = next(line for line in written.splitlines() if line.startswith("DJANGO_SECRET_KEY="))
+    assert len(key.partition("=")[2]) >= 50
+    assert f"PORT={ports['PORT']}\n" in written
+    assert f"FAKE_RENDERER_PORT={ports['FAKE_RENDERER_PORT']}\n" in written
+    assert "FAKE_STRIPE_PORT=8300\n" in written  # not chosen: the documented default
+    assert (project / ".env").stat().st_mode & 0o077 == 0  # it holds a secret
+
+
+@pytest.mark.parametrize(
+    ("variable", "what"),
+    [("PORT", "the web server"), ("FAKE_STRIPE_PORT", "the fake Stripe")],
+)
+def test_make_run_names_a_busy_port_in_one_line_before_starting_anything(
+    project, tmp_path, variable, what
+):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"PORT": str(free_port()), "FAKE_RENDERER_PORT": str(free_port()),
+               "FAKE_STRIPE_PORT": str(free_port()), variable: str(port)}
+        result = subprocess.run(
+            ["bash", "scripts/run-local.sh"],
+            cwd=project, env=shell_env(tmp_path, **env),
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"make run: port {port} ({variable}, {what}) is already in use on 127.0.0.1; "
+        f"stop what listens there or choose another, e.g. {variable}={port + 1} make run"
+    ]
+    # Nothing started: no configuration written, no database created.
+    assert not (project / ".env").exists() and not (project / "db.sqlite3").exists()
