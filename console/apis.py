@@ -15,7 +15,7 @@ import logging
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import InterfaceError, OperationalError
 from django.shortcuts import get_object_or_404
 from django.utils.http import is_same_domain
 from rest_framework import serializers
@@ -77,7 +77,9 @@ def api_exception_handler(exc, context):
     needs the database (a token or session lookup), so an outage reaches every endpoint.
     The log line is one incident kind: eventdrop.logformat rate-limits it.
     """
-    if isinstance(exc, DatabaseError):
+    # Connection-level failures only: an IntegrityError or a refused privilege is a bug or a
+    # misconfiguration that retrying cannot fix, and stays a 500.
+    if isinstance(exc, OperationalError | InterfaceError):
         logger.error(
             "api.database_unavailable",
             exc_info=exc,

@@ -104,6 +104,14 @@ def paid_recap(client, user, *, photos: int = 6) -> RecapVideo:
     return recap
 
 
+def event(client, user) -> Event:
+    return Event.objects.create(title="Sample party")
+
+
+def photo(client, user) -> Photo:
+    return Photo.objects.create(event=event(client, user), storage_key="events/sample/p-1.jpg")
+
+
 def side_effect(client, user) -> RecapSideEffect:
     return RecapSideEffect.objects.get(recap=paid_recap(client, user))
 
@@ -130,6 +138,8 @@ SAMPLES: dict[str, Callable] = {
     "outbox.recapsideeffect": side_effect,
     "outbox.circuitbreaker": circuit_breaker,
     "recaps.recapvideo": paid_recap,
+    "recaps.event": event,
+    "recaps.photo": photo,
     "ingress.rawevent": verified_event,
     "ingress.delivery": delivery,
     "ingress.reconciliationrun": reconciliation_run,
