@@ -164,8 +164,8 @@ def dispatch_one(
         if not admission.allowed:
             until = admission.retry_at.isoformat() if admission.retry_at else "later"
             raise RenderCircuitOpen(until=until)
-        called = True
         client = client_factory(config, clock=clock)
+        called = True  # from here on, whatever happens is the service's answer (or silence)
         try:
             accepted = client.request_render(
                 idempotency_key=claim.idempotency_key,

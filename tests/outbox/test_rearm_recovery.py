@@ -221,6 +221,7 @@ def test_side_effect_depths_for_the_queue_depth_api(paid_recap):
         "due": 2,
         "stale_processing": 0,
         "oldest_due_age_seconds": 600.0,
+        "waiting": {"breaker": 0, "own_error": 0, "configuration": 0},
     }
     assert side_effect_depths(now=T0)["stale_processing"] == 0
     assert side_effect_depths(now=T0 + timedelta(hours=2))["stale_processing"] == 1
