@@ -11,6 +11,7 @@ from django.contrib.admin import DateFieldListFilter
 from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html, format_html_join
+from knox.models import AuthToken
 
 from console.admin_actions import OperatorAdmin
 from console.models import OperatorAction, PayloadAccess
@@ -128,3 +129,21 @@ class PayloadAccessAdmin(OperatorAdmin):
     @admin.display(description="raw events")
     def all_raw_event_links(self, obj: PayloadAccess) -> str:
         return self.raw_event_links(obj, limit=len(obj.raw_event_ids))
+
+
+# knox's own admin adds tokens and shows the new one in a flash message, which Django keeps in
+# a cookie or the session: tokens are issued only by `manage.py api_token`, shown once on a
+# terminal. Here they are listed (key, owner, expiry) and nothing else.
+admin.site.unregister(AuthToken)
+
+
+@admin.register(AuthToken)
+class ApiTokenAdmin(OperatorAdmin):
+    list_display = ("token_key", "user", "created", "expiry")
+    list_select_related = ("user",)
+    search_fields = ("=token_key", "=user__username")
+    search_help_text = "Token key (its first 15 characters) or username (exact)."
+    ordering = ("-created",)
+    fields = ("token_key", "user", "created", "expiry")
+    readonly_fields = fields
+    actions = None

@@ -77,3 +77,17 @@ def test_issue_refusals(bot, django_user_model, username, args, message):
     with pytest.raises(CommandError, match=message):
         call_command("api_token", "issue", username, *args, stdout=io.StringIO())
     assert not AuthToken.objects.exists()
+
+
+def test_the_admin_lists_tokens_but_cannot_issue_or_show_them(admin_client, bot):
+    token = issue("oncall-bot")
+    record = AuthToken.objects.get()
+    listing = admin_client.get("/admin/knox/authtoken/")
+    assert listing.status_code == 200
+    page = listing.content.decode()
+    assert record.token_key in page and "oncall-bot" in page
+    # The digest is the row's key (it is in the URL): a hash, useless to authenticate with.
+    assert token not in page and token[15:] not in page
+    assert admin_client.get("/admin/knox/authtoken/add/").status_code == 403
+    detail = admin_client.get(f"/admin/knox/authtoken/{record.pk}/change/")
+    assert detail.status_code == 200 and token[15:] not in detail.content.decode()
