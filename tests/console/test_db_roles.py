@@ -325,3 +325,66 @@ def test_the_command_prints_its_sql_with_passwords_masked(settings, monkeypatch)
     assert "up to date" in out.getvalue()
     # Run again: the roles exist now and are updated in place.
     call_command("db_roles", stdout=out)
+
+
+@pytest.fixture
+def committed_roles(settings):
+    """The roles for real, committed (so other processes can log in), dropped afterwards."""
+    prefix = f"edproc_{uuid.uuid4().hex[:6]}_"
+    settings.DATABASE_ROLE_PREFIX = prefix
+    db_roles_apply()
+    yield prefix
+    with connection.cursor() as cursor:
+        for spec in reversed(ROLES):
+            name = role_name(spec.kind, prefix)
+            cursor.execute(f'DROP OWNED BY "{name}"')
+            cursor.execute(f'DROP ROLE "{name}"')
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_processes_run_as_their_roles(committed_roles, tmp_path):
+    """The Procfile's web process as `web`, `process_inbox` as `inbox` (handlers as
+    `handler`): a webhook is stored and verified. About 10 s."""
+    import http.client
+
+    from tests.support.processes import app_env, free_port, manage, start_procfile
+
+    params = connection.get_connection_params()
+    host, port, name = params.get("host", "127.0.0.1"), params.get("port", 5432), params["dbname"]
+
+    def url(kind: str) -> str:
+        return f"postgres://{role_name(kind, committed_roles)}@{host}:{port}/{name}"
+
+    web_port = free_port()
+    web = start_procfile(
+        "web", app_env(url("web"), WEB_CONCURRENCY="1"), port=web_port, log=tmp_path / "web.log"
+    )
+    try:
+        web.wait_listening(web_port, timeout=30)
+        body = b'{"ref": "refs/heads/main"}'
+        conn = http.client.HTTPConnection("127.0.0.1", web_port, timeout=10)
+        conn.request(
+            "POST",
+            "/webhooks/github/",
+            body=body,
+            headers={
+                "Content-Type": "application/json",
+                "X-Hub-Signature-256": github_signature(body),
+                "X-GitHub-Event": "push",
+                "X-GitHub-Delivery": "as-roles",
+            },
+        )
+        response = conn.getresponse()
+        answer = response.read()
+        assert response.status == 202, answer + web.output().encode()
+        # The same process cannot serve the console: its role reads no sessions or users.
+        conn.request("GET", "/admin/", headers={"Cookie": "sessionid=made-up-session"})
+        assert conn.getresponse().status == 500
+        conn.close()
+    finally:
+        web.stop()
+    inbox_env = app_env(url("inbox"), DATABASE_HANDLER_ROLE=role_name("handler", committed_roles))
+    manage("process_inbox", "--once", env=inbox_env)
+    event = RawEvent.objects.get(delivery_id="as-roles")
+    assert event.signature_status == "verified" and bytes(event.body) == body
