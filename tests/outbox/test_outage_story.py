@@ -13,6 +13,7 @@ Time is simulated: the dispatcher runs with an injected `now` (every row, backof
 breaker's cool-down are computed from it); only the network calls take real time. Settings
 compress time further: backoff 1..4 s (five attempts' worth of pauses: 1+2+4+4 = 11 s of
 ceilings), cool-down 20 s, a 60 s horizon; the outage lasts 10 minutes, some 50 times that.
+About 20 s for the module (the `hang` story waits out its calls' deadlines).
 """
 
 from datetime import timedelta
@@ -24,7 +25,7 @@ from outbox.models import RecapSideEffect
 from recaps.models import RecapStatus, RecapVideo
 from tests.recaps.fixtures import T0
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 OUTAGE = timedelta(minutes=10)
 EVERY = timedelta(seconds=30)
