@@ -36,4 +36,4 @@ bench: $(STAMP)
 	$(PY) bench/ingress_ack.py
 
 clean:
-	rm -rf $(VENV) db.sqlite3
+	rm -rf $(VENV) db.sqlite3 db.sqlite3-wal db.sqlite3-shm  # .env stays (it holds your key and ports)

@@ -40,7 +40,7 @@ $PY manage.py run_fake_stripe --port "$FAKE_STRIPE_PORT" & pids+=($!)
 $PY manage.py qcluster --skip-checks & pids+=($!)
 $PY manage.py process_inbox --skip-checks & pids+=($!)
 # Its own lines say what each pass did; the run log of every idle second is not news.
-LOG_LEVEL=WARNING $PY manage.py dispatch_side_effects & pids+=($!)
+LOG_LEVEL=WARNING $PY manage.py dispatch_side_effects --skip-checks & pids+=($!)
 cat <<BANNER
 EventDrop on http://127.0.0.1:$PORT/  (console /admin/, ops /ops/)
   fake render service http://127.0.0.1:$FAKE_RENDERER_PORT/   fake Stripe http://127.0.0.1:$FAKE_STRIPE_PORT/

@@ -24,6 +24,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
+        # Django adds this only to commands that let it run the checks; `make run` checks
+        # once for every process it starts.
+        parser.add_argument("--skip-checks", action="store_true", help="skip system checks")
 
     def handle(self, *args, once: bool, **options):
         try:
