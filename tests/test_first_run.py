@@ -6,7 +6,7 @@ scripts/run-local.sh — what `make run` runs once its virtualenv is installed; 
 this checkout's .venv instead of installing one — on free ports; then, from "another shell"
 (a process with only PATH and HOME), the landing page, `manage.py check`,
 `process_inbox --once`, `manage.py demo` to a ready free and paid recap, and the README's own
-curl, port adjusted. Every step is bounded; the whole test stays under 90 s (about 35 s on
+curl, port adjusted. Every step is bounded; the whole test stays under 90 s (about 14 s on
 2 cores). Everything it started is stopped by PID, survivors killed.
 """
 
@@ -183,3 +183,48 @@ def runs_in(pid: int, directory: Path) -> bool:
         return state != "Z" and Path(f"/proc/{pid}/cwd").resolve() == directory.resolve()
     except OSError:
         return False
+
+
+def test_make_run_prints_each_check_warning_once(fresh_clone, tmp_path):
+    """A configuration with a warning (no STRIPE_API_KEY: an empty variable in the shell wins
+    over .env) shows it once, from the one `manage.py check`, not once per process."""
+    clone, home = fresh_clone
+    port = free_port()
+    log_path = tmp_path / "make-run.log"
+    with open(log_path, "wb") as log:
+        run = subprocess.Popen(
+            ["bash", "scripts/run-local.sh"],
+            cwd=clone,
+            env=clean_env(
+                home,
+                PORT=str(port),
+                FAKE_RENDERER_PORT=str(free_port()),
+                FAKE_STRIPE_PORT=str(free_port()),
+                STRIPE_API_KEY="",
+            ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        pids: set[int] = set()
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and run.poll() is None:
+                try:
+                    requests.get(f"http://127.0.0.1:{port}/", timeout=(1, 5))
+                    break
+                except requests.ConnectionError:
+                    time.sleep(0.2)
+            time.sleep(2)  # the workers that start beside the web server have checked by now
+            pids = descendants(run.pid)
+        finally:
+            pids |= descendants(run.pid)
+            if run.poll() is None:
+                os.kill(run.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    run.wait(timeout=20)
+            for pid in [pid for pid in pids | {run.pid} if runs_in(pid, clone)]:
+                os.kill(pid, signal.SIGKILL)
+            run.wait(timeout=10)
+    output = log_path.read_text()
+    assert output.count("(recaps.W001)") == 1, output
