@@ -324,6 +324,10 @@ WEBHOOK_DEFAULT_TOLERANCE_SECONDS = env_int("WEBHOOK_TOLERANCE_SECONDS", 300)
 # Raw events are kept this long (daily partitions on PostgreSQL); rejected ones shorter.
 RAW_EVENT_RETENTION_DAYS = env_int("RAW_EVENT_RETENTION_DAYS", 90)
 RAW_EVENT_PARTITIONS_AHEAD_DAYS = env_int("RAW_EVENT_PARTITIONS_AHEAD_DAYS", 7)
+# Bodies encrypted at rest (ingress/encryption.py): comma-separated Fernet keys, the first
+# encrypts, all decrypt (rotation: prepend the new key, run rotate_raw_event_keys, drop the
+# old one). Empty: bodies are stored as received.
+RAW_EVENT_ENCRYPTION_KEYS = env_list("RAW_EVENT_ENCRYPTION_KEYS")
 # Seconds a provider is told to wait before retrying when the database is unavailable.
 INGRESS_UNAVAILABLE_RETRY_AFTER = env_int("INGRESS_UNAVAILABLE_RETRY_AFTER", 10)
 # The webhook route's time budget (what the load balancer / platform allows a request).
@@ -350,11 +354,19 @@ DELIVERY_STALE_AFTER_SECONDS = env_int("DELIVERY_STALE_AFTER_SECONDS", 600)
 INBOX_SCHEDULED_PASS_BUDGET_SECONDS = env_float("INBOX_SCHEDULED_PASS_BUDGET_SECONDS", 50.0)
 
 # --- django-q2 -----------------------------------------------------------------------------
-# The ORM broker keeps everything in the one database; `retry` must exceed `timeout` so a
-# task is never handed to a second worker while the first may still run it.
+# The ORM broker (default) keeps everything in the one database; `retry` must exceed
+# `timeout` so a task is never handed to a second worker while the first may still run it.
+# Q_BROKER=redis moves the queue to Redis (REDIS_URL) and off PostgreSQL's hot tables. Either
+# way a task is only a nudge: every task here claims its work from rows (raw events,
+# deliveries, side effects) with SKIP LOCKED, so a message lost with a Redis restart, or
+# popped by a cluster that is then killed (Redis has no acknowledgement), loses no work — the
+# rows stay pending and the next tick, or the long-running inbox and dispatcher, take them.
+# Schedules live in the database whatever the broker: each cluster's scheduler advances a due
+# schedule under SELECT … FOR UPDATE, so of several clusters one enqueues each tick.
+Q_BROKER = os.environ.get("Q_BROKER", "orm").strip().lower()
+REDIS_URL = os.environ.get("REDIS_URL", "")
 Q_CLUSTER = {
     "name": "eventdrop",
-    "orm": "default",
     "workers": env_int("Q_WORKERS", 2),
     "timeout": env_int("Q_TIMEOUT", 300),
     "retry": env_int("Q_RETRY", 360),
@@ -364,6 +376,24 @@ Q_CLUSTER = {
     "save_limit": 500,
     "ack_failures": True,
 }
+if Q_BROKER == "orm":
+    Q_CLUSTER["orm"] = "default"
+elif Q_BROKER == "redis":
+    if not REDIS_URL:
+        raise ImproperlyConfigured("Q_BROKER=redis needs REDIS_URL (redis://host:6379/0)")
+    from redis.connection import parse_url
+
+    Q_CLUSTER["redis"] = {
+        **parse_url(REDIS_URL),
+        # Client-side bounds on every Redis call: connecting, and every reply. A dequeue is a
+        # BLPOP of 1 s (django-q2), well inside the read bound.
+        "socket_connect_timeout": env_float("REDIS_CONNECT_TIMEOUT_SECONDS", 2.0),
+        "socket_timeout": env_float("REDIS_SOCKET_TIMEOUT_SECONDS", 5.0),
+        "socket_keepalive": True,
+        "health_check_interval": 30,
+    }
+else:
+    raise ImproperlyConfigured(f"Q_BROKER must be orm or redis, got {Q_BROKER!r}")
 
 # --- Recaps, render service and outbox (see recaps/ and outbox/) ---------------------------
 # Every duration below is in seconds. outbox/budgets.py turns them into worst cases, and the
