@@ -12,6 +12,10 @@
                                 to the session's success_url (303); `Accept: application/json`
                                 answers {"event_id", "webhook_status"} instead. 409 when the
                                 session is already paid, 404 when unknown.
+    GET  /v1/events             the events it sent (and those added with `add_event`), as
+                                Stripe lists them: created[gte] / created[lt], types[n],
+                                limit, starting_after; newest first. So `manage.py
+                                reconcile_stripe` under `make run` compares against them.
 
 Modes for the tests (attribute `mode`): "ok", "hang" (the session answer after `delay`
 seconds), "error_500". Event and payment ids are random, so a restarted fake never sends an
@@ -23,10 +27,12 @@ import html
 import json
 import logging
 import threading
+import time
 import uuid
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 import requests
 import stripe
@@ -52,6 +58,8 @@ class FakeStripe:
         self.sessions: dict[str, dict] = {}  # by idempotency key
         # (event id, our ingress's HTTP status or None when it could not be reached)
         self.webhooks_sent: list[tuple[str, int | None]] = []
+        self.events: list[dict] = []  # what GET /v1/events lists
+        self.list_lock = threading.Lock()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
@@ -123,6 +131,48 @@ class FakeStripe:
                 self.sessions[key] = session
             return session
 
+    def add_event(
+        self, event_type: str, *, created: datetime | None = None, data: dict | None = None
+    ) -> dict:
+        """An event Stripe knows about (listed by GET /v1/events), whether sent or not."""
+        event_id = f"evt_fake_{uuid.uuid4().hex[:24]}"
+        event = {
+            "id": event_id,
+            "object": "event",
+            "api_version": stripe.api_version,
+            "created": int(created.timestamp() if created else time.time()),
+            "data": {"object": data or {"id": f"obj_{event_id[9:]}", "object": "thing"}},
+            "livemode": False,
+            "pending_webhooks": 1,
+            "request": {"id": None, "idempotency_key": None},
+            "type": event_type,
+        }
+        with self.list_lock:
+            self.events.append(event)
+        return event
+
+    def listing(self, query: dict[str, str]) -> tuple[list[dict], bool]:
+        """One page of GET /v1/events: (events, has_more)."""
+        gte = int(query.get("created[gte]", 0))
+        lt = int(query.get("created[lt]", 2**62))
+        types = {value for key, value in query.items() if key.startswith("types[")}
+        with self.list_lock:
+            matching = sorted(
+                (
+                    e
+                    for e in self.events
+                    if gte <= e["created"] < lt and (not types or e["type"] in types)
+                ),
+                key=lambda e: (e["created"], e["id"]),
+                reverse=True,
+            )
+        after = query.get("starting_after")
+        if after:
+            position = next((i for i, e in enumerate(matching) if e["id"] == after), -1)
+            matching = matching[position + 1 :]
+        limit = int(query.get("limit", 10))
+        return matching[:limit], len(matching) > limit
+
     def session_by_id(self, session_id: str) -> dict | None:
         with self.lock:
             return next((s for s in self.sessions.values() if s["id"] == session_id), None)
@@ -142,14 +192,8 @@ class FakeStripe:
                 payment_status="paid",
                 payment_intent=f"pi_fake_{uuid.uuid4().hex[:24]}",
             )
-            event = {
-                "id": f"evt_fake_{uuid.uuid4().hex[:24]}",
-                "object": "event",
-                "api_version": stripe.api_version,
-                "type": "checkout.session.completed",
-                "livemode": False,
-                "data": {"object": dict(session)},
-            }
+            paid_session = dict(session)
+        event = self.add_event("checkout.session.completed", data=paid_session)
         status = self.send_webhook(event)
         return 200, {"event_id": event["id"], "webhook_status": status, "session": session}
 
@@ -215,7 +259,13 @@ class _Handler(BaseHTTPRequestHandler):
         return dict(parse_qsl(self.rfile.read(min(length, 1024 * 1024)).decode()))
 
     def do_GET(self) -> None:
-        if self.path.startswith(CHECKOUT_PATH):
+        url = urlsplit(self.path)
+        if url.path == "/v1/events":
+            page, has_more = self.fake.listing(dict(parse_qsl(url.query)))
+            self._json(
+                200, {"object": "list", "url": "/v1/events", "has_more": has_more, "data": page}
+            )
+        elif self.path.startswith(CHECKOUT_PATH):
             self._checkout_page(self.path.removeprefix(CHECKOUT_PATH))
         elif self.path == "/":
             self._send(200, b"fake Stripe: POST /v1/checkout/sessions, /c/pay/<id>\n", "text/plain")

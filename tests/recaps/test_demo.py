@@ -4,6 +4,7 @@ as a correctly signed Stripe webhook, and both recaps become ready through the r
 dispatcher — here run by the test, under `make run` by their own processes."""
 
 import time
+from datetime import UTC, datetime, timedelta
 from io import StringIO
 
 import pytest
@@ -79,6 +80,17 @@ def test_demo_drives_a_free_and_a_paid_recap_to_ready(running_app, fake_stripe, 
     for recap in (free, paid):
         recap.refresh_from_db()
         assert recap.status == RecapStatus.READY and recap.video_url.startswith("https://")
+
+    # The fake Stripe lists the events it sent: the README's reconcile_stripe finds ours.
+    now = datetime.now(tz=UTC)
+    out = StringIO()
+    call_command(
+        "reconcile_stripe",
+        "--since", (now - timedelta(minutes=5)).isoformat(),
+        "--until", (now + timedelta(seconds=5)).isoformat(),
+        stdout=out,
+    )
+    assert "Stripe listed 1, known 1" in out.getvalue() and "missing 0" in out.getvalue()
 
 
 def test_a_second_demo_run_reuses_the_buyer_and_never_repeats_a_payment(

@@ -1,4 +1,5 @@
-"""The recaps' fake Stripe (recaps/fake_stripe.py) taught to list Events.
+"""The recaps' fake Stripe (recaps/fake_stripe.py, which lists Events) with the API key
+checked and failure switches for the reconciliation tests.
 
     GET /v1/events   created[gte] / created[lt], types[n], limit, starting_after; newest
                      first, like Stripe. Bearer auth against `api_key`.
@@ -7,64 +8,20 @@ Failure switches: `forbidden` (403), `rate_limit_from_request` (429 from the n-t
 request on, counting from 1), `list_delay` (seconds before each list answer).
 """
 
-import itertools
-import threading
-from datetime import datetime
 from urllib.parse import parse_qsl, urlsplit
 
 from recaps.fake_stripe import FakeStripe, _Handler
-
-_numbers = itertools.count(1)
 
 
 class FakeStripeEvents(FakeStripe):
     def __init__(self, *, api_key: str):
         super().__init__()
         self.api_key = api_key
-        self.events: list[dict] = []
         self.list_requests: list[dict] = []
         self.forbidden = False
         self.rate_limit_from_request: int | None = None
         self.list_delay = 0.0
-        self.list_lock = threading.Lock()
         self._server.RequestHandlerClass = _EventsHandler
-
-    def add_event(self, event_type: str, *, created: datetime, data: dict | None = None) -> dict:
-        number = next(_numbers)
-        event = {
-            "id": f"evt_test_{number:06d}",
-            "object": "event",
-            "api_version": "2026-10-28.endive",
-            "created": int(created.timestamp()),
-            "data": {"object": data or {"id": f"obj_{number}", "object": "thing"}},
-            "livemode": False,
-            "pending_webhooks": 1,
-            "request": {"id": None, "idempotency_key": None},
-            "type": event_type,
-        }
-        with self.list_lock:
-            self.events.append(event)
-        return event
-
-    def listing(self, query: dict[str, str]) -> tuple[list[dict], bool]:
-        gte, lt = int(query["created[gte]"]), int(query["created[lt]"])
-        types = {value for key, value in query.items() if key.startswith("types[")}
-        with self.list_lock:
-            matching = sorted(
-                (
-                    e
-                    for e in self.events
-                    if gte <= e["created"] < lt and (not types or e["type"] in types)
-                ),
-                key=lambda e: (e["created"], e["id"]),
-                reverse=True,
-            )
-        after = query.get("starting_after")
-        if after:
-            position = next(i for i, e in enumerate(matching) if e["id"] == after)
-            matching = matching[position + 1 :]
-        limit = int(query.get("limit", 10))
-        return matching[:limit], len(matching) > limit
 
 
 class _EventsHandler(_Handler):
