@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 RENDER_SERVICE_BREAKER = "render-service"
 # Optimistic writes that lose the race re-read and try again; beyond this, the breaker
 # gives up on recording (and says so) rather than keep a dispatch waiting.
-_WRITE_TRIES = 5
+_WRITE_TRIES = 50
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,8 @@ class Judgement:
     charged: bool
     state: str
     retry_at: datetime | None = None
-    # The other rows of the streak that opened the breaker, (id, attempts at their first
-    # and at their last failure in it): each is given back what the streak cost it.
+    # The rows of the streak that opened the breaker, this one included, as (id, attempts at
+    # their first and at their last failure in it): each is given back what it cost them.
     refund: tuple[tuple[int, int, int], ...] = ()
 
 
@@ -385,5 +385,5 @@ class Breaker:
             charged=False,
             state=BreakerState.OPEN,
             retry_at=reopen["open_until"],
-            refund=tuple(entry for entry in entries if entry[0] != side_effect_id),
+            refund=tuple(entries),
         )

@@ -18,6 +18,7 @@ own database, a row's outcome is decided by eventdrop.retry (the one classificat
 a database error is transient, a missing configuration releases the row uncharged.
 """
 
+import functools
 import logging
 import queue
 import threading
@@ -133,6 +134,45 @@ class _Bulkhead:
             thread.join()
 
 
+def _service_failure(claim, failure, record, breaker, probe, started_at, now) -> str:
+    """The service was asked and failed: evidence for the breaker, which also says whether
+    the service was failing as a whole (then it is not the row's cost).
+
+    While the breaker looks closed, the row's failure is recorded (charged) *before* it
+    joins the breaker's streak: when a later failure opens the breaker, every row of the
+    streak is already `pending` and its refund cannot miss it. Only a row that would die of
+    this failure (its last attempt) is judged first, so an outage cannot kill it.
+    """
+    looks_closed = breaker.view().state == BreakerState.CLOSED and not probe
+    last_attempt = claim.attempts >= settings.OUTBOX_MAX_ATTEMPTS
+    if looks_closed and not last_attempt:
+        outcome = record(now=now())
+        judgement = breaker.record_failure(
+            side_effect_id=claim.id,
+            attempts=claim.attempts,
+            error_class=failure.error_class,
+            probe=False,
+            now=now(),
+        )
+        if not judgement.charged:  # it opened (or was open): this row is refunded too
+            rows = judgement.refund or ((claim.id, claim.attempts, claim.attempts),)
+            side_effects_refund(rows=rows, started_at=started_at, now=now())
+        return outcome
+    judgement = breaker.record_failure(
+        side_effect_id=claim.id,
+        attempts=claim.attempts,
+        error_class=failure.error_class,
+        probe=probe,
+        now=now(),
+    )
+    outcome = record(now=now(), charged=judgement.charged, release_at=judgement.retry_at)
+    # This attempt was given back above; the streak's other rows are refunded here.
+    others = tuple(row for row in judgement.refund if row[0] != claim.id)
+    if others:
+        side_effects_refund(rows=others, started_at=started_at, now=now())
+    return outcome
+
+
 def dispatch_one(
     claim: Claim,
     *,
@@ -183,37 +223,19 @@ def dispatch_one(
             # A broken connection must not poison the rest of this thread's run.
             connection.close_if_unusable_or_obsolete()
         failure = classify(exc)
-        charged, release_at, refund = True, None, ()
         probe = admission is not None and admission.probe
+        record = functools.partial(
+            side_effect_fail, claim=claim, failure=failure, error=str(exc), started_at=started_at
+        )
         if admission is not None and not admission.allowed:
-            release_at = admission.retry_at
-        elif called and failure.service_failure:
-            # The service was asked and failed: evidence for the breaker, which also says
-            # whether this was the service failing as a whole (then not the row's cost).
-            judgement = breaker.record_failure(
-                side_effect_id=claim.id,
-                attempts=claim.attempts,
-                error_class=failure.error_class,
-                probe=probe,
-                now=now(),
-            )
-            charged, release_at, refund = judgement.charged, judgement.retry_at, judgement.refund
-        elif called:
+            return record(now=now(), charged=False, release_at=admission.retry_at)
+        if called and failure.service_failure:
+            return _service_failure(claim, failure, record, breaker, probe, started_at, now)
+        if called:
             breaker.record_success(probe=probe, now=now())  # it answered about this row
         elif probe:
             breaker.abandon_probe()
-        outcome = side_effect_fail(
-            claim=claim,
-            failure=failure,
-            error=str(exc),
-            started_at=started_at,
-            now=now(),
-            charged=charged,
-            release_at=release_at,
-        )
-        if refund:
-            side_effects_refund(rows=refund, started_at=started_at, now=now())
-        return outcome
+        return record(now=now())
     breaker.record_success(probe=admission.probe, now=now())
     return side_effect_complete(
         claim=claim, render_id=accepted.render_id, started_at=started_at, now=now()

@@ -47,7 +47,7 @@ def test_a_streak_of_distinct_rows_opens_it_and_the_tripping_failure_is_not_char
     assert (judgement.charged, judgement.state) == (False, "open")
     assert judgement.retry_at == T0 + timedelta(seconds=60)
     # The streak's earlier failures were the service's: the dispatcher refunds them.
-    assert judgement.refund == ((1, 1, 1), (2, 1, 1))
+    assert judgement.refund == ((1, 1, 1), (2, 1, 1), (3, 1, 1))
     admission = breaker.admit(now=T0 + timedelta(seconds=59))
     assert not admission.allowed and admission.retry_at == T0 + timedelta(seconds=60)
     # A call let through before it opened, failing now: not charged either.

@@ -42,6 +42,8 @@ def test_two_dispatchers_over_one_backlog_never_dispatch_a_row_twice(
     # dispatch (not a slow answer) can fail this test.
     settings.RENDER_READ_TIMEOUT_SECONDS = 5.0
     settings.RENDER_TIMEOUT_SECONDS = 6.0
+    # The fake's listen backlog is small: a dropped SYN is retried after 1 s.
+    settings.RENDER_CONNECT_TIMEOUT_SECONDS = 3.0
     # Each render takes a little while, so both dispatchers are busy at the same time.
     fake_renderer.configure(mode="slow", delay=0.05)
     rows = [paid_recap()[1] for _ in range(40)]
@@ -65,3 +67,53 @@ def test_the_bulkhead_caps_concurrent_render_calls(fake_renderer, paid_recap, se
     report = dispatch_run(now=T0)
     assert report.claimed == 9 and report.count("done") == 9
     assert fake_renderer.max_in_flight == 3
+
+
+def test_two_dispatchers_with_four_slots_each_in_an_outage_charge_no_row(
+    fake_renderer, paid_recap, settings
+):
+    # Eight calls in flight at once against a 500ing service behind a green health check:
+    # the breaker (one shared row, optimistic writes) opens once, the streak before it is
+    # refunded, every call after it is not charged.
+    from datetime import timedelta
+
+    from outbox.models import CircuitBreaker
+
+    settings.RENDER_MAX_CONCURRENCY = 4
+    settings.RENDER_CONNECT_TIMEOUT_SECONDS = 3.0  # the fake's listen backlog is small
+    fake_renderer.configure(mode="error_5xx")
+    for _ in range(40):
+        paid_recap()
+
+    reports, errors = run_in_threads(2, lambda: dispatch_run(now=T0, budget_seconds=30))
+
+    assert errors == [] and {report.breaker for report in reports} == {"open"}
+    assert CircuitBreaker.objects.get().state == "open"
+    assert set(RecapSideEffect.objects.values_list("status", flat=True)) == {"pending"}
+    charged = [
+        (row.id, [(h.number, h.outcome, h.error_class) for h in row.history.all()])
+        for row in RecapSideEffect.objects.exclude(attempts=0)
+    ]
+    assert charged == [], (charged, CircuitBreaker.objects.values().get())
+    # Far fewer than 40 calls: the breaker stopped both dispatchers.
+    assert sum(fake_renderer.posts_by_key.values()) <= 5 + 2 * 4 * 2
+
+    # After the cool-down, one probe renders; the rest follow, one charged attempt each.
+    fake_renderer.configure(mode="ok")
+    later = T0 + timedelta(minutes=5)
+    _, errors = run_in_threads(2, lambda: dispatch_run(now=later, budget_seconds=30))
+    assert errors == []
+    # The dispatcher that lost the race for the probe released its row until the probe's
+    # deadline; the next run takes it.
+    dispatch_run(now=later + timedelta(minutes=1))
+    assert set(RecapSideEffect.objects.values_list("status", flat=True)) == {"done"}
+    # One charged attempt each, the one that rendered — plus, on a crowded machine, a
+    # connect timeout of the recovery itself (the fake's listen backlog is small).
+    for row in RecapSideEffect.objects.all():
+        history = [(h.outcome, h.error_class) for h in row.history.all()]
+        recovery_errors = sum(
+            outcome == "transient" and error_class != "http_500"
+            for outcome, error_class in history
+        )
+        assert row.attempts == 1 + recovery_errors, history
+    assert len(fake_renderer.renders) == 40
