@@ -28,10 +28,10 @@ after its attempts, as it should.
 The half-open probe is one real dispatch of one row, not a health check: a health check
 answers 200 while /renders answers 500, and closing on it burned every row (issue 9).
 What a failure costs the row (the dispatcher records it):
-- the failure that completes the streak, every failure while open or half-open, and a
-  failed probe are not charged (`Judgement.charged` is False);
-- the earlier failures of the streak that opened it are refunded (`Judgement.refund`):
-  they were the service's, not the rows'.
+- every failure while open or half-open, and a failed probe, are not charged
+  (`Judgement.charged` is False);
+- the failures of the streak that opened it, the last one included, are refunded
+  (`Judgement.refund`): they were the service's, not the rows'.
 So a row's attempt counter counts how often *that row* was tried against a working service.
 """
 
