@@ -82,6 +82,10 @@ def test_demo_drives_a_free_and_a_paid_recap_to_ready(running_app, fake_stripe, 
         assert recap.status == RecapStatus.READY and recap.video_url.startswith("https://")
 
     # The fake Stripe lists the events it sent: the README's reconcile_stripe finds ours.
+    # (A window ends at the latest now, exclusive, in whole seconds: let the second of the
+    # event's `created` pass.)
+    (listed,) = fake_stripe.events
+    assert wait_for(lambda: time.time() >= listed["created"] + 1, seconds=2)
     now = datetime.now(tz=UTC)
     out = StringIO()
     call_command(
