@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support.processes import ROOT, free_port
+from tests.support.processes import ROOT, VENV_BIN, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def fresh_clone(tmp_path):
     subprocess.run(
         ["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=60
     )
-    (clone / ".venv").symlink_to(ROOT / ".venv")
+    (clone / ".venv").symlink_to(VENV_BIN.parent)  # the suite's own virtualenv
     home = tmp_path / "home"
     home.mkdir()
     return clone, home

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import ROOT, free_port
+from tests.support.processes import ROOT, VENV_BIN, free_port
 
 PROBE = (
     "import json, django; django.setup(); from django.conf import settings; "
@@ -48,8 +48,9 @@ def project(tmp_path):
     for name in ("manage.py", ".env.example"):
         shutil.copy(ROOT / name, copy / name)
     shutil.copytree(ROOT / "scripts", copy / "scripts")
-    for name in ("ingress", "recaps", "outbox", "console", "templates", ".venv"):
+    for name in ("ingress", "recaps", "outbox", "console", "templates"):
         (copy / name).symlink_to(ROOT / name)
+    (copy / ".venv").symlink_to(VENV_BIN.parent)
     return copy
 
 
