@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from console.metrics import metrics_registry
 from console.ops import DAY, SLOS, VIEW_OPS_PERMISSION, YELLOW_FRACTION, ops_snapshot
 from console.presentation import format_seconds
+from eventdrop.routers import replica_status
 from ingress.models import RejectionReason, SignatureStatus
 
 # The page reloads itself: left open on a screen, it never shows stale colours for long.
@@ -52,6 +53,8 @@ def _rejected_link(*, source: str, reason: str, since: datetime) -> str:
 def ops_page(request: HttpRequest) -> TemplateResponse:
     if not request.user.has_perm(VIEW_OPS_PERMISSION):
         raise PermissionDenied
+    # Measured first: the figures below are read from the replica only while it is fit to.
+    replica = replica_status(fresh=True)
     snapshot = ops_snapshot()
     since = snapshot.taken_at - DAY
     reasons = dict(RejectionReason.choices)
@@ -78,6 +81,7 @@ def ops_page(request: HttpRequest) -> TemplateResponse:
         "reconciliation": reconciliation,
         "yellow_percent": round(YELLOW_FRACTION * 100),
         "refresh_seconds": REFRESH_SECONDS,
+        "replica": replica,
         "raw_events_since_query": urlencode({"received_at__gte": _admin_filter_since(since)}),
         "oldest_pending": format_seconds(snapshot.inbox["raw_events_oldest_pending_age_seconds"]),
         "oldest_due_delivery": format_seconds(snapshot.inbox["deliveries_oldest_due_age_seconds"]),

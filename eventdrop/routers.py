@@ -76,6 +76,19 @@ class ReplicaStatus:
             and self.lag_seconds <= self.max_lag_seconds
         )
 
+    def describe(self) -> str:
+        """One line for the ops page: who serves the read-only screens, and why."""
+        if not self.configured:
+            return ""
+        limit = f"limit {self.max_lag_seconds:g} s"
+        if self.serving_reads:
+            return f"replica, {self.lag_seconds:.1f} s behind ({limit})"
+        if not self.reachable:
+            return f"primary: the replica is unreachable ({self.error})"
+        if self.lag_seconds is None:
+            return f"primary: the replica is not in recovery ({self.error})"
+        return f"primary: the replica is {self.lag_seconds:.1f} s behind ({limit})"
+
 
 _status_lock = threading.Lock()
 _status: ReplicaStatus | None = None

@@ -11,12 +11,16 @@ timestamp in their name, so `pg_lsclusters` shows where they came from.
         url = cluster.url("eventdrop")
         cluster.freeze(); ...; cluster.thaw()
         cluster.restart("immediate")   # a crash: no shutdown checkpoint
+
+    with replica_of(cluster) as replica:   # a hot standby streaming from it
+        replica.psql("SELECT pg_is_in_recovery()")  # 't'
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -151,3 +155,32 @@ def throwaway_cluster(prefix: str = "ed") -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.drop()
+
+
+@contextlib.contextmanager
+def replica_of(primary: Cluster, prefix: str = "edreplica") -> Iterator[Cluster]:
+    """A streaming replica (hot standby) of `primary` on a free port, dropped at exit.
+
+    `pg_basebackup -R` copies the primary's data directory and writes the standby signal and
+    `primary_conninfo`; the cluster's configuration (port, settings) is its own, from
+    pg_createcluster. The primary's trust authentication covers replication connections."""
+    name = f"{prefix}_{time.strftime('%H%M%S')}_{uuid.uuid4().hex[:6]}"
+    replica = Cluster(name, _free_port(), primary.version)
+    try:
+        replica.create()
+        # Emptied, not removed: pg_basebackup fills an empty directory, and this one is
+        # already the postgres user's, with the mode PostgreSQL wants.
+        for entry in replica.data_dir.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        backup = ["pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+                  "-D", str(replica.data_dir), "-R", "-X", "stream", "-c", "fast"]
+        if os.geteuid() == 0:
+            backup = ["runuser", "-u", "postgres", "--", *backup]
+        _run(*backup, timeout=120)
+        replica.start()
+        yield replica
+    finally:
+        replica.drop()
