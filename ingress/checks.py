@@ -85,3 +85,23 @@ def check_web_server_limits(app_configs=None, **kwargs) -> list[checks.CheckMess
                 )
             )
     return messages
+
+
+@checks.register(checks.Tags.security)
+def check_raw_event_encryption_keys(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """RAW_EVENT_ENCRYPTION_KEYS must parse: the receive path encrypts with the first key, and
+    a key that does not parse would fail every webhook (or leave old rows unreadable)."""
+    from ingress.encryption import RawEventKeyError, parse_keys
+
+    try:
+        parse_keys(settings.RAW_EVENT_ENCRYPTION_KEYS)
+    except RawEventKeyError as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="Generate a key with `python -c 'from cryptography.fernet import Fernet; "
+                "print(Fernet.generate_key().decode())'`; the first key encrypts, all decrypt.",
+                id="ingress.E004",
+            )
+        ]
+    return []

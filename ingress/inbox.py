@@ -48,6 +48,7 @@ from eventdrop.db_roles import handler_role
 from eventdrop.errors import EventDropError
 from eventdrop.logformat import raised_at
 from eventdrop.retry import RetryPolicy
+from ingress.encryption import keyring
 from ingress.handlers import PermanentHandlerError, get_handler, handlers_for
 from ingress.models import (
     DedupKey,
@@ -64,6 +65,7 @@ from ingress.payloads import (
     UnparseablePayload,
     holds_unstorable_text,
     parse_payload,
+    raw_event_body,
     storable_text,
 )
 from ingress.reconcile.verdict import backfilled_verdict
@@ -116,7 +118,7 @@ def dedup_key_for(event: RawEvent, verdict: Verdict) -> str:
         digest.update(part.encode("utf-8") + b"\0")
     for name in _FALLBACK_KEY_HEADERS:
         digest.update(f"{name}:{event.headers.get(name, '')}".encode() + b"\0")
-    digest.update(bytes(event.body))
+    digest.update(raw_event_body(event))  # the plaintext: ciphertexts differ every time
     return f"sha256:{digest.hexdigest()}"
 
 
@@ -125,7 +127,7 @@ def _verdict_for(event: RawEvent) -> Verdict:
     if source is None:
         return Verdict(reason=RejectionReason.UNKNOWN_SOURCE)
     request = StoredRequest(
-        headers=event.headers, body=bytes(event.body), received_at=event.received_at
+        headers=event.headers, body=raw_event_body(event), received_at=event.received_at
     )
     if event.origin == RawEventOrigin.BACKFILLED:
         # Fetched by a reconciliation run from the provider's API, not received: there is
@@ -260,6 +262,9 @@ def raw_events_verify_batch(*, limit: int | None = None, now: datetime | None = 
             .filter(signature_status=SignatureStatus.PENDING)
             # A row that failed waits out its backoff: a filter on the pending-index scan.
             .filter(Q(retry_not_before__isnull=True) | Q(retry_not_before__lte=now))
+            # A body encrypted with a key we no longer hold stays pending, never charged or
+            # rejected: our configuration, not the row's fault (it shows as pending age).
+            .filter(body_encryption__in=keyring().known_ids)
             .order_by("received_at")[:limit]
         )
         if events:
@@ -406,7 +411,7 @@ def _call_handler(claimed: _Claimed, events: dict[int, RawEvent]) -> None:
     spec = get_handler(claimed.handler)
     if spec is None:
         raise PermanentHandlerError(HANDLER_MISSING.format(name=claimed.handler))
-    payload = parse_payload(event.headers, bytes(event.body))
+    payload = parse_payload(event.headers, raw_event_body(event))
     # As DATABASE_HANDLER_ROLE when set: the inbox's own role cannot touch business tables.
     with handler_role():
         spec.func(event, payload)

@@ -70,6 +70,12 @@ class RawEvent(models.Model):
     query_string = models.TextField(blank=True, default="")
     headers = models.JSONField(default=dict)
     body = models.BinaryField()
+    # How `body` is stored: "" as received, else "fernet:<key fingerprint>" (encrypted at
+    # rest, ingress/encryption.py; read it with ingress.payloads.raw_event_body). db_default
+    # for the same reasons as `origin` below: catalog-only on the partitions, and INSERTs
+    # from code that predates the column store plaintext, which is what they wrote.
+    body_encryption = models.CharField(max_length=32, blank=True, default="", db_default="")
+    # Of the plaintext, encrypted or not: dedup and forensics compare what was received.
     body_sha256 = models.CharField(max_length=64)
     remote_addr = models.GenericIPAddressField(null=True, blank=True)
     received_at = models.DateTimeField(default=timezone.now)

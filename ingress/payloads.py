@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from eventdrop.errors import EventDropError
+from ingress.encryption import decrypt_body
 from ingress.verifiers.base import StoredRequest
 from ingress.verifiers.common import (
     Reject,
@@ -28,6 +29,15 @@ _NO_TIME = datetime.min.replace(tzinfo=UTC)
 
 class UnparseablePayload(EventDropError):
     pass
+
+
+def raw_event_body(event) -> bytes:
+    """The body as received, decrypted if it is stored encrypted: the one way a body is read.
+
+    Raises ingress.encryption.BodyUndecryptable (payload-free) when the configured keys
+    cannot decrypt it. Needs `body` and `body_encryption` loaded (and `id`, for the message).
+    """
+    return decrypt_body(bytes(event.body), event.body_encryption, raw_event_id=event.id)
 
 
 def parse_payload(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:

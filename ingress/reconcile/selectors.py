@@ -6,6 +6,7 @@ from datetime import datetime
 
 from django.db.models import OuterRef, QuerySet, Subquery
 
+from ingress.encryption import BodyUndecryptable
 from ingress.inbox import dedup_key_for
 from ingress.models import (
     DedupKey,
@@ -14,7 +15,7 @@ from ingress.models import (
     ReconciliationStatus,
     SignatureStatus,
 )
-from ingress.payloads import UnparseablePayload, parse_payload
+from ingress.payloads import UnparseablePayload, parse_payload, raw_event_body
 from ingress.verifiers import Verdict
 
 
@@ -58,14 +59,14 @@ def pending_body_ids(*, source: str, received_since: datetime) -> set[str]:
             signature_status=SignatureStatus.PENDING,
             received_at__gte=received_since,
         )
-        .values_list("body", flat=True)
+        .only("id", "body", "body_encryption")
         .iterator(chunk_size=100)
     )
     ids = set()
-    for body in bodies:
+    for event in bodies:
         try:
-            payload = parse_payload({}, bytes(body))
-        except UnparseablePayload:
+            payload = parse_payload({}, raw_event_body(event))
+        except (UnparseablePayload, BodyUndecryptable):
             continue
         if isinstance(payload.get("id"), str):
             ids.add(payload["id"])

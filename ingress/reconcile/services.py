@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from ingress.encryption import encrypt_body
 from ingress.models import RawEvent, RawEventOrigin, ReconciliationRun, ReconciliationStatus
 from ingress.reconcile.errors import RUN_BUSY, ReconcileBusy
 from ingress.reconcile.window import Window, iso
@@ -185,6 +186,8 @@ def raw_events_backfill(
     up later is a duplicate of the backfilled row, and the other way round.
     """
     now = now or timezone.now()
+    # Encrypted at rest like a received body (RAW_EVENT_ENCRYPTION_KEYS); hashed in plaintext.
+    stored = [encrypt_body(event.body) for event in events]
     rows = RawEvent.objects.bulk_create(
         RawEvent(
             source=source.name,
@@ -192,13 +195,14 @@ def raw_events_backfill(
             method="GET",
             path=event.path,
             headers=event.headers,
-            body=event.body,
+            body=body,
+            body_encryption=body_encryption,
             body_sha256=hashlib.sha256(event.body).hexdigest(),
             remote_addr=None,
             received_at=now,
             origin=RawEventOrigin.BACKFILLED,
         )
-        for event in events
+        for event, (body, body_encryption) in zip(events, stored, strict=True)
     )
     logger.info(
         "ingress.reconcile.backfilled",
