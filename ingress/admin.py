@@ -8,7 +8,7 @@ shown only with `ingress.view_raw_payload`; source secrets are never read here a
 from collections import Counter
 
 from django.conf import settings
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin import DateFieldListFilter
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
@@ -34,12 +34,14 @@ from console.presentation import (
     seconds_between,
 )
 from console.selectors import (
+    BODY_SEARCH_ENCRYPTED,
     PAYLOAD_FIELDS,
     raw_event_deliveries,
     raw_event_search,
     raw_events_by_status,
 )
 from console.services import payload_access_record, raw_events_replay, raw_events_reverify
+from ingress.encryption import BodyUndecryptable, bodies_may_be_encrypted
 from ingress.handlers import all_handlers
 from ingress.models import (
     Delivery,
@@ -49,6 +51,7 @@ from ingress.models import (
     ReconciliationRun,
     SignatureStatus,
 )
+from ingress.payloads import raw_event_body
 from ingress.providers import PROVIDERS
 from ingress.sources import all_sources
 
@@ -247,6 +250,10 @@ class RawEventAdmin(OperatorAdmin):
         if not search_term:
             return queryset, False
         include_body = _can_view_payload(request)
+        if include_body and bodies_may_be_encrypted():
+            # Said, not silently skipped: the ids and keys are still searched.
+            messages.warning(request, BODY_SEARCH_ENCRYPTED)
+            include_body = False
         results = raw_event_search(queryset=queryset, query=search_term, include_body=include_body)
         if include_body:
             _audit_payload_access(request, PayloadAccessKind.SEARCH, search_term=search_term)
@@ -270,9 +277,15 @@ class RawEventAdmin(OperatorAdmin):
         """
         if not (self.has_view_permission(request) and _can_view_payload(request)):
             raise Http404
-        event = get_object_or_404(RawEvent.objects.only("id", "body"), pk=object_id)
+        event = get_object_or_404(
+            RawEvent.objects.only("id", "body", "body_encryption"), pk=object_id
+        )
         _audit_payload_access(request, PayloadAccessKind.DOWNLOAD, raw_event_ids=[event.pk])
-        response = HttpResponse(bytes(event.body), content_type="application/octet-stream")
+        try:
+            body = raw_event_body(event)  # as received: decrypted when stored encrypted
+        except BodyUndecryptable as exc:
+            return HttpResponse(str(exc), status=409, content_type="text/plain; charset=utf-8")
+        response = HttpResponse(body, content_type="application/octet-stream")
         response["Content-Disposition"] = f'attachment; filename="raw-event-{event.id}.bin"'
         response["X-Content-Type-Options"] = "nosniff"
         return response
@@ -396,10 +409,14 @@ class RawEventAdmin(OperatorAdmin):
 
     @admin.display(description="body")
     def body_display(self, obj: RawEvent) -> str:
+        try:
+            body = raw_event_body(obj)
+        except BodyUndecryptable as exc:
+            return format_html("<p>{}</p>", str(exc))
         return render_to_string(
             "console/admin/raw_event_body.html",
             {
-                "body": body_view(bytes(obj.body)),
+                "body": body_view(body),
                 "download_url": reverse("admin:ingress_rawevent_raw_body", args=[obj.pk]),
             },
         )
