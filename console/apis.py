@@ -29,6 +29,7 @@ from rest_framework.views import APIView, exception_handler
 from console.models import OperatorAction, OperatorActionVia, PayloadAccessKind
 from console.presentation import body_for_api, error_for_viewer, seconds_between
 from console.selectors import (
+    BODY_SEARCH_ENCRYPTED,
     PAYLOAD_FIELDS,
     operator_action_list,
     queue_depths,
@@ -46,6 +47,7 @@ from console.services import (
     side_effects_mark_dead,
     side_effects_rearm,
 )
+from ingress.encryption import BodyUndecryptable, bodies_may_be_encrypted
 from ingress.models import (
     Delivery,
     DeliveryAttempt,
@@ -54,6 +56,7 @@ from ingress.models import (
     RejectionReason,
     SignatureStatus,
 )
+from ingress.payloads import raw_event_body
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +257,10 @@ class RawEventWithPayloadOutputSerializer(RawEventOutputSerializer):
         fields = (*RawEventOutputSerializer.Meta.fields, "headers", "body")
 
     def get_body(self, obj: RawEvent) -> dict:
-        return body_for_api(bytes(obj.body))
+        try:
+            return body_for_api(raw_event_body(obj))
+        except BodyUndecryptable as exc:
+            return {"encoding": None, "data": None, "error": str(exc)}
 
 
 class ViewerErrorField(serializers.CharField):
@@ -357,6 +363,8 @@ class RawEventListApi(ConsoleApi):
         may_read_payload = request.user.has_perm(VIEW_PAYLOAD_PERMISSION)
         if params.get("body_contains") and not may_read_payload:
             raise PermissionDenied(BODY_SEARCH_FORBIDDEN)
+        if params.get("body_contains") and bodies_may_be_encrypted():
+            raise serializers.ValidationError({"body_contains": [BODY_SEARCH_ENCRYPTED]})
         include_payload = params.pop("include_payload")
         if include_payload and not may_read_payload:
             raise PermissionDenied(PAYLOAD_FORBIDDEN)
@@ -365,8 +373,11 @@ class RawEventListApi(ConsoleApi):
         params["rejection_reason"] = params.pop("reason", "")
         queryset = raw_event_list(**params, include_payload=include_payload)
         if query:
+            # Encrypted bodies: q matches ids and keys only (docs/security.md).
             queryset = raw_event_search(
-                queryset=queryset, query=query, include_body=may_read_payload
+                queryset=queryset,
+                query=query,
+                include_body=may_read_payload and not bodies_may_be_encrypted(),
             )
         # Each body search is audited with its term (q searches bodies for these users).
         for term in (params.get("body_contains", ""), query if may_read_payload else ""):

@@ -21,6 +21,8 @@ from django.utils.text import smart_split, unescape_string_literal
 from knox.models import AuthToken
 
 from console.models import OperatorAction
+from eventdrop.errors import EventDropError
+from ingress.encryption import bodies_may_be_encrypted
 from ingress.models import Delivery, DeliveryAttempt, RawEvent
 from ingress.selectors import inbox_depths
 from outbox.models import RecapSideEffect
@@ -59,8 +61,24 @@ class BodyContains(Func):
         return f"instr({haystack}, {needle}) > 0", (*haystack_params, *needle_params)
 
 
+BODY_SEARCH_ENCRYPTED = (
+    "Body text cannot be searched: bodies are encrypted at rest (RAW_EVENT_ENCRYPTION_KEYS), "
+    "and the database only sees ciphertext. Search by event id, delivery id or dedup key."
+)
+
+
+class BodySearchUnavailable(EventDropError):
+    pass
+
+
 def _body_contains(term: str) -> Q:
-    """The term's UTF-8 bytes, or the \\u-escaped form many JSON encoders write instead."""
+    """The term's UTF-8 bytes, or the \\u-escaped form many JSON encoders write instead.
+
+    Refused while bodies may be encrypted: a search of ciphertext would find nothing,
+    silently (BodySearchUnavailable; callers show BODY_SEARCH_ENCRYPTED).
+    """
+    if bodies_may_be_encrypted():
+        raise BodySearchUnavailable(BODY_SEARCH_ENCRYPTED)
     forms = sorted({term.encode("utf-8"), json.dumps(term)[1:-1].encode("ascii")})
     condition = Q()
     for form in forms:
