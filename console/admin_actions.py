@@ -81,6 +81,33 @@ class ConfirmSpec:
     note_label: str = ""  # non-empty: a reason is asked for, required, and recorded
 
 
+@dataclass(frozen=True)
+class ObjectAction:
+    """A detail page's button for one of a changelist's operator actions on this object.
+
+    It posts what the list's action menu posts (the action's name and this object's id) to
+    that list, so confirm_operator_action() runs with the same permission check, the same
+    confirmation and the same service call and audit record; `next` brings the user back.
+    """
+
+    button_id: str  # the button's DOM id
+    label: str
+    action: str  # the ModelAdmin action's name, e.g. "rearm_selected"
+    changelist: str  # the list's URL name, e.g. "admin:outbox_recapsideeffect_changelist"
+    object_id: str
+
+    @property
+    def changelist_url(self) -> str:
+        return reverse(self.changelist)
+
+
+def object_actions_context(request: HttpRequest, actions: Sequence[ObjectAction]) -> dict:
+    """The change form's extra context: the buttons, only for users who may operate (the
+    action itself checks again, on the list)."""
+    allowed = request.user.has_perm(OPERATE_PERMISSION)
+    return {"object_actions": list(actions) if allowed else []}
+
+
 def render_operator_actions(obj) -> str:
     """The latest operator actions on one object, with this object's own outcome in each."""
     pk = obj.pk if isinstance(obj.pk, int) else str(obj.pk)

@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from django.utils import timezone
+
 # An on-call page must stay light even for a body at the 1 MiB receive limit.
 BODY_DISPLAY_CHARS = 256 * 1024
 HEX_PREVIEW_BYTES = 4 * 1024
@@ -119,3 +121,51 @@ def error_for_viewer(error: str, *, may_read_payload: bool) -> str:
     head, separator, _ = error.partition(":")
     error_class = head if separator and _ERROR_CLASS.fullmatch(head) else "error"
     return f"{error_class}: {ERROR_DETAIL_HIDDEN}"
+
+
+# --- Reading a row at a glance ------------------------------------------------------------------
+
+# Every status the console colours, by what it asks of the reader. The word is always shown
+# too (the colour only repeats it), so a status reads the same without colour.
+STATUS_TONES = {
+    "verified": "ok",
+    "done": "ok",
+    "dispatched": "ok",
+    "complete": "ok",
+    "ready": "ok",
+    "pending": "wait",
+    "waiting": "wait",
+    "processing": "wait",
+    "paid": "wait",
+    "rendering": "wait",
+    "duplicate": "quiet",
+    "no_handler": "warn",
+    "rejected": "bad",
+    "not_dispatched": "bad",
+    "dead": "bad",
+    "failed": "bad",
+}
+
+
+def status_tone(status: str) -> str:
+    return STATUS_TONES.get(status, "quiet")
+
+
+def format_age(start, now) -> str:
+    """How long ago, compact: `42 s ago`, `3.5 min ago`."""
+    if start is None:
+        return "—"
+    return f"{format_seconds(max((now - start).total_seconds(), 0.0))} ago"
+
+
+def format_time(value, now) -> str:
+    """A stored time to the second, in the server's zone (UTC), with how long ago it was:
+    `2026-12-01 10:03:12 UTC · 5.0 min ago`. A future time says `in …`."""
+    if value is None:
+        return "—"
+    stamp = timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z")
+    seconds = (now - value).total_seconds()
+    relative = (
+        f"{format_seconds(seconds)} ago" if seconds >= 0 else f"in {format_seconds(-seconds)}"
+    )
+    return f"{stamp} · {relative}"

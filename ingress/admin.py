@@ -6,6 +6,7 @@ shown only with `ingress.view_raw_payload`; source secrets are never read here a
 """
 
 from collections import Counter
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib import admin, messages
@@ -15,23 +16,29 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from console.admin_actions import (
     ConfirmSpec,
+    ObjectAction,
     OperatorAdmin,
     ReadOnlyInline,
     confirm_operator_action,
+    object_actions_context,
     render_operator_actions,
 )
 from console.models import OperatorActionVia, PayloadAccessKind
 from console.presentation import (
     body_view,
     error_for_viewer,
+    format_age,
     format_seconds,
+    format_time,
     headers_rows,
     seconds_between,
+    status_tone,
 )
 from console.selectors import (
     BODY_SEARCH_ENCRYPTED,
@@ -46,9 +53,12 @@ from ingress.handlers import all_handlers
 from ingress.models import (
     Delivery,
     DeliveryAttempt,
+    DeliveryStatus,
+    DispatchStatus,
     RawEvent,
     RawEventOrigin,
     ReconciliationRun,
+    RejectionReason,
     SignatureStatus,
 )
 from ingress.payloads import raw_event_body
@@ -134,20 +144,145 @@ def _raw_event_link(raw_event_id: int | None) -> str:
     return format_html('<a href="{}">#{}</a>', url, raw_event_id)
 
 
+# --- What happened, and what to do next -----------------------------------------------------
+
+# Rejections grouped by the one next step that can help.
+_SECRET_REASONS = {RejectionReason.BAD_SIGNATURE, RejectionReason.NO_SECRET_CONFIGURED}
+_HEADER_REASONS = {
+    RejectionReason.MISSING_SIGNATURE,
+    RejectionReason.MALFORMED_HEADER,
+    RejectionReason.NO_MATCHING_SCHEME,
+}
+_CLOCK_REASONS = {RejectionReason.STALE_TIMESTAMP, RejectionReason.FUTURE_TIMESTAMP}
+_BODY_REASONS = {RejectionReason.UNPARSEABLE_BODY, RejectionReason.UNSTORABLE_TEXT}
+_BUG_REASONS = {RejectionReason.VERIFIER_ERROR, RejectionReason.PROCESSING_FAILED}
+
+NEXT_FIX_SIGNING_KEY = (
+    "Fix the secret: compare the secret configured for source “{source}” with the one in "
+    "{provider}'s webhook settings (a rotation adds the new one beside the old), then "
+    "Re-verify this event."
+)
+NEXT_CHECK_SENDER = (
+    "The request was not signed the way {provider} signs: if it really came from {provider}, "
+    "check the endpoint's signing settings and our source's provider, then Re-verify; a "
+    "request from anyone else needs nothing."
+)
+NEXT_CLOCK = (
+    "Re-verify will fail again (the tolerance is measured from when it was received): check "
+    "the clocks, then have {provider} send the event again or let reconciliation fetch it."
+)
+NEXT_BODY = (
+    "No handler could use this body, so re-verifying cannot help: if {provider} really sent "
+    "it, let reconciliation fetch the event from {provider}'s API."
+)
+NEXT_UNKNOWN_SOURCE = "Configure source “{source}” again, then Re-verify this event."
+NEXT_BUG = "A bug on our side (see the processing error): fix and deploy, then Re-verify."
+NEXT_WAIT_VERIFY = (
+    "Nothing yet: the inbox worker (manage.py process_inbox) verifies it within seconds. If it "
+    "stays pending, check that the worker runs (ops page: oldest event waiting)."
+)
+NEXT_RETRY_SETTLE = (
+    "Settling it raised {failures} time(s) ({error}); the worker tries again from {when}."
+)
+NEXT_DUPLICATE = (
+    "Nothing: it is a copy of #{original}, whose deliveries did the work. To run the "
+    "handlers again, Replay the original."
+)
+NEXT_NO_HANDLER = (
+    "No handler was registered for “{event_type}” when it arrived. If one should run: "
+    "deploy it, then Replay this event."
+)
+NEXT_DEAD = (
+    "{dead} delivery(ies) gave up after their last attempt (error below): fix the cause, then "
+    "Replay this event — it re-arms the dead delivery with fresh attempts."
+)
+NEXT_IN_PROGRESS = "Nothing yet: the worker runs the pending deliveries and retries failures."
+NEXT_NONE = "Nothing: every delivery is done."
+
+
+@dataclass(frozen=True)
+class RawEventState:
+    """One raw event in a sentence: its headline, a tone for the colour, the next step."""
+
+    headline: str
+    tone: str  # console.presentation tones: ok, wait, warn, bad, quiet
+    next_step: str
+
+
+def raw_event_state(event: RawEvent, delivery_statuses: list[str]) -> RawEventState:
+    provider = event.provider or "the provider"
+    what = {"source": event.source, "provider": provider}
+    if event.signature_status == SignatureStatus.PENDING:
+        if event.processing_failures:
+            step = NEXT_RETRY_SETTLE.format(
+                failures=event.processing_failures,
+                error=event.processing_error or "no error recorded",
+                when=format_time(event.retry_not_before, timezone.now()),
+            )
+        else:
+            step = NEXT_WAIT_VERIFY
+        return RawEventState("waiting for verification", "wait", step)
+    if event.signature_status == SignatureStatus.REJECTED:
+        reason = event.rejection_reason
+        if reason in _SECRET_REASONS:
+            step = NEXT_FIX_SIGNING_KEY
+        elif reason in _HEADER_REASONS:
+            step = NEXT_CHECK_SENDER
+        elif reason in _CLOCK_REASONS:
+            step = NEXT_CLOCK
+        elif reason in _BODY_REASONS:
+            step = NEXT_BODY
+        elif reason == RejectionReason.UNKNOWN_SOURCE:
+            step = NEXT_UNKNOWN_SOURCE
+        else:
+            step = NEXT_BUG
+        return RawEventState(f"rejected: {reason}", "bad", step.format(**what))
+    if event.dispatch_status == DispatchStatus.DUPLICATE:
+        return RawEventState(
+            f"verified, duplicate of #{event.duplicate_of_id}",
+            "quiet",
+            NEXT_DUPLICATE.format(original=event.duplicate_of_id),
+        )
+    if event.dispatch_status == DispatchStatus.NO_HANDLER:
+        return RawEventState(
+            "verified, no handler",
+            "warn",
+            NEXT_NO_HANDLER.format(event_type=event.event_type or "(no type)"),
+        )
+    counts = Counter(delivery_statuses)
+    if counts[DeliveryStatus.DEAD]:
+        noun = "delivery" if counts[DeliveryStatus.DEAD] == 1 else "deliveries"
+        return RawEventState(
+            f"verified, {noun} dead", "bad", NEXT_DEAD.format(dead=counts[DeliveryStatus.DEAD])
+        )
+    if counts[DeliveryStatus.PENDING] or counts[DeliveryStatus.PROCESSING]:
+        return RawEventState("verified, deliveries running", "wait", NEXT_IN_PROGRESS)
+    return RawEventState("verified, handled", "ok", NEXT_NONE)
+
+
+def tone_badge(tone: str, label: str) -> str:
+    # The word says it; the colour repeats it (console/admin/console_styles.html).
+    return format_html('<span class="console-badge console-tone-{}">{}</span>', tone, label)
+
+
+def status_badge(status: str, label: str = "") -> str:
+    return tone_badge(status_tone(status), label or status)
+
+
 @admin.register(RawEvent)
 class RawEventAdmin(OperatorAdmin):
+    # What decides the next step comes first and fits 1,366 px (tests/console/test_browser.py):
+    # the verdict, why, what happened next, how long ago; then what it is.
     list_display = (
         "id",
-        "received_at",
+        "signature_badge",
+        "reason_column",
+        "dispatch_badge",
+        "age",
         "source",
-        "provider",
         "event_type",
         "delivery_or_dedup",
-        "signature_status",
-        "rejection_reason",
-        "matched_secret_index",
         "duplicate_link",
-        "dispatch_status",
         "verify_lag",
         "handle_lag",
     )
@@ -172,6 +307,7 @@ class RawEventAdmin(OperatorAdmin):
     show_full_result_count = False
     actions = ("replay_selected", "reverify_selected")
     change_form_template = "console/admin/raw_event_change_form.html"
+    change_list_template = "console/admin/change_list.html"
 
     received_fields = (
         "id",
@@ -181,7 +317,7 @@ class RawEventAdmin(OperatorAdmin):
         "path",
         "query_string",
         "remote_addr",
-        "received_at",
+        "received_at_display",
         "delivery_id",
         "body_size",
         "body_sha256",
@@ -191,7 +327,7 @@ class RawEventAdmin(OperatorAdmin):
         "signature_status",
         "rejection",
         "matched_secret",
-        "verified_at",
+        "verdict_at",
         "verify_count",
         "verify_lag",
         "event_type",
@@ -199,14 +335,14 @@ class RawEventAdmin(OperatorAdmin):
         # A row whose settling raised: how often, the error class, when it is tried again.
         "processing_failures",
         "processing_error",
-        "retry_not_before",
+        "retry_not_before_display",
     )
     dispatch_fields = (
         "dedup_key",
         "duplicate_link",
         "copies_link",
         "dispatch_status",
-        "handled_at",
+        "handled_at_display",
         "handle_lag",
     )
     payload_fields = ("headers_table", "body_display")
@@ -214,7 +350,12 @@ class RawEventAdmin(OperatorAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).defer(*PAYLOAD_FIELDS)
 
-    summary_fields = ("status_summary", "deliveries_table", "operator_actions")
+    summary_fields = ("status_summary", "next_step", "deliveries_table", "operator_actions")
+    # The verdict's time under the label that says which verdict it was.
+    VERDICT_AT_FIELDS = {
+        SignatureStatus.VERIFIED: "verified_at_display",
+        SignatureStatus.REJECTED: "rejected_at",
+    }
 
     def get_fieldsets(self, request, obj=None):
         # What an on-call engineer asks first comes first: what happened, then why.
@@ -227,9 +368,13 @@ class RawEventAdmin(OperatorAdmin):
                 "deliveries_table_without_messages" if name == "deliveries_table" else name
                 for name in summary
             )
+        verdict_at = self.VERDICT_AT_FIELDS.get(obj.signature_status if obj else "", "verdict_at")
+        verification = tuple(
+            verdict_at if name == "verdict_at" else name for name in self.verification_fields
+        )
         return [
             ("What happened", {"fields": summary}),
-            ("Verification", {"fields": self.verification_fields}),
+            ("Verification", {"fields": verification}),
             ("Dedup and dispatch", {"fields": self.dispatch_fields}),
             ("Received", {"fields": self.received_fields}),
             ("Payload", {"fields": payload}),
@@ -244,6 +389,7 @@ class RawEventAdmin(OperatorAdmin):
             *self.summary_fields,
             "deliveries_table_without_messages",
             "payload_hidden",
+            *self.VERDICT_AT_FIELDS.values(),
         )
 
     def get_search_results(self, request, queryset, search_term):
@@ -291,11 +437,14 @@ class RawEventAdmin(OperatorAdmin):
         return response
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
-        extra_context = {
-            **(extra_context or {}),
-            "can_operate": self.has_operate_permission(request),
-            "changelist_url": reverse("admin:ingress_rawevent_changelist"),
-        }
+        extra_context = dict(extra_context or {})
+        event = self.get_object(request, object_id) if object_id else None
+        if event is not None:
+            extra_context.update(object_actions_context(request, self._object_actions(event)))
+            # The page's title says what happened (str() of the row knows only the verdict).
+            state = self._state(event)
+            extra_context["subtitle"] = f"{event.source} #{event.pk}: {state.headline}"
+            extra_context["raw_event_state"] = state
         response = super().changeform_view(request, object_id, form_url, extra_context)
         # 200: the page of an existing event is about to render, with its payload.
         if object_id and response.status_code == 200 and _can_view_payload(request):
@@ -303,6 +452,19 @@ class RawEventAdmin(OperatorAdmin):
         return response
 
     # --- actions -------------------------------------------------------------------------
+
+    def _object_actions(self, event: RawEvent) -> list[ObjectAction]:
+        changelist = "admin:ingress_rawevent_changelist"
+        actions = [
+            ObjectAction("console-replay", "Replay", "replay_selected", changelist, event.pk)
+        ]
+        if event.signature_status == SignatureStatus.REJECTED:
+            actions.append(
+                ObjectAction(
+                    "console-reverify", "Re-verify", "reverify_selected", changelist, event.pk
+                )
+            )
+        return actions
 
     @admin.action(description="Replay selected events to their handlers", permissions=["operate"])
     def replay_selected(self, request, queryset: QuerySet[RawEvent]):
@@ -340,9 +502,80 @@ class RawEventAdmin(OperatorAdmin):
 
     # --- columns and detail fields -------------------------------------------------------
 
+    def _state(self, obj: RawEvent) -> RawEventState:
+        # Once per page: status_summary and next_step share it.
+        cached = getattr(obj, "_console_state", None)
+        if cached is None:
+            statuses = [d.status for d in raw_event_deliveries(raw_event_id=obj.pk)]
+            cached = obj._console_state = raw_event_state(obj, statuses)
+        return cached
+
+    @admin.display(description="verdict", ordering="signature_status")
+    def signature_badge(self, obj: RawEvent) -> str:
+        return status_badge(obj.signature_status)
+
+    @admin.display(description="reason", ordering="rejection_reason")
+    def reason_column(self, obj: RawEvent) -> str:
+        if not obj.rejection_reason:
+            return "—"
+        return format_html(
+            '<span title="{}">{}</span>', obj.get_rejection_reason_display(), obj.rejection_reason
+        )
+
+    @admin.display(description="dispatch", ordering="dispatch_status")
+    def dispatch_badge(self, obj: RawEvent) -> str:
+        return status_badge(obj.dispatch_status, obj.dispatch_status.replace("_", " "))
+
+    @admin.display(description="received", ordering="received_at")
+    def age(self, obj: RawEvent) -> str:
+        # To the second, and how long ago: "7:54 a.m." on every row tells nothing.
+        stamp = timezone.localtime(obj.received_at).strftime("%H:%M:%S")
+        return format_html(
+            '<span class="nowrap" title="{}">{} · {}</span>',
+            format_time(obj.received_at, timezone.now()),
+            stamp,
+            format_age(obj.received_at, timezone.now()),
+        )
+
+    @admin.display(description="received at")
+    def received_at_display(self, obj: RawEvent) -> str:
+        return format_time(obj.received_at, timezone.now())
+
+    @admin.display(description="verified at")
+    def verified_at_display(self, obj: RawEvent) -> str:
+        return format_time(obj.verified_at, timezone.now())
+
+    @admin.display(description="rejected at")
+    def rejected_at(self, obj: RawEvent) -> str:
+        return format_time(obj.verified_at, timezone.now())
+
+    @admin.display(description="verdict at")
+    def verdict_at(self, obj: RawEvent) -> str:
+        return "not yet (waiting for verification)"
+
+    @admin.display(description="handled at")
+    def handled_at_display(self, obj: RawEvent) -> str:
+        return format_time(obj.handled_at, timezone.now())
+
+    @admin.display(description="tried again from")
+    def retry_not_before_display(self, obj: RawEvent) -> str:
+        return format_time(obj.retry_not_before, timezone.now())
+
+    @admin.display(description="next step")
+    def next_step(self, obj: RawEvent) -> str:
+        state = self._state(obj)
+        return format_html(
+            '<p id="raw-event-next-step" class="console-next-step console-tone-{}">{}</p>',
+            state.tone,
+            state.next_step,
+        )
+
     @admin.display(description="delivery id / dedup key")
     def delivery_or_dedup(self, obj: RawEvent) -> str:
-        return obj.delivery_id or obj.dedup_key or "—"
+        value = obj.delivery_id or obj.dedup_key or "—"
+        if len(value) <= 24:
+            return value
+        return format_html('<span title="{}">{}…</span>', value, value[:23])
 
     @admin.display(description="duplicate of")
     def duplicate_link(self, obj: RawEvent) -> str:
@@ -427,6 +660,7 @@ class RawEventAdmin(OperatorAdmin):
 
     @admin.display(description="status")
     def status_summary(self, obj: RawEvent) -> str:
+        state = self._state(obj)
         if obj.signature_status == SignatureStatus.VERIFIED:
             verdict = (
                 "verified by fetch (backfilled)"
@@ -434,7 +668,7 @@ class RawEventAdmin(OperatorAdmin):
                 else f"verified (secret #{obj.matched_secret_index})"
             )
         elif obj.signature_status == SignatureStatus.REJECTED:
-            verdict = f"rejected: {obj.rejection_reason}"
+            verdict = f"rejected: {obj.rejection_reason} ({obj.get_rejection_reason_display()})"
         else:
             verdict = "waiting for verification"
         counts = Counter(d.status for d in raw_event_deliveries(raw_event_id=obj.pk))
@@ -445,8 +679,11 @@ class RawEventAdmin(OperatorAdmin):
             if obj.handled_at
             else "not handled"
         )
-        return " → ".join(
-            (verdict, obj.get_dispatch_status_display(), deliveries or "no deliveries", handled)
+        steps = (verdict, obj.get_dispatch_status_display(), deliveries or "no deliveries", handled)
+        return format_html(
+            '<span id="raw-event-status">{} <span class="console-summary">{}</span></span>',
+            tone_badge(state.tone, state.headline),
+            " → ".join(steps),
         )
 
     @admin.display(description="deliveries")
@@ -457,6 +694,7 @@ class RawEventAdmin(OperatorAdmin):
         rows = [
             (
                 delivery,
+                status_tone(delivery.status),
                 shown(delivery.last_error),
                 [
                     (
@@ -469,7 +707,10 @@ class RawEventAdmin(OperatorAdmin):
             )
             for delivery in raw_event_deliveries(raw_event_id=obj.pk)
         ]
-        return render_to_string("console/admin/raw_event_deliveries.html", {"rows": rows})
+        return render_to_string(
+            "console/admin/raw_event_deliveries.html",
+            {"rows": rows, "state": self._state(obj)},
+        )
 
     @admin.display(description="deliveries")
     def deliveries_table_without_messages(self, obj: RawEvent) -> str:

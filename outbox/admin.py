@@ -17,16 +17,23 @@ from django.utils.html import format_html
 
 from console.admin_actions import (
     ConfirmSpec,
+    ObjectAction,
     OperatorAdmin,
     ReadOnlyInline,
     confirm_operator_action,
+    object_actions_context,
     render_operator_actions,
 )
 from console.models import OperatorActionVia
-from console.presentation import format_seconds
+from console.presentation import format_seconds, format_time, status_tone
 from console.selectors import side_effects_by_status
 from console.services import side_effects_mark_dead, side_effects_rearm
-from outbox.models import CircuitBreaker, RecapSideEffect, RecapSideEffectAttempt
+from outbox.models import (
+    CircuitBreaker,
+    RecapSideEffect,
+    RecapSideEffectAttempt,
+    SideEffectStatus,
+)
 
 REARM_DESCRIPTION = (
     "Each row becomes due now with a fresh set of attempts, under the same idempotency key "
@@ -93,11 +100,11 @@ class RecapSideEffectAdmin(OperatorAdmin):
         "id",
         "recap_link",
         "effect_type",
-        "status",
+        "status_badge",
         "attempts",
         "last_error_class",
         "short_error",
-        "next_attempt_at",
+        "next_attempt",
         "state_age",
         "created_at",
     )
@@ -115,13 +122,15 @@ class RecapSideEffectAdmin(OperatorAdmin):
     list_select_related = ("recap",)
     inlines = (AttemptInline,)
     actions = ("rearm_selected", "mark_dead_selected")
+    change_form_template = "console/admin/operator_change_form.html"
+    change_list_template = "console/admin/change_list.html"
     fields = (
         "recap_link",
         "recap_status",
         "effect_type",
         "status",
         "attempts",
-        "next_attempt_at",
+        "next_attempt",
         "claimed_at",
         "idempotency_key",
         "last_error_class",
@@ -131,7 +140,15 @@ class RecapSideEffectAdmin(OperatorAdmin):
         "finished_at",
         "operator_actions",
     )
-    readonly_fields = (*fields, "short_error", "state_age")
+    readonly_fields = (*fields, "short_error", "state_age", "status_badge")
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        # Act from here, not only from the list: the list's own actions, for this row.
+        extra_context = dict(extra_context or {})
+        row = self.get_object(request, object_id) if object_id else None
+        if row is not None:
+            extra_context.update(object_actions_context(request, _side_effect_actions(row)))
+        return super().changeform_view(request, object_id, form_url, extra_context)
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip().removeprefix("#")
@@ -186,6 +203,29 @@ class RecapSideEffectAdmin(OperatorAdmin):
     def operator_actions(self, obj) -> str:
         return render_operator_actions(obj)
 
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: RecapSideEffect) -> str:
+        # The word is the status; the colour repeats it (console/admin/console_styles.html).
+        return format_html(
+            '<span class="console-badge console-tone-{}">{}</span>',
+            status_tone(obj.status),
+            obj.status,
+        )
+
+    @admin.display(description="next attempt", ordering="next_attempt_at")
+    def next_attempt(self, obj: RecapSideEffect) -> str:
+        # next_attempt_at also holds a claimed row's lease; done and dead rows have none.
+        now = timezone.now()
+        if obj.status == SideEffectStatus.PENDING:
+            return format_time(obj.next_attempt_at, now)
+        if obj.status == SideEffectStatus.PROCESSING:
+            return (
+                f"none while dispatching (reclaimed from {format_time(obj.next_attempt_at, now)})"
+            )
+        if obj.status == SideEffectStatus.DEAD:
+            return "none: dead (re-arm to try again)"
+        return "none: done"
+
     @admin.display(description="recap", ordering="recap_id")
     def recap_link(self, obj: RecapSideEffect) -> str:
         url = reverse("admin:recaps_recapvideo_change", args=[obj.recap_id])
@@ -205,6 +245,32 @@ class RecapSideEffectAdmin(OperatorAdmin):
     @admin.display(description="in this state for", ordering="updated_at")
     def state_age(self, obj: RecapSideEffect) -> str:
         return format_seconds((timezone.now() - obj.updated_at).total_seconds())
+
+
+def _side_effect_actions(row: RecapSideEffect) -> list[ObjectAction]:
+    """The list's actions that can apply to this row now (the service refuses the rest)."""
+    changelist = "admin:outbox_recapsideeffect_changelist"
+    actions = []
+    if row.status in (SideEffectStatus.PENDING, SideEffectStatus.DEAD):
+        actions.append(
+            ObjectAction("console-rearm", "Re-arm", "rearm_selected", changelist, row.pk)
+        )
+    if row.status in (SideEffectStatus.PENDING, SideEffectStatus.PROCESSING):
+        actions.append(
+            ObjectAction("console-mark-dead", "Mark dead", "mark_dead_selected", changelist, row.pk)
+        )
+    # Retry render is the recap's action (a done row renders again under a new key).
+    if row.status in (SideEffectStatus.DONE, SideEffectStatus.DEAD):
+        actions.append(
+            ObjectAction(
+                "console-retry-render",
+                "Retry render",
+                "retry_render_selected",
+                "admin:recaps_recapvideo_changelist",
+                str(row.recap_id),
+            )
+        )
+    return actions
 
 
 def _status_breakdown(ids) -> list[tuple[str, int]]:

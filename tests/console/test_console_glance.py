@@ -1,0 +1,171 @@
+"""The console reads at a glance: titles and labels say what happened, every failure state
+names its next step, statuses are coloured words, times go to the second, and the detail
+pages carry the list's actions (same services, permissions and audit)."""
+
+import re
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from console.models import OperatorAction
+from ingress.admin import (
+    NEXT_BODY,
+    NEXT_CHECK_SENDER,
+    NEXT_CLOCK,
+    NEXT_DEAD,
+    NEXT_DUPLICATE,
+    NEXT_FIX_SIGNING_KEY,
+    NEXT_IN_PROGRESS,
+    NEXT_NO_HANDLER,
+    NEXT_NONE,
+    NEXT_WAIT_VERIFY,
+    RawEventAdmin,
+    raw_event_state,
+)
+from ingress.inbox import inbox_run_once
+from ingress.models import Delivery, RawEvent
+from outbox.models import RecapSideEffect
+from tests.console.conftest import receive_github
+
+pytestmark = pytest.mark.django_db
+
+
+def event(**fields) -> RawEvent:
+    defaults = {"source": "github", "provider": "github", "signature_status": "verified"}
+    return RawEvent(pk=7, **{**defaults, **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "deliveries", "headline", "tone", "step"),
+    [
+        ({"signature_status": "pending", "dispatch_status": "waiting"}, [],
+         "waiting for verification", "wait", NEXT_WAIT_VERIFY),
+        ({"signature_status": "rejected", "rejection_reason": "bad_signature"}, [],
+         "rejected: bad_signature", "bad", NEXT_FIX_SIGNING_KEY),
+        ({"signature_status": "rejected", "rejection_reason": "no_secret_configured"}, [],
+         "rejected: no_secret_configured", "bad", NEXT_FIX_SIGNING_KEY),
+        ({"signature_status": "rejected", "rejection_reason": "missing_signature"}, [],
+         "rejected: missing_signature", "bad", NEXT_CHECK_SENDER),
+        ({"signature_status": "rejected", "rejection_reason": "stale_timestamp"}, [],
+         "rejected: stale_timestamp", "bad", NEXT_CLOCK),
+        ({"signature_status": "rejected", "rejection_reason": "unparseable_body"}, [],
+         "rejected: unparseable_body", "bad", NEXT_BODY),
+        ({"dispatch_status": "duplicate", "duplicate_of_id": 3}, [],
+         "verified, duplicate of #3", "quiet", NEXT_DUPLICATE),
+        ({"dispatch_status": "no_handler", "event_type": "push"}, [],
+         "verified, no handler", "warn", NEXT_NO_HANDLER),
+        ({"dispatch_status": "dispatched"}, ["done", "dead"],
+         "verified, delivery dead", "bad", NEXT_DEAD),
+        ({"dispatch_status": "dispatched"}, ["done", "pending"],
+         "verified, deliveries running", "wait", NEXT_IN_PROGRESS),
+        ({"dispatch_status": "dispatched"}, ["done"], "verified, handled", "ok", NEXT_NONE),
+    ],
+)  # fmt: skip
+def test_each_state_has_a_headline_a_tone_and_its_one_next_step(
+    fields, deliveries, headline, tone, step
+):
+    state = raw_event_state(event(**fields), deliveries)
+    assert (state.headline, state.tone) == (headline, tone)
+    # The template's fixed words are in the step (its placeholders filled in).
+    assert state.next_step.startswith(step.split("{")[0])
+    assert "{" not in state.next_step
+
+
+def test_the_status_columns_come_first_in_the_list():
+    assert RawEventAdmin.list_display[1:5] == (
+        "signature_badge",
+        "reason_column",
+        "dispatch_badge",
+        "age",
+    )
+
+
+def detail(client, raw_event) -> str:
+    return client.get(
+        reverse("admin:ingress_rawevent_change", args=[raw_event.pk])
+    ).content.decode()
+
+
+def test_a_rejected_event_says_rejected_at_and_to_fix_the_secret_then_reverify(admin_client):
+    rejected = receive_github(Client(), delivery="bad-sig", secret="not-the-configured-secret")
+    inbox_run_once()
+    page = detail(admin_client, rejected)
+    assert "Rejected at" in page and "Verified at" not in page
+    assert f"github #{rejected.pk}: rejected: bad_signature" in page
+    assert "then Re-verify this event" in page
+    assert 'id="console-reverify"' in page
+    # To the second, and how long ago.
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC · [\d.]+ (ms|s) ago", page)
+    assert 'class="console-badge console-tone-bad">rejected' in page
+
+
+def test_a_dead_delivery_is_in_the_title_and_the_next_step_is_replay(
+    admin_client, push_handler, settings
+):
+    settings.DELIVERY_MAX_ATTEMPTS = 1
+    push_handler.fail_with = RuntimeError("handler broke")
+    raw = receive_github(Client(), delivery="dies")
+    inbox_run_once()
+    assert Delivery.objects.get(raw_event=raw).status == "dead"
+    page = detail(admin_client, raw)
+    assert f"github #{raw.pk}: verified, delivery dead" in page
+    assert "(verified)" not in page
+    assert "then Replay this event" in page
+    assert "No deliveries" not in page
+
+
+def test_an_event_without_handler_names_why_and_what_to_do(admin_client):
+    raw = receive_github(Client(), delivery="lonely", event="star")
+    inbox_run_once()
+    page = detail(admin_client, raw)
+    assert "No deliveries: verified, no handler." in page
+    assert "No handler was registered for “star” when it arrived" in page
+
+
+def side_effect_page(client, row) -> str:
+    url = reverse("admin:outbox_recapsideeffect_change", args=[row.pk])
+    return client.get(url).content.decode()
+
+
+def test_a_dead_side_effect_shows_no_next_attempt_and_offers_rearm(admin_client, dead_side_effect):
+    page = side_effect_page(admin_client, dead_side_effect)
+    field = re.search(r'<div class="form-row field-next_attempt">.*?</div>\s*</div>', page, re.S)
+    assert field is not None
+    assert "none: dead (re-arm to try again)" in field.group(0)
+    assert not re.search(r"\d\d:\d\d:\d\d", field.group(0))
+    for button in ("console-rearm", "console-retry-render"):
+        assert f'id="{button}"' in page
+    assert 'id="console-mark-dead"' not in page  # already dead
+
+
+def test_the_rearm_button_runs_the_list_action_with_its_confirmation_and_audit(
+    admin_client, dead_side_effect
+):
+    detail_url = reverse("admin:outbox_recapsideeffect_change", args=[dead_side_effect.pk])
+    form = {
+        "action": "rearm_selected",
+        "_selected_action": str(dead_side_effect.pk),
+        "next": detail_url,
+    }
+    changelist = reverse("admin:outbox_recapsideeffect_changelist")
+    confirmation = admin_client.post(changelist, form).content.decode()
+    assert "This will touch 1 recap side effect." in confirmation
+    assert RecapSideEffect.objects.get(pk=dead_side_effect.pk).status == "dead"
+    done = admin_client.post(changelist, {**form, "post": "yes"})
+    assert done.status_code == 302 and done["Location"] == detail_url
+    assert RecapSideEffect.objects.get(pk=dead_side_effect.pk).status == "pending"
+    record = OperatorAction.objects.get()
+    assert (record.action, record.via, record.succeeded) == ("side_effect_rearm", "admin", 1)
+
+
+def test_the_buttons_are_only_for_those_who_may_operate(
+    client, django_user_model, dead_side_effect
+):
+    from tests.console.conftest import grant
+
+    viewer = django_user_model.objects.create_user("viewer", is_staff=True)
+    client.force_login(grant(viewer, "outbox.view_recapsideeffect"))
+    page = side_effect_page(client, dead_side_effect)
+    assert "none: dead" in page
+    assert 'id="console-rearm"' not in page and 'id="console-retry-render"' not in page
