@@ -236,6 +236,8 @@ def bench_env(database_url: str) -> dict[str, str]:
     }
     env.update(
         DJANGO_SETTINGS_MODULE="bench.settings_bench",
+        # A developer's .env must not fill in what the benchmark left out on purpose.
+        PYTHON_DOTENV_DISABLED="1",
         DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
         DJANGO_DEBUG="0",  # DEBUG would keep every query in memory
         ALLOWED_HOSTS="127.0.0.1",

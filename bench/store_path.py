@@ -40,6 +40,8 @@ def child_env() -> dict[str, str]:
         DATABASE_URL=f"{SERVER_URL}/{DB_NAME}",
         DJANGO_SETTINGS_MODULE="eventdrop.settings",
         DJANGO_DEBUG="0",
+        # A developer's .env must not fill in what the benchmark left out on purpose.
+        PYTHON_DOTENV_DISABLED="1",
         DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
         STRIPE_WEBHOOK_SECRET="whsec_bench_" + secrets.token_hex(16),
     )

@@ -20,7 +20,11 @@ import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import date, timedelta
+from datetime import time as time_of_day
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from django.http import HttpRequest
 
@@ -45,8 +49,31 @@ class KeyValueFormatter(logging.Formatter):
         line = super().format(record)
         extras = {k: v for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS}
         if extras:
-            line += " " + " ".join(f"{key}={value!r}" for key, value in sorted(extras.items()))
+            line += " " + " ".join(
+                f"{key}={_field(value)}" for key, value in sorted(extras.items())
+            )
         return line
+
+
+_PLAIN_VALUES = (str, bytes, int, float, bool, type(None), Decimal, UUID, date, time_of_day,
+                 timedelta)
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, _PLAIN_VALUES):
+        return True
+    if isinstance(value, list | tuple | set | frozenset):
+        return all(_is_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(_is_plain(key) and _is_plain(item) for key, item in value.items())
+    return False
+
+
+def _field(value: Any) -> str:
+    """A plain value as its repr; any other object by its type only. runserver passes the
+    connection's socket as `request`, whose repr (file descriptor, client address) is no
+    log field."""
+    return repr(value) if _is_plain(value) else f"<{type(value).__name__}>"
 
 
 def raised_at(exc: BaseException) -> str:

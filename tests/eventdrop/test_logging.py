@@ -417,3 +417,28 @@ def test_the_logs_of_a_real_run_hold_no_marker_and_a_bounded_outage(tmp_path):
     assert any("suppressed=" in line for line in outage), shown
     # Hundreds of failed requests, a few dozen log records.
     assert len(records) < 60, f"{len(records)} records for {sum(answers.values())} requests"
+
+
+def test_an_extra_that_is_not_a_plain_value_is_named_by_its_type_only():
+    # runserver's django.server lines pass the connection's socket as `request`; its repr
+    # names the file descriptor and the client's address, and is no log field.
+    import socket
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(KeyValueFormatter("%(message)s"))
+    logger = logging.getLogger("tests.logformat.extras")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            logger.warning(
+                '"GET / HTTP/1.1" 200 5',
+                extra={"request": sock, "status_code": 200, "ids": [1, 2], "server_time": "x"},
+            )
+    finally:
+        logger.removeHandler(handler)
+    line = stream.getvalue().strip()
+    assert line == (
+        "\"GET / HTTP/1.1\" 200 5 ids=[1, 2] request=<socket> server_time='x' status_code=200"
+    )
