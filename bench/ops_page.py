@@ -284,8 +284,8 @@ def _time_pages(requests: int) -> dict:
     return {"timings": timings, "queries": queries, "sizes": sizes}
 
 
-def _volume_query_partitions() -> tuple[int, int]:
-    """(partitions the 24 h volume query reads, partitions attached): pruning at work."""
+def _volume_query_partitions(read=None) -> tuple[int, int]:
+    """(partitions a 24 h query reads, partitions attached): pruning at work."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
@@ -293,7 +293,7 @@ def _volume_query_partitions() -> tuple[int, int]:
     from console.ops import raw_event_volume
 
     with CaptureQueriesContext(connection) as captured:
-        raw_event_volume(now=timezone.now())
+        (read or raw_event_volume)(now=timezone.now())
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN " + captured[0]["sql"])
         plan = "\n".join(row[0] for row in cursor.fetchall())
@@ -337,6 +337,11 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     print(f"24 h volume query reads {scanned} of {attached} raw event partitions")
+    from console.ops import hourly_lags, hourly_volume
+
+    for read in (hourly_volume, hourly_lags):
+        scanned, attached = _volume_query_partitions(read)
+        print(f"chart query {read.__name__} reads {scanned} of {attached} raw event partitions")
     baseline = statistics.median(result["timings"]["admin index (baseline)"])
     print(
         f"{'page':<24} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'p50 x base':>11} {'queries':>8}"

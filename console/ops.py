@@ -8,8 +8,12 @@ to the one or two partitions it overlaps. Queue depths come from `ingress.select
 `outbox.selectors` (partial indexes on the pending and due rows). Nothing is cached, so the
 page and a scrape cost the same handful of queries (about eight).
 
-Colours come from one table, SLOS: red where DESIGN.md's SLO is missed, yellow from
-YELLOW_FRACTION of that line, so on-call sees a figure approach the line before it is crossed.
+Colours come from one table, SLOS: red where the service level is missed (the SLOs are
+listed with their reasons in docs/console.md, "Ops page"), yellow from YELLOW_FRACTION of
+that line, so on-call sees a figure approach the line before it is crossed.
+
+The charts (the last 24 h per hour) are one GROUP BY date_trunc('hour') per figure over the
+same kind of closed window, so they prune as the figures do.
 """
 
 import math
@@ -17,25 +21,32 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, F, FloatField, Func, Q, Value
 from django.db.models.aggregates import Aggregate
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Trunc
 from django.utils import timezone
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from console.presentation import format_seconds
-from ingress.models import DispatchStatus, RawEvent, ReconciliationRun, SignatureStatus
+from ingress.models import (
+    Delivery,
+    DeliveryStatus,
+    DispatchStatus,
+    RawEvent,
+    ReconciliationRun,
+    SignatureStatus,
+)
 from ingress.reconcile.selectors import reconciliation_runs_latest
 from ingress.selectors import inbox_depths
 from ingress.sources import all_sources
 from ingress.views import ACK_SECONDS
 from outbox.breaker import RENDER_SERVICE_BREAKER
-from outbox.models import BreakerState, CircuitBreaker
+from outbox.models import BreakerState, CircuitBreaker, RecapSideEffect, SideEffectStatus
 from outbox.selectors import circuit_breaker_get, side_effect_depths
 
 VIEW_OPS_PERMISSION = "console.view_ops"
@@ -154,7 +165,7 @@ SLOS: dict[str, Slo] = {
             "Oldest due side effect",
             600,
             "seconds",
-            "no SLO in DESIGN.md: five missed runs of the two-minute dispatcher",
+            "no SLO of its own: five missed runs of the two-minute dispatcher",
         ),
         Slo("dead_deliveries", "Dead deliveries", 1, "rows", "SLO: dead rows = 0"),
         Slo("dead_side_effects", "Dead side effects", 1, "rows", "SLO: dead rows = 0"),
@@ -483,4 +494,163 @@ def ops_snapshot(*, now: datetime | None = None) -> OpsSnapshot:
         ack=ack_latency(),
         breaker=circuit_breaker_get(name=RENDER_SERVICE_BREAKER),
         reconciliation=list(reconciliation_runs_latest()),
+    )
+
+
+# --- The last 24 h, per hour (the ops page's charts) -------------------------------------------
+
+CHART_HOURS = 24
+
+
+def chart_hours(*, now: datetime) -> list[datetime]:
+    """The 24 hour buckets the charts show, oldest first; the last one is the current hour."""
+    current = now.replace(minute=0, second=0, microsecond=0)
+    return [current - HOUR * n for n in range(CHART_HOURS - 1, -1, -1)]
+
+
+def _hour_window(now: datetime) -> tuple[datetime, datetime]:
+    # Closed at both ends, as every window in this module: the scan prunes to the partitions
+    # of the day before and of today (see the module docstring).
+    return chart_hours(now=now)[0], now
+
+
+def _hour(field: str):
+    return Trunc(field, "hour", tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class HourlySeries:
+    hours: list[datetime]
+    # name -> one value per hour (None: no data in that hour)
+    series: dict[str, list[float | None]]
+    # SQLite only: lags computed over the most recent SQLITE_LAG_SAMPLE events of the day.
+    sampled: bool = False
+
+
+def _by_hour(hours: list[datetime], rows: Iterable[tuple[datetime, str, float | None]]):
+    index = {hour: n for n, hour in enumerate(hours)}
+    series: dict[str, list[float | None]] = defaultdict(lambda: [None] * len(hours))
+    for hour, name, value in rows:
+        if hour in index:
+            series[name][index[hour]] = value
+    return series
+
+
+def hourly_volume(*, now: datetime) -> HourlySeries:
+    """Events received per hour per source, and how many of them were rejected: one GROUP BY
+    over the received_at window."""
+    hours = chart_hours(now=now)
+    start, end = _hour_window(now)
+    rows = (
+        RawEvent.objects.filter(received_at__gte=start, received_at__lte=end)
+        .annotate(hour=_hour("received_at"))
+        .values("hour", "source")
+        .annotate(
+            events=Count("id"),
+            rejected=Count("id", filter=Q(signature_status=SignatureStatus.REJECTED)),
+        )
+        .order_by()
+    )
+    per_source: list[tuple[datetime, str, float | None]] = []
+    rejected: dict[datetime, float] = defaultdict(float)
+    for row in rows:
+        per_source.append((row["hour"], row["source"], row["events"]))
+        rejected[row["hour"]] += row["rejected"]
+    series = _by_hour(hours, per_source)
+    for name in all_sources():
+        series.setdefault(name, [None] * len(hours))
+    filled = {name: [value or 0 for value in values] for name, values in sorted(series.items())}
+    filled["rejected (all sources)"] = [rejected.get(hour, 0) for hour in hours]
+    return HourlySeries(hours=hours, series=filled)
+
+
+def hourly_lags(*, now: datetime) -> HourlySeries:
+    """p95 verification and processing lag of the events received in each hour, counted as
+    raw_event_lags() counts them (a waiting event with the time it has waited so far): one
+    GROUP BY over the received_at window."""
+    hours = chart_hours(now=now)
+    start, end = _hour_window(now)
+    window = RawEvent.objects.filter(received_at__gte=start, received_at__lte=end)
+    if connection.vendor != "postgresql":
+        return _hourly_lags_sampled(window, hours=hours, now=now)
+    dispatched = Q(dispatch_status=DispatchStatus.DISPATCHED, verified_at__isnull=False)
+    verification = EpochSeconds(Coalesce(F("verified_at"), Value(now)) - F("received_at"))
+    processing = EpochSeconds(Coalesce(F("handled_at"), Value(now)) - F("verified_at"))
+    rows = (
+        window.annotate(hour=_hour("received_at"))
+        .values("hour")
+        .annotate(
+            verification=PercentileCont(verification, fraction=LAG_PERCENTILE),
+            processing=PercentileCont(processing, fraction=LAG_PERCENTILE, filter=dispatched),
+        )
+        .order_by()
+    )
+    pairs = []
+    for row in rows:
+        pairs.append((row["hour"], "verification lag p95", row["verification"]))
+        pairs.append((row["hour"], "processing lag p95", row["processing"]))
+    series = _by_hour(hours, pairs)
+    return HourlySeries(
+        hours=hours,
+        series={
+            name: series.get(name, [None] * len(hours))
+            for name in ("verification lag p95", "processing lag p95")
+        },
+    )
+
+
+def _hourly_lags_sampled(window, *, hours: list[datetime], now: datetime) -> HourlySeries:
+    rows = list(
+        window.order_by("-received_at").values_list(
+            "received_at", "verified_at", "handled_at", "dispatch_status"
+        )[: SQLITE_LAG_SAMPLE + 1]
+    )
+    sampled = len(rows) > SQLITE_LAG_SAMPLE
+    verification: dict[datetime, list[float]] = defaultdict(list)
+    processing: dict[datetime, list[float]] = defaultdict(list)
+    for received, verified, handled, status in rows[:SQLITE_LAG_SAMPLE]:
+        hour = received.replace(minute=0, second=0, microsecond=0)
+        verification[hour].append(((verified or now) - received).total_seconds())
+        if verified is not None and status == DispatchStatus.DISPATCHED:
+            processing[hour].append(((handled or now) - verified).total_seconds())
+    return HourlySeries(
+        hours=hours,
+        series={
+            "verification lag p95": [
+                percentile(verification.get(h, []), LAG_PERCENTILE) for h in hours
+            ],
+            "processing lag p95": [
+                percentile(processing.get(h, []), LAG_PERCENTILE) for h in hours
+            ],
+        },
+        sampled=sampled,
+    )
+
+
+def hourly_dead(*, now: datetime) -> HourlySeries:
+    """Deliveries and side effects that went dead in each hour (by when they gave up): one
+    GROUP BY each, on the dead deliveries' partial index and the side effect table (one row
+    per recap)."""
+    hours = chart_hours(now=now)
+    start, end = _hour_window(now)
+    pairs: list[tuple[datetime, str, float | None]] = []
+    for name, model, status in (
+        ("dead deliveries", Delivery, DeliveryStatus.DEAD),
+        ("dead side effects", RecapSideEffect, SideEffectStatus.DEAD),
+    ):
+        rows = (
+            model.objects.filter(status=status, finished_at__gte=start, finished_at__lte=end)
+            .annotate(hour=_hour("finished_at"))
+            .values("hour")
+            .annotate(rows=Count("id"))
+            .order_by()
+        )
+        pairs.extend((row["hour"], name, row["rows"]) for row in rows)
+    series = _by_hour(hours, pairs)
+    return HourlySeries(
+        hours=hours,
+        series={
+            name: [value or 0 for value in series.get(name, [None] * len(hours))]
+            for name in ("dead deliveries", "dead side effects")
+        },
     )

@@ -21,8 +21,18 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from console import charts
 from console.metrics import metrics_registry
-from console.ops import DAY, SLOS, VIEW_OPS_PERMISSION, YELLOW_FRACTION, ops_snapshot
+from console.ops import (
+    DAY,
+    SLOS,
+    VIEW_OPS_PERMISSION,
+    YELLOW_FRACTION,
+    hourly_dead,
+    hourly_lags,
+    hourly_volume,
+    ops_snapshot,
+)
 from console.presentation import format_seconds
 from eventdrop.routers import replica_status
 from ingress.models import RejectionReason, SignatureStatus
@@ -46,6 +56,57 @@ def _rejected_link(*, source: str, reason: str, since: datetime) -> str:
         }
     )
     return f"{reverse('admin:ingress_rawevent_changelist')}?{query}"
+
+
+def _count(value: float) -> str:
+    return f"{value:g}"
+
+
+def _lag(value: float) -> str:
+    return format_seconds(value) if value else "0"
+
+
+def ops_charts(*, now: datetime) -> list[charts.Chart]:
+    """The last 24 h per hour: one grouped query per chart (console.ops, hourly_*)."""
+    volume = hourly_volume(now=now)
+    rejected = volume.series.pop("rejected (all sources)")
+    lags = hourly_lags(now=now)
+    dead = hourly_dead(now=now)
+    return [
+        charts.stacked_bars(
+            key="volume",
+            title="Events received per hour, by source",
+            hours=volume.hours,
+            series=volume.series,
+            fmt=_count,
+        ),
+        charts.stacked_bars(
+            key="rejected",
+            title="Events rejected per hour (all sources)",
+            hours=volume.hours,
+            series={"rejected": rejected},
+            fmt=_count,
+        ),
+        charts.lines(
+            key="lags",
+            title="Verification and processing lag p95, by hour received",
+            hours=lags.hours,
+            series=lags.series,
+            fmt=_lag,
+            red_lines={
+                f"{SLOS[key].label}: red from {SLOS[key].display_red}": SLOS[key].red_at
+                for key in ("verification_lag_p95", "processing_lag_p95")
+            },
+            note=("SQLite: over the day's most recent events only." if lags.sampled else ""),
+        ),
+        charts.stacked_bars(
+            key="dead",
+            title="Rows that went dead per hour",
+            hours=dead.hours,
+            series=dead.series,
+            fmt=_count,
+        ),
+    ]
 
 
 @never_cache
@@ -79,6 +140,11 @@ def ops_page(request: HttpRequest) -> TemplateResponse:
         "worst_level": snapshot.worst_level(),
         "rejections": rejections,
         "reconciliation": reconciliation,
+        "ack_p99": SLOS["ack_p99"].display(snapshot.ack.p99),
+        "charts": [
+            {"chart": chart, "legend": charts.legend_html(chart)}
+            for chart in ops_charts(now=snapshot.taken_at)
+        ],
         "yellow_percent": round(YELLOW_FRACTION * 100),
         "refresh_seconds": REFRESH_SECONDS,
         "replica": replica,
