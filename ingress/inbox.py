@@ -476,6 +476,7 @@ def deliveries_run_due(*, limit: int | None = None, now: datetime | None = None)
     if not claimed:
         return 0
     events = RawEvent.objects.in_bulk({item.raw_event_id for item in claimed})
+    claimed = _release_unreadable(claimed, events)
     try:
         failures = _run_claimed(claimed, events)
     except DATABASE_UNAVAILABLE:
@@ -507,6 +508,34 @@ def deliveries_run_due(*, limit: int | None = None, now: datetime | None = None)
                 extra={"delivery_id": failure.claimed.id, "error": type(exc).__name__},
             )
     return len(claimed)
+
+
+# How long a delivery whose body we cannot decrypt waits before it is claimed again.
+KEY_MISSING_RECHECK_SECONDS = 60
+
+
+def _release_unreadable(claimed: list[_Claimed], events: dict[int, RawEvent]) -> list[_Claimed]:
+    """Deliveries whose event's body is under a key RAW_EVENT_ENCRYPTION_KEYS no longer holds
+    go back to `pending`, uncharged: our configuration, not the delivery's fault, so it must
+    not run out its attempts and die while the key is being put back. Returns the others."""
+    known = keyring().known_ids
+    unreadable = {
+        item.id
+        for item in claimed
+        if (event := events.get(item.raw_event_id)) is not None
+        and event.body_encryption not in known
+    }
+    if not unreadable:
+        return claimed
+    Delivery.objects.filter(id__in=unreadable, status=DeliveryStatus.PROCESSING).update(
+        status=DeliveryStatus.PENDING,
+        claimed_at=None,
+        attempts=F("attempts") - 1,
+        total_attempts=F("total_attempts") - 1,
+        next_attempt_at=timezone.now() + timedelta(seconds=KEY_MISSING_RECHECK_SECONDS),
+    )
+    logger.warning("ingress.deliver.encryption_key_missing", extra={"deliveries": len(unreadable)})
+    return [item for item in claimed if item.id not in unreadable]
 
 
 def _run_claimed(claimed: list[_Claimed], events: dict[int, RawEvent]) -> list[_Failure]:

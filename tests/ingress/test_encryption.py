@@ -22,8 +22,13 @@ from rest_framework.test import APIClient
 from console.selectors import BODY_SEARCH_ENCRYPTED
 from ingress.checks import check_raw_event_encryption_keys
 from ingress.encryption import BodyUndecryptable, key_id
-from ingress.inbox import dedup_key_for, inbox_run_once, raw_events_verify_batch
-from ingress.models import RawEvent
+from ingress.inbox import (
+    dedup_key_for,
+    deliveries_run_due,
+    inbox_run_once,
+    raw_events_verify_batch,
+)
+from ingress.models import Delivery, RawEvent
 from ingress.payloads import raw_event_body
 from ingress.verifiers import Verdict
 from tests.console import conftest as console_fixtures
@@ -207,3 +212,19 @@ def test_body_search_is_refused_with_its_reason_not_empty(client, keys, payload_
     response = client.get("/admin/ingress/rawevent/", {"q": "encryption-needle"})
     assert response.status_code == 200
     assert BODY_SEARCH_ENCRYPTED in [str(m) for m in response.context["messages"]]
+
+
+def test_a_delivery_under_a_dropped_key_waits_uncharged_instead_of_dying(
+    client, keys, settings, push_handler
+):
+    receive(client)
+    raw_events_verify_batch()
+    keys(KEY_2)  # dropped after verification, before the handler ran
+    settings.DELIVERY_MAX_ATTEMPTS = 1
+    assert deliveries_run_due() == 0
+    delivery = Delivery.objects.get()
+    assert (delivery.status, delivery.attempts, delivery.total_attempts) == ("pending", 0, 0)
+    assert push_handler.calls == []
+    keys(KEY_2, KEY_1)  # the key is back
+    assert deliveries_run_due(now=delivery.next_attempt_at) == 1
+    assert Delivery.objects.get().status == "done"
