@@ -603,6 +603,10 @@ def deliveries_rearm_stale(*, now: datetime | None = None) -> int:
     task timeout) would be claimed and re-armed forever: the dead decision is otherwise only
     made when a failure is *recorded*, and a dead worker records nothing. Returns how many
     deliveries were re-armed or given up.
+
+    Known limit: our database failing mid-batch also leaves the batch `processing` (nothing
+    can be written then), and the row cannot tell that from a dead worker; a delivery on its
+    last allowed attempt when that happens is given up the same way (replay re-arms it).
     """
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.DELIVERY_STALE_AFTER_SECONDS)
