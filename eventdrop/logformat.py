@@ -26,6 +26,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+import pythonjsonlogger.json
 from django.http import HttpRequest
 
 _STANDARD_ATTRS = frozenset(
@@ -33,7 +34,9 @@ _STANDARD_ATTRS = frozenset(
 ) | {"message", "asctime", "taskName"}
 
 
-class KeyValueFormatter(logging.Formatter):
+class _SummaryWithoutTraceback:
+    """Both formatters: a RepeatedIncidentFilter summary line carries no traceback."""
+
     def format(self, record: logging.LogRecord) -> str:
         if not getattr(record, "suppressed", None):
             return self._line(record)
@@ -45,8 +48,10 @@ class KeyValueFormatter(logging.Formatter):
         finally:
             record.exc_info, record.exc_text, record.stack_info = saved
 
+
+class KeyValueFormatter(_SummaryWithoutTraceback, logging.Formatter):
     def _line(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        line = logging.Formatter.format(self, record)
         extras = {k: v for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS}
         if extras:
             line += " " + " ".join(
@@ -74,6 +79,42 @@ def _field(value: Any) -> str:
     connection's socket as `request`, whose repr (file descriptor, client address) is no
     log field."""
     return repr(value) if _is_plain(value) else f"<{type(value).__name__}>"
+
+
+class JsonFormatter(_SummaryWithoutTraceback, pythonjsonlogger.json.JsonFormatter):
+    """LOG_FORMAT=json: one JSON object per line for a log shipper, with the fields the
+    key=value line has — `time`, `level`, `logger`, `event` (the message), every `extra`
+    field under its own name (an object that is not a plain value by its type only, as
+    there), and `exc_info` with the traceback where the plain line appends it."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("rename_fields", JSON_FIELD_NAMES)
+        kwargs.setdefault("reserved_attrs", sorted(_STANDARD_ATTRS))
+        super().__init__(*args, **kwargs)
+
+    def _line(self, record: logging.LogRecord) -> str:
+        return pythonjsonlogger.json.JsonFormatter.format(self, record)
+
+    def add_fields(self, log_data: dict, record: logging.LogRecord, message_dict: dict) -> None:
+        super().add_fields(log_data, record, message_dict)
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD_ATTRS and key in log_data:
+                log_data[key] = _json_field(value)
+
+
+# The record attributes of the plain format's "%(asctime)s %(levelname)s %(name)s
+# %(message)s", under the names a shipper expects.
+JSON_FIELD_NAMES = {"asctime": "time", "levelname": "level", "name": "logger", "message": "event"}
+
+
+def _json_field(value: Any) -> Any:
+    if not _is_plain(value):
+        return f"<{type(value).__name__}>"
+    if isinstance(value, bytes | Decimal | UUID | date | time_of_day | timedelta):
+        return str(value)
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    return value
 
 
 def raised_at(exc: BaseException) -> str:

@@ -276,6 +276,11 @@ API_TOKEN_TTL_DAYS = env_int("API_TOKEN_TTL_DAYS", 90)
 # (django.request's 4xx/5xx lines, runserver's request lines) are sent to it too, instead
 # of to the handlers Django installs by default, which would bypass both filters.
 LOG_REPEAT_INTERVAL_SECONDS = env_float("LOG_REPEAT_INTERVAL_SECONDS", 60.0)
+# LOG_FORMAT=json: one JSON object per line for a log shipper, the same fields as the
+# default key=value line (eventdrop.logformat.JsonFormatter); both pass the same filters.
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").strip().lower() or "plain"
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, got {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -283,7 +288,11 @@ LOGGING = {
         "plain": {
             "()": "eventdrop.logformat.KeyValueFormatter",
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
-        }
+        },
+        "json": {
+            "()": "eventdrop.logformat.JsonFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
     },
     "filters": {
         "redact_search_terms": {"()": "eventdrop.logformat.RedactSearchTerms"},
@@ -295,7 +304,7 @@ LOGGING = {
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
-            "formatter": "plain",
+            "formatter": LOG_FORMAT,
             "filters": ["redact_search_terms", "repeated_incidents"],
         }
     },
