@@ -337,6 +337,28 @@ RAW_EVENT_PARTITIONS_AHEAD_DAYS = env_int("RAW_EVENT_PARTITIONS_AHEAD_DAYS", 7)
 # encrypts, all decrypt (rotation: prepend the new key, run rotate_raw_event_keys, drop the
 # old one). Empty: bodies are stored as received.
 RAW_EVENT_ENCRYPTION_KEYS = env_list("RAW_EVENT_ENCRYPTION_KEYS")
+# Archive before drop (ingress/archive.py): off unless RAW_EVENT_ARCHIVE_ENABLED=1. Each day's
+# events go to S3-compatible storage (django-storages + boto3) before its partition is
+# dropped, and the drop waits for the archive to be read back and verified. Credentials come
+# from boto3's own chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile, a role);
+# ingress.E005 checks the rest.
+RAW_EVENT_ARCHIVE_ENABLED = env_bool("RAW_EVENT_ARCHIVE_ENABLED")
+RAW_EVENT_ARCHIVE_BUCKET = os.environ.get("RAW_EVENT_ARCHIVE_BUCKET", "").strip()
+RAW_EVENT_ARCHIVE_PREFIX = os.environ.get("RAW_EVENT_ARCHIVE_PREFIX", "raw-events").strip("/ ")
+AWS_S3_ENDPOINT_URL = os.environ.get("AWS_S3_ENDPOINT_URL", "").strip() or None
+AWS_S3_REGION_NAME = os.environ.get("AWS_S3_REGION_NAME", "").strip() or None
+# Every S3 call: connect and read timeouts, and attempts in all (botocore's standard retry
+# mode); outbox/budgets.py holds their worst case against RAW_EVENT_PARTITIONS_BUDGET_SECONDS.
+# Defaults: 2 x (2 s + 5 s) + 6 s = 20 s a call, 10 calls a day with four sources: 200 s.
+RAW_EVENT_ARCHIVE_CONNECT_TIMEOUT_SECONDS = env_float(
+    "RAW_EVENT_ARCHIVE_CONNECT_TIMEOUT_SECONDS", 2.0
+)
+RAW_EVENT_ARCHIVE_READ_TIMEOUT_SECONDS = env_float("RAW_EVENT_ARCHIVE_READ_TIMEOUT_SECONDS", 5.0)
+RAW_EVENT_ARCHIVE_MAX_ATTEMPTS = env_int("RAW_EVENT_ARCHIVE_MAX_ATTEMPTS", 2)
+# Time one maintenance run may spend; below Q_TIMEOUT, which kills the scheduled task.
+RAW_EVENT_PARTITIONS_BUDGET_SECONDS = env_float("RAW_EVENT_PARTITIONS_BUDGET_SECONDS", 240.0)
+# Restored events stay this long after their restore, then go with their partition again.
+RAW_EVENT_RESTORED_RETENTION_DAYS = env_int("RAW_EVENT_RESTORED_RETENTION_DAYS", 7)
 # Seconds a provider is told to wait before retrying when the database is unavailable.
 INGRESS_UNAVAILABLE_RETRY_AFTER = env_int("INGRESS_UNAVAILABLE_RETRY_AFTER", 10)
 # The webhook route's time budget (what the load balancer / platform allows a request).

@@ -105,3 +105,41 @@ def check_raw_event_encryption_keys(app_configs=None, **kwargs) -> list[checks.C
             )
         ]
     return []
+
+
+@checks.register()
+def check_raw_event_archive(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """With RAW_EVENT_ARCHIVE_ENABLED, partitions are dropped only after their archive is
+    verified: settings that cannot reach a bucket would keep every partition forever, and
+    unbounded S3 calls could outlast the maintenance task (its budget: outbox/budgets.py)."""
+    if not settings.RAW_EVENT_ARCHIVE_ENABLED:
+        return []
+    problems = []
+    if not settings.RAW_EVENT_ARCHIVE_BUCKET:
+        problems.append("RAW_EVENT_ARCHIVE_BUCKET is empty")
+    if settings.AWS_S3_ENDPOINT_URL and not settings.AWS_S3_ENDPOINT_URL.startswith(
+        ("https://", "http://")
+    ):
+        problems.append("AWS_S3_ENDPOINT_URL must start with https:// or http://")
+    timeouts = (
+        "RAW_EVENT_ARCHIVE_CONNECT_TIMEOUT_SECONDS",
+        "RAW_EVENT_ARCHIVE_READ_TIMEOUT_SECONDS",
+    )
+    for name in timeouts:
+        if not float(getattr(settings, name)) > 0:
+            problems.append(f"{name} must be above 0 (0 or less means no bound)")
+    if int(settings.RAW_EVENT_ARCHIVE_MAX_ATTEMPTS) < 1:
+        problems.append("RAW_EVENT_ARCHIVE_MAX_ATTEMPTS must be at least 1")
+    try:
+        import boto3  # noqa: F401
+        import storages.backends.s3  # noqa: F401
+    except ImportError as exc:
+        problems.append(f"django-storages with boto3 is not installed ({exc.name})")
+    return [
+        checks.Error(
+            f"Raw event archive: {problem}.",
+            hint="See README, 'Partitions and retention': RAW_EVENT_ARCHIVE_* and AWS_*.",
+            id="ingress.E005",
+        )
+        for problem in problems
+    ]

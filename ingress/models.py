@@ -58,6 +58,9 @@ class RawEventOrigin(models.TextChoices):
     # because the webhook never reached us: there is no signature, and the inbox treats the
     # fetch itself as the proof of origin (ingress/reconcile/verdict.py).
     BACKFILLED = "backfilled", "backfilled (fetched from the provider's API)"
+    # Read back from an archive after its partition was dropped (ingress/archive.py): for
+    # search and an operator's replay, never settled or delivered on its own.
+    RESTORED = "restored", "restored (from an archive past retention)"
 
 
 class RawEvent(models.Model):
@@ -131,6 +134,10 @@ class RawEvent(models.Model):
         default=RawEventOrigin.RECEIVED,
         db_default=RawEventOrigin.RECEIVED,
     )
+    # When a restore wrote this row (origin `restored`): such rows are kept
+    # RAW_EVENT_RESTORED_RETENTION_DAYS from then, and never archived again. Nullable, no
+    # default: a catalog-only column on the partitions.
+    restored_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [

@@ -13,6 +13,11 @@ because this maintenance lagged. `raw_event_partitions_maintain` (hourly, django
    their events is still in flight: not yet verified (`signature_status='pending'`) or with a
    delivery that has not finished (`pending`/`processing`). Such a partition is kept and
    retried on the next run.
+   With RAW_EVENT_ARCHIVE_ENABLED, a partition is first archived to object storage and read
+   back (ingress/archive.py); it is dropped only once that archive is verified, and kept
+   when the upload or the check fails (the command then exits non-zero). A partition that
+   holds events restored from an archive is kept RAW_EVENT_RESTORED_RETENTION_DAYS after
+   their restore, and they are not archived again.
 
 Deleting or dropping an event deletes its dedup key, its deliveries and their attempts first:
 they point at raw events without a database foreign key (see ingress/models.py), so nothing
@@ -29,6 +34,7 @@ no input reaches the SQL text.
 
 import logging
 import re
+import time as monotonic_time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,7 +46,15 @@ from django.db.backends.utils import CursorWrapper
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from ingress.models import DedupKey, Delivery, DeliveryAttempt, DeliveryStatus, RawEvent
+from ingress import archive
+from ingress.models import (
+    DedupKey,
+    Delivery,
+    DeliveryAttempt,
+    DeliveryStatus,
+    RawEvent,
+    RawEventOrigin,
+)
 from ingress.models import SignatureStatus as Status
 
 logger = logging.getLogger(__name__)
@@ -84,6 +98,15 @@ class PartitionMaintenance:
     kept_in_flight: list[str] = field(default_factory=list)
     # Steps that gave up on a lock timeout; the next run retries them.
     deferred: list[str] = field(default_factory=list)
+    # Archive before drop: partition -> events archived and verified, and partition -> why
+    # its archive failed (kept); kept for recently restored events; kept because rows changed
+    # while the archive was written (the next run archives again).
+    archived: dict[str, int] = field(default_factory=dict)
+    archive_failed: dict[str, str] = field(default_factory=dict)
+    kept_restored: list[str] = field(default_factory=list)
+    kept_changed: list[str] = field(default_factory=list)
+    # Plain table with the archive on: nothing is deleted past retention (no archive there).
+    archive_unsupported: bool = False
     rejected_deleted: int = 0
     # Plain table only: expired rows deleted, and expired rows kept because in flight.
     expired_deleted: int = 0
@@ -99,7 +122,13 @@ class PartitionMaintenance:
                 f"partitions do not apply: {PARENT_TABLE} is a plain table on "
                 f"{connection.vendor}; retention applied with DELETEs"
             )
-            out.append(f"{would}delete {self.expired_deleted} events past retention")
+            if self.archive_unsupported:
+                out.append(
+                    "archive configured but the table is not partitioned: nothing deleted "
+                    "past retention"
+                )
+            else:
+                out.append(f"{would}delete {self.expired_deleted} events past retention")
             out.append(f"kept {self.expired_kept_in_flight} expired events still in flight")
         if self.partitioned and not (self.created or self.lock_busy):
             out.append(f"{would}create no partition: all exist")
@@ -107,9 +136,19 @@ class PartitionMaintenance:
             moved = self.moved_from_default.get(name, 0)
             suffix = f", {would}move {moved} rows from the default partition" if moved else ""
             out.append(f"{would}create {name}{suffix}")
+        for name, events in self.archived.items():
+            out.append(f"archived {name}: {events} events, verified")
         out.extend(f"{would}drop {name}" for name in self.dropped)
         out.extend(f"keep {name}: events still in flight" for name in self.kept_in_flight)
-        if self.partitioned and not (self.dropped or self.kept_in_flight or self.lock_busy):
+        for name, reason in self.archive_failed.items():
+            out.append(f"keep {name}: ARCHIVE FAILED, not dropped ({reason})")
+        out.extend(f"keep {name}: holds recently restored events" for name in self.kept_restored)
+        out.extend(
+            f"keep {name}: rows changed while archiving, next run archives again"
+            for name in self.kept_changed
+        )
+        kept = self.kept_in_flight or self.archive_failed or self.kept_restored or self.kept_changed
+        if self.partitioned and not (self.dropped or kept or self.lock_busy):
             out.append("no partition past retention")
         out.extend(f"deferred {step}: lock timeout, next run retries" for step in self.deferred)
         out.append(f"{would}delete {self.rejected_deleted} rejected events past their retention")
@@ -296,8 +335,22 @@ def _create_partition(day: date) -> int | None:
     return moved
 
 
-def _drop_partition(day: date, name: str) -> bool:
-    """Drop the partition of `day` unless an event in it is in flight; True if dropped.
+_DROPPED, _IN_FLIGHT, _RESTORED, _CHANGED = "dropped", "in_flight", "restored", "changed"
+
+
+def _holds_recent_restores(events: QuerySet[RawEvent], now: datetime) -> bool:
+    kept_since = now - timedelta(days=settings.RAW_EVENT_RESTORED_RETENTION_DAYS)
+    return events.filter(origin=RawEventOrigin.RESTORED, restored_at__gte=kept_since).exists()
+
+
+def _drop_partition(day: date, name: str, *, now: datetime, archived: dict[str, int]) -> str:
+    """Drop the partition of `day` unless an event in it is in flight (or recently restored);
+    with the archive on, only after the day's archive is written and verified. Returns an
+    outcome (_DROPPED, ...); raises archive.ArchiveFailed with the partition untouched.
+
+    The archive comes first, before anything is deleted, so a failed one leaves the day
+    whole. Under the parent lock the archived rows are counted again: a row added or removed
+    since (a restore, say) keeps the partition for the next run's fresh archive.
 
     Two steps. First, holding no table lock, check and delete the dependents (the slow part,
     proportional to the day's volume). Then lock the parent, which DROP needs in ACCESS
@@ -308,21 +361,30 @@ def _drop_partition(day: date, name: str) -> bool:
     nothing. Webhook INSERTs wait for that second step only, a few milliseconds.
     """
     events = _day_events(day)
+    if _has_in_flight(events):
+        return _IN_FLIGHT
+    if _holds_recent_restores(events, now):
+        return _RESTORED
+    archived_count = None
+    if archive.archive_enabled():
+        archived_count = archived[name] = archive.archive_day(day, partition=name).events
     with _locked_step():
         if _has_in_flight(events):
-            return False
+            return _IN_FLIGHT
         _delete_dependents(events)
     with _locked_step() as cursor:
         cursor.execute(
             f"LOCK TABLE ONLY {connection.ops.quote_name(PARENT_TABLE)} IN ACCESS EXCLUSIVE MODE"
         )
         if _attached_partitions(cursor).get(day) != name:
-            return True  # another run dropped it meanwhile
+            return _DROPPED  # another run dropped it meanwhile
         if _has_in_flight(events):
-            return False
+            return _IN_FLIGHT
+        if archived_count is not None and archive.archived_events(day).count() != archived_count:
+            return _CHANGED
         _delete_dependents(events)
         cursor.execute(f"DROP TABLE {connection.ops.quote_name(name)}")
-    return True
+    return _DROPPED
 
 
 def raw_event_partitions_maintain(
@@ -384,6 +446,7 @@ def _expired_days(attached: dict[date, str], boundary: datetime) -> list[date]:
 def _maintain_partitions(
     result: PartitionMaintenance, *, now: datetime, days_ahead: int, boundary: datetime
 ) -> None:
+    started = monotonic_time.monotonic()
     with connection.cursor() as cursor:
         missing, _, _ = _days_to_create(cursor, now=now, days_ahead=days_ahead)
     for day in missing:
@@ -406,14 +469,33 @@ def _maintain_partitions(
 
     with connection.cursor() as cursor:
         attached = _attached_partitions(cursor)
+    budget = float(settings.RAW_EVENT_PARTITIONS_BUDGET_SECONDS)
     for day in _expired_days(attached, boundary):
         name = attached[day]
+        if archive.archive_enabled():
+            # Start an archive only while its worst case fits what is left of the run.
+            worst = archive.day_worst_case_seconds(archive.day_sources(day))
+            if monotonic_time.monotonic() - started + worst > budget:
+                result.deferred.append(f"archive {name}: {worst:.0f} s worst case left no room")
+                break
         try:
-            dropped = _drop_partition(day, name)
+            outcome = _drop_partition(day, name, now=now, archived=result.archived)
         except OperationalError as exc:
             _defer_on_lock_timeout(exc, result, f"drop {name}")
             break  # every drop needs the same parent lock: the others would time out too
-        (result.dropped if dropped else result.kept_in_flight).append(name)
+        except archive.ArchiveFailed as exc:
+            logger.error(
+                "ingress.partitions.archive_failed",
+                extra={"partition": name, "error": str(exc)},
+            )
+            result.archive_failed[name] = str(exc)
+            continue
+        {
+            _DROPPED: result.dropped,
+            _IN_FLIGHT: result.kept_in_flight,
+            _RESTORED: result.kept_restored,
+            _CHANGED: result.kept_changed,
+        }[outcome].append(name)
 
 
 def _plan_partitions(*, now: datetime, days_ahead: int, boundary: datetime) -> PartitionMaintenance:
@@ -435,7 +517,11 @@ def _maintain_plain_table(
     *, now: datetime, boundary: datetime, dry_run: bool
 ) -> PartitionMaintenance:
     result = PartitionMaintenance(partitioned=False, dry_run=dry_run)
+    # Nothing to archive day by day here: an archive that is configured is never bypassed.
+    result.archive_unsupported = archive.archive_enabled()
     expired = RawEvent.objects.filter(received_at__lt=boundary)
+    if result.archive_unsupported:
+        expired = expired.none()
     with transaction.atomic():
         result.expired_kept_in_flight = expired.filter(_in_flight()).count()
         doomed = expired.exclude(_in_flight())

@@ -163,12 +163,35 @@ def side_effect_give_up() -> GiveUp:
     return GiveUp(policy.max_attempts, pauses, strategy.horizon_seconds)
 
 
+def raw_event_archive_day_worst_case() -> WorstCase:
+    """Archiving one day before its partition is dropped (ingress/archive.py), with the
+    configured sources: per source an upload and its read-back, then the manifest's two. Each
+    call: RAW_EVENT_ARCHIVE_MAX_ATTEMPTS tries of connect + read timeout, with botocore's
+    standard-mode pauses between them (at most min(20, 2^(n-1)) + 5 s before retry n)."""
+    from ingress.archive import ArchiveClientConfig, archive_enabled, calls_per_day
+    from ingress.sources import all_sources
+
+    if not archive_enabled():
+        return WorstCase(0.0, "archive off (RAW_EVENT_ARCHIVE_ENABLED) = 0.0 s")
+    c = ArchiveClientConfig.from_settings()
+    calls = calls_per_day(sum(1 for source in all_sources().values() if source.enabled))
+    per_call = c.call_worst_case_seconds()
+    pauses = "+".join(f"{p:.1f}" for p in c.retry_pauses()) or "0.0"
+    total = calls * per_call
+    return WorstCase(
+        total,
+        f"{calls} S3 calls x ({c.max_attempts} x (connect {_s(c.connect_timeout)} + read "
+        f"{_s(c.read_timeout)}) + retry pauses {pauses} s = {_s(per_call)}) = {_s(total)}",
+    )
+
+
 OPERATIONS: dict[str, Callable[[], WorstCase]] = {
     "render.dispatch": render_dispatch_worst_case,
     "render.status": render_status_worst_case,
     "stripe.checkout_session": stripe_call_worst_case,
     "database.statement": database_statement_worst_case,
     "ingress.raw_event_store": raw_event_store_worst_case,
+    "ingress.archive_day": raw_event_archive_day_worst_case,
 }
 
 
@@ -192,6 +215,10 @@ CALLERS: list[Caller] = [
     Caller("recap purchase request", "RECAP_PURCHASE_BUDGET_SECONDS", "stripe.checkout_session"),
     # The receive path is one INSERT; nothing slow may ever join it.
     Caller("webhook receive request", "WEBHOOK_REQUEST_BUDGET_SECONDS", "ingress.raw_event_store"),
+    # A maintenance run starts a day's archive only while its worst case fits what is left.
+    Caller(
+        "partition maintenance run", "RAW_EVENT_PARTITIONS_BUDGET_SECONDS", "ingress.archive_day"
+    ),
 ]
 
 
