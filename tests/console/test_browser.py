@@ -19,6 +19,7 @@ from django.test import Client
 from ingress.handlers import unregister, webhook_handler
 from ingress.inbox import inbox_run_once
 from ingress.models import Delivery, RawEvent
+from ingress.sources import all_sources
 from tests.console.conftest import receive_github
 
 # Playwright's sync API runs an asyncio loop in this thread; Django's ORM calls made here by
@@ -184,3 +185,116 @@ def test_rearm_a_dead_side_effect_and_see_it_dispatched(
     screenshot(page, "console-side-effect.png", tmp_path)
     assert RecapSideEffect.objects.get(pk=dead_side_effect.pk).status == "done"
     assert RecapVideo.objects.get().status == RecapStatus.RENDERING
+
+
+# --- reading at a glance (issue 11) --------------------------------------------------------
+
+LAPTOP = {"width": 1366, "height": 768}
+STATUS_COLUMNS = ("signature_badge", "reason_column", "dispatch_badge", "age")
+
+
+def test_the_list_at_1366_px_shows_the_status_columns(page, live_server, tmp_path):
+    from playwright.sync_api import expect
+
+    # A rejected, an unhandled and a verified-and-handled event, with long delivery ids.
+    receive_github(Client(), delivery="a" * 36, secret="a-wrong-secret")
+    receive_github(Client(), delivery="b" * 36, event="star")
+    receive_github(Client(), {"ref": "refs/heads/main"}, delivery="c" * 36)
+    inbox_run_once()
+
+    page.set_viewport_size(LAPTOP)
+    page.goto(f"{live_server.url}/admin/ingress/rawevent/")
+    rows = page.locator("#result_list tbody tr")
+    expect(rows).to_have_count(3)
+    for column in STATUS_COLUMNS:
+        header = page.locator(f"#result_list thead th.column-{column}")
+        box = header.bounding_box()
+        assert box is not None, column
+        assert box["x"] >= 0 and box["x"] + box["width"] <= LAPTOP["width"], (column, box)
+    # Coloured words: the word is there, and its badge has a background of its own.
+    rejected = page.locator("td.field-signature_badge .console-tone-bad", has_text="rejected")
+    expect(rejected).to_have_count(1)
+    background = rejected.evaluate("node => getComputedStyle(node).backgroundColor")
+    assert background not in ("rgba(0, 0, 0, 0)", "transparent")
+    expect(page.locator("td.field-dispatch_badge", has_text="no handler")).to_have_count(2)
+    # Times to the second, with their age.
+    expect(rows.first.locator("td.field-age")).to_have_text(re.compile(r"\d\d:\d\d:\d\d · .+ ago"))
+    screenshot(page, "console-raw-events.png", tmp_path)
+
+
+def test_reverify_from_the_event_page_after_fixing_the_secret(page, live_server, monkeypatch):
+    from playwright.sync_api import expect
+
+    rejected = receive_github(Client(), delivery="wrong-secret", secret="the-old-secret")
+    inbox_run_once()
+    page.goto(f"{live_server.url}/admin/ingress/rawevent/{rejected.pk}/change/")
+    expect(page.locator("#content h2").first).to_contain_text(
+        f"github #{rejected.pk}: rejected: bad_signature"
+    )
+    expect(page.locator("#raw-event-next-step")).to_contain_text("then Re-verify this event")
+    expect(page.locator(".field-rejected_at")).to_contain_text("Rejected at")
+
+    # The fix: the secret the sender used is configured (a rotation adds it beside the old).
+    # The live server runs in this process: it reads the sources again after cache_clear().
+    monkeypatch.setenv(
+        "GITHUB_WEBHOOK_SECRET", f"{os.environ['GITHUB_WEBHOOK_SECRET']},the-old-secret"
+    )
+    all_sources.cache_clear()
+    try:
+        page.click("#console-reverify")
+        expect(page.locator("#operator-action-count")).to_contain_text("1 raw event")
+        page.click("#operator-action-confirm")
+        page.wait_for_url(re.compile(rf"/admin/ingress/rawevent/{rejected.pk}/change/"))
+        expect(page.locator("ul.messagelist")).to_contain_text("Re-verify: 1 succeeded")
+        expect(page.locator("#raw-event-status")).to_contain_text("verified, no handler")
+        expect(page.locator(".field-verified_at_display")).to_contain_text("Verified at")
+        expect(page.locator("#console-reverify")).to_have_count(0)
+    finally:
+        monkeypatch.undo()
+        all_sources.cache_clear()
+    assert RawEvent.objects.get(pk=rejected.pk).signature_status == "verified"
+
+
+def test_rearm_from_the_side_effect_page(page, live_server, dead_side_effect, tmp_path):
+    from playwright.sync_api import expect
+
+    from outbox.models import RecapSideEffect
+
+    detail = f"{live_server.url}/admin/outbox/recapsideeffect/{dead_side_effect.pk}/change/"
+    page.goto(detail)
+    expect(page.locator(".field-next_attempt")).to_contain_text("none: dead")
+    expect(page.locator("#console-mark-dead")).to_have_count(0)
+    expect(page.locator("#console-retry-render")).to_be_visible()
+    page.click("#console-rearm")
+    expect(page.locator("#operator-action-count")).to_contain_text("1 recap side effect")
+    page.click("#operator-action-confirm")
+    page.wait_for_url(detail)
+    expect(page.locator("ul.messagelist")).to_contain_text("Re-arm: 1 succeeded")
+    expect(page.locator(".field-status")).to_contain_text("pending")
+    expect(page.locator(".field-next_attempt")).to_contain_text(re.compile(r"\d\d:\d\d:\d\d UTC"))
+    expect(page.locator("#console-mark-dead")).to_be_visible()
+    assert RecapSideEffect.objects.get(pk=dead_side_effect.pk).status == "pending"
+
+
+def test_the_ops_charts_render(page, live_server, tmp_path):
+    from playwright.sync_api import expect
+
+    for n in range(3):
+        receive_github(Client(), delivery=f"ops-{n}", event="star")
+    receive_github(Client(), delivery="ops-bad", secret="a-wrong-secret")
+    inbox_run_once()
+    page.set_viewport_size(LAPTOP)
+    page.goto(f"{live_server.url}/ops/")
+    for key in ("volume", "rejected", "lags", "dead"):
+        chart = page.locator(f"svg#chart-{key}")
+        expect(chart).to_be_visible()
+        box = chart.bounding_box()
+        assert box is not None and box["width"] > 300 and box["height"] > 100, (key, box)
+    expect(page.locator("svg#chart-volume rect.ops-bar")).to_have_count(1)
+    expect(page.locator("svg#chart-volume rect.ops-bar title")).to_have_text(
+        re.compile(r"\d\d:00 github: 4")
+    )
+    expect(page.locator("svg#chart-lags .ops-red-line")).to_have_count(2)
+    expect(page.locator("#ops-rejections a").first).to_have_css("text-decoration-line", "underline")
+    expect(page.locator("body")).not_to_contain_text("DESIGN.md")
+    screenshot(page, "ops-page.png", tmp_path)
