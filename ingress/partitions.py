@@ -107,6 +107,8 @@ class PartitionMaintenance:
     kept_changed: list[str] = field(default_factory=list)
     # Plain table with the archive on: nothing is deleted past retention (no archive there).
     archive_unsupported: bool = False
+    # Dry run with the archive on: each drop would first archive and verify.
+    archive_before_drop: bool = False
     rejected_deleted: int = 0
     # Plain table only: expired rows deleted, and expired rows kept because in flight.
     expired_deleted: int = 0
@@ -138,7 +140,8 @@ class PartitionMaintenance:
             out.append(f"{would}create {name}{suffix}")
         for name, events in self.archived.items():
             out.append(f"archived {name}: {events} events, verified")
-        out.extend(f"{would}drop {name}" for name in self.dropped)
+        archive_first = "archive, verify and " if self.archive_before_drop else ""
+        out.extend(f"{would}{archive_first}drop {name}" for name in self.dropped)
         out.extend(f"keep {name}: events still in flight" for name in self.kept_in_flight)
         for name, reason in self.archive_failed.items():
             out.append(f"keep {name}: ARCHIVE FAILED, not dropped ({reason})")
@@ -508,8 +511,14 @@ def _plan_partitions(*, now: datetime, days_ahead: int, boundary: datetime) -> P
             result.moved_from_default[partition_name(day)] = in_default[day]
     result.rejected_deleted = _rejected_expired(now).count()
     for day in _expired_days(attached, boundary):
-        in_flight = _has_in_flight(_day_events(day))
-        (result.kept_in_flight if in_flight else result.dropped).append(attached[day])
+        events = _day_events(day)
+        if _has_in_flight(events):
+            result.kept_in_flight.append(attached[day])
+        elif _holds_recent_restores(events, now):
+            result.kept_restored.append(attached[day])
+        else:
+            result.dropped.append(attached[day])
+    result.archive_before_drop = archive.archive_enabled()
     return result
 
 

@@ -7,6 +7,7 @@ as it would to S3. The partitions are real (PostgreSQL, DDL, `transactional_db`)
 
 import gzip
 import hashlib
+import io
 import json
 import socket
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import boto3
 import pytest
 from django.core.checks import run_checks
+from django.core.files import File
 from django.core.management import CommandError, call_command
 
 from ingress.models import Delivery, RawEvent
@@ -216,3 +218,54 @@ def test_the_archive_is_off_by_default_and_costs_the_budget_nothing(settings):
 
     assert settings.RAW_EVENT_ARCHIVE_ENABLED is False
     assert OPERATIONS["ingress.archive_day"]().seconds == 0
+
+
+def test_an_object_that_reads_back_different_keeps_the_partition(pg, s3, monkeypatch):
+    # A store that keeps something other than what it was sent (here: the real moto server
+    # given a truncated copy of each events file) is caught by the read-back.
+    from storages.backends.s3 import S3Storage
+
+    from ingress import archive
+
+    class TruncatingStorage(S3Storage):
+        def _save(self, name, content):
+            if name.endswith(".ndjson.gz"):
+                data = content.read()
+                content = File(io.BytesIO(data[:-1]), name=name)
+            return super()._save(name, content)
+
+    real_storage = archive.archive_storage
+
+    def truncating_storage():
+        storage = real_storage()
+        storage.__class__ = TruncatingStorage
+        return storage
+
+    monkeypatch.setattr(archive, "archive_storage", truncating_storage)
+    events = old_events()
+    before = snapshot(events)
+
+    result = raw_event_partitions_maintain(now=NOW)
+
+    name = partition_name(OLD_DAY)
+    assert "reads back as" in result.archive_failed[name]
+    assert name in attached() and snapshot(events) == before
+
+
+def test_a_run_starts_no_archive_its_budget_cannot_cover(pg, s3, settings):
+    events = old_events()
+    settings.RAW_EVENT_PARTITIONS_BUDGET_SECONDS = 5.0  # below one day's worst case
+    result = raw_event_partitions_maintain(now=NOW)
+    name = partition_name(OLD_DAY)
+    assert [step for step in result.deferred if step.startswith(f"archive {name}")]
+    assert name in attached() and len(snapshot(events)) == 3
+    assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET)
+
+
+def test_a_dry_run_says_it_would_archive_first_and_writes_nothing(pg, s3):
+    old_events()
+    raw_event_partitions_maintain(now=NOW, retention_days=10_000)  # its partition, no drop
+    out = run("raw_event_partitions", "--dry-run")
+    assert f"would archive, verify and drop {partition_name(OLD_DAY)}" in out
+    assert partition_name(OLD_DAY) in attached()
+    assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET)
