@@ -6,8 +6,11 @@ applies a database default at the start of every server session, so it holds for
 connection PgBouncer opens, whichever client it later serves, and nothing per transaction
 is needed. On the database rather than on a role so that it covers every role the
 processes log in as (`manage.py db_roles`) without naming them. Run it in the release
-phase, as the database's owner, after `migrate`; every connection through the pooler checks
-it (eventdrop/db/postgresql/base.py) and is refused until it has run.
+phase, as the database's owner (first when the release phase itself goes through PgBouncer;
+it needs no tables); every connection through the pooler checks it
+(eventdrop/db/postgresql/base.py) and is refused until it has run. A changed value applies
+to server sessions opened after it: RECONNECT on PgBouncer's admin console, or wait for its
+server_lifetime.
 """
 
 from django.core.management.base import BaseCommand, CommandError
