@@ -28,6 +28,7 @@ from console.ops import (
     SLOS,
     VIEW_OPS_PERMISSION,
     YELLOW_FRACTION,
+    HourlySeries,
     hourly_dead,
     hourly_lags,
     hourly_volume,
@@ -66,10 +67,12 @@ def _lag(value: float) -> str:
     return format_seconds(value) if value else "0"
 
 
-def ops_charts(*, now: datetime) -> list[charts.Chart]:
-    """The last 24 h per hour: one grouped query per chart (console.ops, hourly_*)."""
-    volume = hourly_volume(now=now)
-    rejected = volume.series.pop("rejected (all sources)")
+def ops_charts(*, now: datetime, volume: HourlySeries | None = None) -> list[charts.Chart]:
+    """The last 24 h per hour: one grouped query per chart (console.ops, hourly_*); the
+    volume comes with the snapshot when there is one (the same scan as the volume table)."""
+    volume = volume or hourly_volume(now=now)
+    series = dict(volume.series)
+    rejected = series.pop("rejected (all sources)")
     lags = hourly_lags(now=now)
     dead = hourly_dead(now=now)
     return [
@@ -77,7 +80,7 @@ def ops_charts(*, now: datetime) -> list[charts.Chart]:
             key="volume",
             title="Events received per hour, by source",
             hours=volume.hours,
-            series=volume.series,
+            series=series,
             fmt=_count,
         ),
         charts.stacked_bars(
@@ -143,7 +146,7 @@ def ops_page(request: HttpRequest) -> TemplateResponse:
         "ack_p99": SLOS["ack_p99"].display(snapshot.ack.p99),
         "charts": [
             {"chart": chart, "legend": charts.legend_html(chart)}
-            for chart in ops_charts(now=snapshot.taken_at)
+            for chart in ops_charts(now=snapshot.taken_at, volume=snapshot.volume_by_hour)
         ],
         "yellow_percent": round(YELLOW_FRACTION * 100),
         "refresh_seconds": REFRESH_SECONDS,
