@@ -352,8 +352,11 @@ def _drop_partition(day: date, name: str, *, now: datetime, archived: dict[str, 
     outcome (_DROPPED, ...); raises archive.ArchiveFailed with the partition untouched.
 
     The archive comes first, before anything is deleted, so a failed one leaves the day
-    whole. Under the parent lock the archived rows are counted again: a row added or removed
-    since (a restore, say) keeps the partition for the next run's fresh archive.
+    whole. Then the archived rows are counted again (behind the advisory lock, not under the
+    parent's table lock, which would hold webhook INSERTs for a scan of the day): a row that
+    arrived for the day meanwhile keeps the partition for the next run's fresh archive. A
+    body rewritten by key rotation meanwhile is archived under its old key, which the
+    archive's manifest lists and which must be kept while the archive is (docs/archive.md).
 
     Two steps. First, holding no table lock, check and delete the dependents (the slow part,
     proportional to the day's volume). Then lock the parent, which DROP needs in ACCESS
@@ -374,6 +377,8 @@ def _drop_partition(day: date, name: str, *, now: datetime, archived: dict[str, 
     with _locked_step():
         if _has_in_flight(events):
             return _IN_FLIGHT
+        if archived_count is not None and archive.archived_events(day).count() != archived_count:
+            return _CHANGED
         _delete_dependents(events)
     with _locked_step() as cursor:
         cursor.execute(
@@ -383,8 +388,6 @@ def _drop_partition(day: date, name: str, *, now: datetime, archived: dict[str, 
             return _DROPPED  # another run dropped it meanwhile
         if _has_in_flight(events):
             return _IN_FLIGHT
-        if archived_count is not None and archive.archived_events(day).count() != archived_count:
-            return _CHANGED
         _delete_dependents(events)
         cursor.execute(f"DROP TABLE {connection.ops.quote_name(name)}")
     return _DROPPED
