@@ -214,17 +214,7 @@ class RecapSideEffectAdmin(OperatorAdmin):
 
     @admin.display(description="next attempt", ordering="next_attempt_at")
     def next_attempt(self, obj: RecapSideEffect) -> str:
-        # next_attempt_at also holds a claimed row's lease; done and dead rows have none.
-        now = timezone.now()
-        if obj.status == SideEffectStatus.PENDING:
-            return format_time(obj.next_attempt_at, now)
-        if obj.status == SideEffectStatus.PROCESSING:
-            return (
-                f"none while dispatching (reclaimed from {format_time(obj.next_attempt_at, now)})"
-            )
-        if obj.status == SideEffectStatus.DEAD:
-            return "none: dead (re-arm to try again)"
-        return "none: done"
+        return next_attempt_display(obj)
 
     @admin.display(description="recap", ordering="recap_id")
     def recap_link(self, obj: RecapSideEffect) -> str:
@@ -245,6 +235,21 @@ class RecapSideEffectAdmin(OperatorAdmin):
     @admin.display(description="in this state for", ordering="updated_at")
     def state_age(self, obj: RecapSideEffect) -> str:
         return format_seconds((timezone.now() - obj.updated_at).total_seconds())
+
+
+def next_attempt_display(row: RecapSideEffect) -> str:
+    """A row's next attempt as the console shows it (this list, the recap's inline).
+
+    next_attempt_at also holds a claimed row's lease, and keeps its last value on done and
+    dead rows, which have no next attempt: only a pending row shows it as one."""
+    now = timezone.now()
+    if row.status == SideEffectStatus.PENDING:
+        return format_time(row.next_attempt_at, now)
+    if row.status == SideEffectStatus.PROCESSING:
+        return f"none while dispatching (reclaimed from {format_time(row.next_attempt_at, now)})"
+    if row.status == SideEffectStatus.DEAD:
+        return "none: dead (re-arm to try again)"
+    return "none: done"
 
 
 def _side_effect_actions(row: RecapSideEffect) -> list[ObjectAction]:

@@ -26,6 +26,7 @@ from console.models import OperatorActionVia
 from console.selectors import recaps_by_status
 from console.services import recaps_retry_render
 from eventdrop.errors import EventDropError
+from outbox.admin import next_attempt_display
 from outbox.models import EffectType, RecapSideEffect
 from recaps.models import Event, Photo, RecapVideo
 from recaps.services import recap_create, recap_redeem_free
@@ -124,12 +125,17 @@ class SideEffectInline(ReadOnlyInline):
         "effect_type",
         "status",
         "attempts",
-        "next_attempt_at",
+        "next_attempt",
         "last_error_class",
         "last_error",
         "updated_at",
     )
     readonly_fields = fields
+
+    @admin.display(description="next attempt")
+    def next_attempt(self, obj: RecapSideEffect) -> str:
+        # A dead or done row has no next attempt (outbox/admin.py).
+        return next_attempt_display(obj)
     verbose_name = "side effect"
 
     @admin.display(description="side effect")

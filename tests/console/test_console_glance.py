@@ -169,3 +169,12 @@ def test_the_buttons_are_only_for_those_who_may_operate(
     page = side_effect_page(client, dead_side_effect)
     assert "none: dead" in page
     assert 'id="console-rearm"' not in page and 'id="console-retry-render"' not in page
+
+
+def test_the_recap_page_shows_no_next_attempt_for_its_dead_render(admin_client, dead_side_effect):
+    url = reverse("admin:recaps_recapvideo_change", args=[dead_side_effect.recap_id])
+    page = admin_client.get(url).content.decode()
+    cell = re.search(r'<td class="field-next_attempt">(.*?)</td>', page, re.S)
+    assert cell is not None
+    assert "none: dead" in cell.group(1)
+    assert not re.search(r"\d\d:\d\d:\d\d", cell.group(1))
