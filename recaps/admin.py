@@ -131,12 +131,12 @@ class SideEffectInline(ReadOnlyInline):
         "updated_at",
     )
     readonly_fields = fields
+    verbose_name = "side effect"
 
     @admin.display(description="next attempt")
     def next_attempt(self, obj: RecapSideEffect) -> str:
         # A dead or done row has no next attempt (outbox/admin.py).
         return next_attempt_display(obj)
-    verbose_name = "side effect"
 
     @admin.display(description="side effect")
     def side_effect_link(self, obj: RecapSideEffect) -> str:
