@@ -56,7 +56,7 @@ from ingress.models import (
     RejectionReason,
     SignatureStatus,
 )
-from ingress.payloads import raw_event_body
+from ingress.payloads import raw_event_body, raw_event_headers
 
 logger = logging.getLogger(__name__)
 
@@ -250,11 +250,17 @@ class RawEventOutputSerializer(serializers.ModelSerializer):
 
 
 class RawEventWithPayloadOutputSerializer(RawEventOutputSerializer):
-    headers = serializers.JSONField()
+    headers = serializers.SerializerMethodField()
     body = serializers.SerializerMethodField()
 
     class Meta(RawEventOutputSerializer.Meta):
         fields = (*RawEventOutputSerializer.Meta.fields, "headers", "body")
+
+    def get_headers(self, obj: RawEvent) -> dict | None:
+        try:
+            return raw_event_headers(obj)
+        except BodyUndecryptable:
+            return None  # the body says why
 
     def get_body(self, obj: RawEvent) -> dict:
         try:

@@ -61,7 +61,7 @@ from ingress.models import (
     RejectionReason,
     SignatureStatus,
 )
-from ingress.payloads import raw_event_body
+from ingress.payloads import raw_event_body, raw_event_headers
 from ingress.providers import PROVIDERS
 from ingress.sources import all_sources
 
@@ -636,8 +636,12 @@ class RawEventAdmin(OperatorAdmin):
 
     @admin.display(description="headers")
     def headers_table(self, obj: RawEvent) -> str:
+        try:
+            headers = raw_event_headers(obj)  # decrypted when stored encrypted
+        except BodyUndecryptable as exc:
+            return format_html("<p>{}</p>", str(exc))
         return render_to_string(
-            "console/admin/raw_event_headers.html", {"rows": headers_rows(obj.headers)}
+            "console/admin/raw_event_headers.html", {"rows": headers_rows(headers)}
         )
 
     @admin.display(description="body")

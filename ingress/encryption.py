@@ -16,14 +16,16 @@ command find the rows still under an old key without decrypting them.
 The stored column holds the Fernet token's raw bytes (its base64 decoded: a quarter smaller);
 `body_sha256` stays the hash of the plaintext, for dedup and forensics.
 
-What is read anywhere goes through `decrypt_body` (via ingress.payloads.raw_event_body): the
-inbox's verification and dedup, handlers' payloads, reconciliation, the console. Headers are
-not encrypted (see docs/security.md).
+Headers are encrypted with the body, under the same key, into the same jsonb column as
+{"_fernet": "<token>"} (`encrypt_request`). What is read anywhere goes through
+ingress.payloads.raw_event_body / raw_event_headers: the inbox's verification and dedup,
+handlers' payloads, reconciliation, the console.
 """
 
 import base64
 import binascii
 import hashlib
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -36,6 +38,8 @@ FERNET_PREFIX = "fernet:"
 PLAINTEXT = ""
 # As the first entry of RAW_EVENT_ENCRYPTION_KEYS: new bodies in plaintext, the keys decrypt.
 PLAINTEXT_MARKER = "plaintext"
+# Encrypted headers live in the same jsonb column, as {ENCRYPTED_HEADERS: "<Fernet token>"}.
+ENCRYPTED_HEADERS = "_fernet"
 
 BODY_UNDECRYPTABLE = (
     "The body of raw event #{id} is encrypted ({scheme}) and cannot be decrypted with "
@@ -130,10 +134,30 @@ def encrypt_body(body: bytes) -> tuple[bytes, str]:
     return base64.urlsafe_b64decode(ring.fernet.encrypt(body)), ring.primary_id
 
 
+def encrypt_request(body: bytes, headers: dict) -> tuple[bytes, dict, str]:
+    """(body, headers, body_encryption) to store: both under the first key, or as they are."""
+    stored_body, scheme = encrypt_body(body)
+    if scheme == PLAINTEXT:
+        return body, headers, PLAINTEXT
+    token = keyring().fernet.encrypt(json.dumps(headers).encode("ascii"))
+    return stored_body, {ENCRYPTED_HEADERS: token.decode("ascii")}, scheme
+
+
 def decrypt_body(stored: bytes, scheme: str, *, raw_event_id: int | None = None) -> bytes:
     """The plaintext of a stored body; BodyUndecryptable (no payload in it) when we cannot."""
     if scheme == PLAINTEXT:
         return stored
+    return _decrypt(base64.urlsafe_b64encode(stored), scheme, raw_event_id)
+
+
+def decrypt_headers(stored: dict, scheme: str, *, raw_event_id: int | None = None) -> dict:
+    """The headers as received (stored under the same key as the body, when encrypted)."""
+    if scheme == PLAINTEXT or not (isinstance(stored, dict) and set(stored) == {ENCRYPTED_HEADERS}):
+        return stored
+    return json.loads(_decrypt(stored[ENCRYPTED_HEADERS].encode("ascii"), scheme, raw_event_id))
+
+
+def _decrypt(token: bytes, scheme: str, raw_event_id: int | None) -> bytes:
     ring = keyring()
     if ring.fernet is None or scheme not in ring.known_ids:
         raise BodyUndecryptable(
@@ -141,7 +165,7 @@ def decrypt_body(stored: bytes, scheme: str, *, raw_event_id: int | None = None)
             key_configured=False,
         )
     try:
-        return ring.fernet.decrypt(base64.urlsafe_b64encode(stored))
+        return ring.fernet.decrypt(token)
     except InvalidToken:
         raise BodyUndecryptable(
             BODY_UNDECRYPTABLE.format(id=raw_event_id, scheme=scheme, why=CIPHERTEXT_INVALID),
@@ -149,6 +173,6 @@ def decrypt_body(stored: bytes, scheme: str, *, raw_event_id: int | None = None)
         ) from None
 
 
-def reencrypt_body(stored: bytes, scheme: str) -> tuple[bytes, str]:
-    """The body as the first entry of the keys says (the rotation command's step)."""
-    return encrypt_body(decrypt_body(stored, scheme))
+def reencrypt_request(body: bytes, headers: dict, scheme: str) -> tuple[bytes, dict, str]:
+    """Body and headers as the first entry of the keys says (the rotation command's step)."""
+    return encrypt_request(decrypt_body(body, scheme), decrypt_headers(headers, scheme))

@@ -66,6 +66,7 @@ from ingress.payloads import (
     holds_unstorable_text,
     parse_payload,
     raw_event_body,
+    raw_event_headers,
     storable_text,
 )
 from ingress.reconcile.verdict import backfilled_verdict
@@ -116,8 +117,9 @@ def dedup_key_for(event: RawEvent, verdict: Verdict) -> str:
     digest = hashlib.sha256()
     for part in (event.source, event.path, verdict.event_type):
         digest.update(part.encode("utf-8") + b"\0")
+    headers = raw_event_headers(event)
     for name in _FALLBACK_KEY_HEADERS:
-        digest.update(f"{name}:{event.headers.get(name, '')}".encode() + b"\0")
+        digest.update(f"{name}:{headers.get(name, '')}".encode() + b"\0")
     digest.update(raw_event_body(event))  # the plaintext: ciphertexts differ every time
     return f"sha256:{digest.hexdigest()}"
 
@@ -127,7 +129,7 @@ def _verdict_for(event: RawEvent) -> Verdict:
     if source is None:
         return Verdict(reason=RejectionReason.UNKNOWN_SOURCE)
     request = StoredRequest(
-        headers=event.headers, body=raw_event_body(event), received_at=event.received_at
+        headers=raw_event_headers(event), body=raw_event_body(event), received_at=event.received_at
     )
     if event.origin == RawEventOrigin.BACKFILLED:
         # Fetched by a reconciliation run from the provider's API, not received: there is
@@ -137,7 +139,7 @@ def _verdict_for(event: RawEvent) -> Verdict:
         verdict = verify(source, request)
     # Signed is not storable: an escaped NUL or lone surrogate in the event type or id would
     # fail our own UPDATE, and anywhere else every handler that stores it.
-    if verdict.ok and holds_unstorable_text(event.headers, request.body):
+    if verdict.ok and holds_unstorable_text(request.headers, request.body):
         return Verdict(reason=RejectionReason.UNSTORABLE_TEXT)
     return verdict
 
@@ -411,7 +413,7 @@ def _call_handler(claimed: _Claimed, events: dict[int, RawEvent]) -> None:
     spec = get_handler(claimed.handler)
     if spec is None:
         raise PermanentHandlerError(HANDLER_MISSING.format(name=claimed.handler))
-    payload = parse_payload(event.headers, raw_event_body(event))
+    payload = parse_payload(raw_event_headers(event), raw_event_body(event))
     # As DATABASE_HANDLER_ROLE when set: the inbox's own role cannot touch business tables.
     with handler_role():
         spec.func(event, payload)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from eventdrop.errors import EventDropError
-from ingress.encryption import decrypt_body
+from ingress.encryption import decrypt_body, decrypt_headers
 from ingress.verifiers.base import StoredRequest
 from ingress.verifiers.common import (
     Reject,
@@ -38,6 +38,11 @@ def raw_event_body(event) -> bytes:
     cannot decrypt it. Needs `body` and `body_encryption` loaded (and `id`, for the message).
     """
     return decrypt_body(bytes(event.body), event.body_encryption, raw_event_id=event.id)
+
+
+def raw_event_headers(event) -> dict:
+    """The headers as received, decrypted if stored encrypted (with the body, same key)."""
+    return decrypt_headers(event.headers, event.body_encryption, raw_event_id=event.id)
 
 
 def parse_payload(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 (raw_event_store); raw_events_rotate_keys is the encryption key rotation."""
 
 import hashlib
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Q
 
 from eventdrop.db import database_deadline
-from ingress.encryption import BodyUndecryptable, encrypt_body, keyring, reencrypt_body
+from ingress.encryption import BodyUndecryptable, encrypt_request, keyring, reencrypt_request
 from ingress.models import RawEvent
 from ingress.sources import Source
 
@@ -41,14 +42,14 @@ def raw_event_store(
     delivery_id = headers.get(source.delivery_id_header, "") if source.delivery_id_header else ""
     # Encrypted here, in Python, before the one INSERT (when RAW_EVENT_ENCRYPTION_KEYS is
     # set); the hash is of the plaintext. Cost per request: docs/benchmarks.md.
-    stored_body, body_encryption = encrypt_body(body)
+    stored_body, stored_headers, body_encryption = encrypt_request(body, dict(headers))
     fields = {
         "source": source.name,
         "provider": source.provider,
         "method": method,
         "path": path,
         "query_string": query_string,
-        "headers": dict(headers),
+        "headers": stored_headers,
         "body": stored_body,
         "body_encryption": body_encryption,
         "body_sha256": hashlib.sha256(body).hexdigest(),
@@ -107,7 +108,7 @@ def raw_events_rotate_keys(*, batch_size: int = 500, max_batches: int | None = N
                 )
             batch = list(
                 rows.order_by("received_at", "id").only(
-                    "id", "received_at", "body", "body_encryption"
+                    "id", "received_at", "body", "headers", "body_encryption"
                 )[:batch_size]
             )
             if not batch:
@@ -117,11 +118,13 @@ def raw_events_rotate_keys(*, batch_size: int = 500, max_batches: int | None = N
             updates = []
             for event in batch:
                 try:
-                    body, scheme = reencrypt_body(bytes(event.body), event.body_encryption)
+                    body, headers, scheme = reencrypt_request(
+                        bytes(event.body), event.headers, event.body_encryption
+                    )
                 except BodyUndecryptable:
                     undecryptable += 1
                     continue
-                updates.append((body, scheme, event))
+                updates.append((body, headers, scheme, event))
             _write_bodies(updates)
             rewritten += len(updates)
     logger.info(
@@ -131,17 +134,23 @@ def raw_events_rotate_keys(*, batch_size: int = 500, max_batches: int | None = N
     return KeyRotation(rewritten=rewritten, undecryptable=undecryptable, batches=batches)
 
 
-def _write_bodies(updates: list[tuple[bytes, str, RawEvent]]) -> None:
+def _write_bodies(updates: list[tuple[bytes, dict, str, RawEvent]]) -> None:
     # One pipelined executemany; `received_at` in the WHERE prunes to the day's partition.
     ops = connection.ops
     table = ops.quote_name(RawEvent._meta.db_table)
     sql = (
-        f"UPDATE {table} SET body = %s, body_encryption = %s "  # noqa: S608 (constant identifiers)
+        f"UPDATE {table} SET body = %s, headers = %s::jsonb, body_encryption = %s "  # noqa: S608
         "WHERE id = %s AND received_at = %s"
     )
     rows = [
-        (body, scheme, event.id, ops.adapt_datetimefield_value(event.received_at))
-        for body, scheme, event in updates
+        (
+            body,
+            json.dumps(headers),
+            scheme,
+            event.id,
+            ops.adapt_datetimefield_value(event.received_at),
+        )
+        for body, headers, scheme, event in updates
     ]
     if rows:
         with connection.cursor() as cursor:

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ingress.encryption import encrypt_body
+from ingress.encryption import encrypt_request
 from ingress.models import RawEvent, RawEventOrigin, ReconciliationRun, ReconciliationStatus
 from ingress.reconcile.errors import RUN_BUSY, ReconcileBusy
 from ingress.reconcile.window import Window, iso
@@ -187,14 +187,14 @@ def raw_events_backfill(
     """
     now = now or timezone.now()
     # Encrypted at rest like a received body (RAW_EVENT_ENCRYPTION_KEYS); hashed in plaintext.
-    stored = [encrypt_body(event.body) for event in events]
+    stored = [encrypt_request(event.body, event.headers) for event in events]
     rows = RawEvent.objects.bulk_create(
         RawEvent(
             source=source.name,
             provider=source.provider,
             method="GET",
             path=event.path,
-            headers=event.headers,
+            headers=headers,
             body=body,
             body_encryption=body_encryption,
             body_sha256=hashlib.sha256(event.body).hexdigest(),
@@ -202,7 +202,7 @@ def raw_events_backfill(
             received_at=now,
             origin=RawEventOrigin.BACKFILLED,
         )
-        for event, (body, body_encryption) in zip(events, stored, strict=True)
+        for event, (body, headers, body_encryption) in zip(events, stored, strict=True)
     )
     logger.info(
         "ingress.reconcile.backfilled",

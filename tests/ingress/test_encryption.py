@@ -29,7 +29,7 @@ from ingress.inbox import (
     raw_events_verify_batch,
 )
 from ingress.models import Delivery, RawEvent
-from ingress.payloads import raw_event_body
+from ingress.payloads import raw_event_body, raw_event_headers
 from ingress.verifiers import Verdict
 from tests.console import conftest as console_fixtures
 from tests.ingress import test_inbox
@@ -56,6 +56,12 @@ def keys(settings):
     return use
 
 
+def stored_headers(event_id: int) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT headers::text FROM ingress_rawevent WHERE id = %s", [event_id])
+        return cursor.fetchone()[0]
+
+
 def stored_column(event_id: int) -> tuple[bytes, str]:
     """What PostgreSQL holds, read past the ORM."""
     with connection.cursor() as cursor:
@@ -78,9 +84,15 @@ def test_received_body_is_stored_encrypted_and_verified_on_the_plaintext(
     stored, scheme = stored_column(event.pk)
     assert scheme == key_id(KEY_1)
     assert MARKER.encode() not in stored and stored != plaintext
+    # The headers too: the signature and the delivery id are not in the column.
+    assert "x-hub-signature-256" not in stored_headers(event.pk)
+    assert "enc-1" not in stored_headers(event.pk)
     event.refresh_from_db()
     assert event.body_sha256 == hashlib.sha256(plaintext).hexdigest()
     assert raw_event_body(event) == plaintext
+    headers = raw_event_headers(event)
+    assert headers["x-github-delivery"] == "enc-1" and event.delivery_id == "enc-1"
+    assert headers["x-hub-signature-256"].startswith("sha256=")
 
     inbox_run_once()
     event.refresh_from_db()
@@ -125,12 +137,15 @@ def test_rotation_old_key_still_decrypts_and_the_command_rewrites_under_the_new(
     for event, body in ((plain, plain_body), (old, old_body), (new, new_body)):
         event.refresh_from_db()
         assert raw_event_body(event) == body
+        assert raw_event_headers(event)["x-github-event"] == "push"
+        assert "x-github-event" not in stored_headers(event.pk)
     inbox_run_once()
     assert set(RawEvent.objects.values_list("signature_status", flat=True)) == {"verified"}
 
     keys("plaintext", KEY_2)  # turning encryption off: decrypt with the key, write plaintext
     call_command("rotate_raw_event_keys")
     assert stored_column(old.pk) == (old_body, "")
+    assert json.loads(stored_headers(old.pk))["x-github-delivery"] == "enc-old"
 
 
 def test_a_key_that_does_not_parse_is_a_check_error(settings):
@@ -187,7 +202,10 @@ def test_console_shows_the_decrypted_body_to_the_payload_permission_only(
     assert client.get(download).content == plaintext
     api = APIClient()
     api.force_authenticate(payload_operator)
-    assert api.get(f"/api/raw-events/{event.pk}/").json()["body"]["data"] == plaintext.decode()
+    detail = api.get(f"/api/raw-events/{event.pk}/").json()
+    assert detail["body"]["data"] == plaintext.decode()
+    assert detail["headers"]["x-github-delivery"] == "enc-1"
+    assert "x-hub-signature-256" in client.get(page).content.decode()
 
     client.force_login(operator)
     assert MARKER not in client.get(page).content.decode()
