@@ -3,9 +3,10 @@
 Not a test. Two measurements, in one process, with plaintext and encrypted interleaved
 round by round so both see the same machine:
 
-1. `encrypt_body` alone (the Python work added before the INSERT: Fernet = AES-128-CBC +
-   HMAC-SHA256, then the base64 decode) and `decrypt_body` (what the inbox and the console
-   add per read), for bodies of 1 KiB, 16 KiB and 1 MiB (the default body cap);
+1. `encrypt_body` alone (Fernet = AES-128-CBC + HMAC-SHA256, then the base64 decode) and
+   `decrypt_body` (what the inbox and the console add per read), for bodies of 1 KiB,
+   16 KiB and 1 MiB (the default body cap); then `encrypt_request` (body and 8 typical
+   headers, what the receive path adds before its INSERT) and the decryption of both;
 2. the whole store path, `raw_event_store` with its one INSERT and commit, on PostgreSQL
    (its own database `eventdrop_bench_encryption` on 127.0.0.1:5432, created and migrated on
    first use, emptied before each run), with a ~1 KiB body, encryption off and on.
@@ -78,7 +79,7 @@ def main() -> None:
     from django.conf import settings
     from django.db import close_old_connections
 
-    from ingress.encryption import decrypt_body, encrypt_body
+    from ingress.encryption import decrypt_body, decrypt_headers, encrypt_body, encrypt_request
     from ingress.services import raw_event_store
     from ingress.sources import get_source
 
@@ -93,6 +94,19 @@ def main() -> None:
         dec = timed(lambda s=stored, k=scheme: decrypt_body(s, k), calls)
         print(f"  {label:6} encrypt {summary(enc)}   decrypt {summary(dec)}"
               f"   stored {len(stored) - size:+d} bytes")
+
+    # What the receive path really calls: the body and the headers, under one key.
+    request_headers = {"content-type": "application/json", "user-agent": "Stripe/1.0",
+                       "stripe-signature": "t=1700000000,v1=" + "0" * 64 + ",v0=" + "0" * 64,
+                       "content-length": "1024", "accept": "*/*; q=0.5, application/xml",
+                       "cache-control": "no-cache", "host": "hooks.example.com",
+                       "x-forwarded-for": "203.0.113.7"}
+    body = secrets.token_bytes(1024)
+    stored_body, stored_headers, scheme = encrypt_request(body, request_headers)
+    enc = timed(lambda: encrypt_request(body, request_headers), args.calls)
+    dec = timed(lambda: (decrypt_body(stored_body, scheme),
+                         decrypt_headers(stored_headers, scheme)), args.calls)
+    print(f"  1 KiB + 8 headers: encrypt_request {summary(enc)}   decrypt both {summary(dec)}")
 
     source = get_source("stripe")
     headers = {"content-type": "application/json", "stripe-signature": "t=1,v1=00"}
