@@ -269,3 +269,26 @@ def test_a_dry_run_says_it_would_archive_first_and_writes_nothing(pg, s3):
     assert f"would archive, verify and drop {partition_name(OLD_DAY)}" in out
     assert partition_name(OLD_DAY) in attached()
     assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET)
+
+
+def test_an_encrypted_day_is_archived_as_ciphertext_and_reads_back_after_restore(pg, s3, settings):
+    from cryptography.fernet import Fernet
+
+    from ingress.encryption import encrypt_request
+    from ingress.payloads import raw_event_body, raw_event_headers
+
+    settings.RAW_EVENT_ENCRYPTION_KEYS = [Fernet.generate_key().decode()]
+    body, headers = b'{"id": "evt_secret_marker"}', {"stripe-signature": "t=1,v1=sig_marker"}
+    stored_body, stored_headers, scheme = encrypt_request(body, headers)
+    event = make_event(OLD, body=stored_body, headers=stored_headers, body_encryption=scheme)
+
+    raw_event_partitions_maintain(now=NOW)
+
+    prefix = f"raw-events/{OLD_DAY:%Y/%m/%d}/"
+    archived = gzip.decompress(
+        s3.get_object(Bucket=BUCKET, Key=prefix + "stripe.ndjson.gz")["Body"].read()
+    )
+    assert b"secret_marker" not in archived and b"sig_marker" not in archived
+    run("restore_raw_events", OLD_DAY.isoformat())
+    restored = RawEvent.objects.get(id=event.id)
+    assert raw_event_body(restored) == body and raw_event_headers(restored) == headers
