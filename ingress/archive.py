@@ -16,8 +16,9 @@ ISO 8601). Bodies (and headers) encrypted at rest are archived as the stored cip
 with their `body_encryption` key id, not decrypted: the archive is one more place with its
 own access rules, and it must not hold readable payloads the database does not; the restore
 then puts back exactly the row that was dropped, and reads go through ingress.payloads
-(raw_event_body, raw_event_headers) as for any row. The price: a key may leave RAW_EVENT_ENCRYPTION_KEYS only when no archive
-still needs it — the manifest lists the key ids its events use.
+(raw_event_body, raw_event_headers) as for any row. The price: a key may leave
+RAW_EVENT_ENCRYPTION_KEYS only when no archive still needs it — the manifest lists the key
+ids its events use.
 
 `restore_archived_events` reads a day back (all of it, or by source, event type and time
 window) into the store with origin `restored`: never settled or delivered on its own (the
