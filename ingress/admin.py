@@ -753,9 +753,9 @@ class DeliveryAdmin(OperatorAdmin):
         "id",
         "event_link",
         "handler",
-        "status",
+        "status_badge",
         "attempts",
-        "next_attempt_at",
+        "next_attempt",
         "created_at",
         "finished_at",
         "short_error",
@@ -771,14 +771,15 @@ class DeliveryAdmin(OperatorAdmin):
         "handler",
         "status",
         "attempts",
-        "next_attempt_at",
+        "next_attempt",
         "claimed_at",
         "created_at",
         "updated_at",
         "finished_at",
         "last_error",
     )
-    readonly_fields = (*fields, "last_error_without_message")
+    readonly_fields = (*fields, "last_error_without_message", "status_badge")
+    change_list_template = "console/admin/change_list.html"
 
     def get_list_display(self, request):
         return _without_messages(
@@ -795,6 +796,19 @@ class DeliveryAdmin(OperatorAdmin):
         if term.isdigit() and len(term) < 19:
             return queryset.filter(raw_event_id=int(term)), False
         return queryset.filter(handler=term), False
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Delivery) -> str:
+        return status_badge(obj.status)
+
+    @admin.display(description="next attempt", ordering="next_attempt_at")
+    def next_attempt(self, obj: Delivery) -> str:
+        # next_attempt_at keeps its last value on done and dead rows, which have none.
+        if obj.status == DeliveryStatus.PENDING:
+            return format_time(obj.next_attempt_at, timezone.now())
+        if obj.status == DeliveryStatus.DEAD:
+            return "none: dead (fix the cause, then Replay its event)"
+        return f"none: {obj.status}"
 
     @admin.display(description="raw event", ordering="raw_event_id")
     def event_link(self, obj: Delivery) -> str:

@@ -178,3 +178,21 @@ def test_the_recap_page_shows_no_next_attempt_for_its_dead_render(admin_client, 
     assert cell is not None
     assert "none: dead" in cell.group(1)
     assert not re.search(r"\d\d:\d\d:\d\d", cell.group(1))
+
+
+def test_a_dead_delivery_shows_no_next_attempt_and_says_what_to_do(
+    admin_client, push_handler, settings
+):
+    settings.DELIVERY_MAX_ATTEMPTS = 1
+    push_handler.fail_with = RuntimeError("handler broke")
+    raw = receive_github(Client(), delivery="dies-too")
+    inbox_run_once()
+    delivery = Delivery.objects.get(raw_event=raw)
+    page = admin_client.get(
+        reverse("admin:ingress_delivery_change", args=[delivery.pk])
+    ).content.decode()
+    field = re.search(r'<div class="form-row field-next_attempt">.*?</div>\s*</div>', page, re.S)
+    assert field is not None
+    assert "none: dead (fix the cause, then Replay its event)" in field.group(0)
+    listing = admin_client.get(reverse("admin:ingress_delivery_changelist")).content.decode()
+    assert 'class="console-badge console-tone-bad">dead' in listing
