@@ -181,3 +181,65 @@ class PayloadAccess(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} by {self.actor_username}"
+
+
+# The receive view's ACK histogram buckets (ingress.views.ACK_SECONDS), one column each, as
+# (upper bound in seconds, column). A test holds the two in step; a changed bucket is a
+# migration.
+ACK_ROLLUP_BUCKETS: tuple[tuple[float, str], ...] = (
+    (0.001, "le_1ms"),
+    (0.0025, "le_2_5ms"),
+    (0.005, "le_5ms"),
+    (0.01, "le_10ms"),
+    (0.025, "le_25ms"),
+    (0.05, "le_50ms"),
+    (0.1, "le_100ms"),
+    (0.125, "le_125ms"),
+    (0.25, "le_250ms"),
+    (0.5, "le_500ms"),
+    (1.0, "le_1s"),
+    (2.5, "le_2_5s"),
+    (5.0, "le_5s"),
+    (10.0, "le_10s"),
+    (float("inf"), "le_inf"),
+)
+
+
+class AckLatencyHour(models.Model):
+    """ACKs of one source in one clock hour, counted per histogram bucket (not cumulative).
+
+    Every web process adds what its histogram counted since its last flush
+    (console/ack_rollup.py, INSERT … ON CONFLICT DO UPDATE adding), so rows sum over
+    processes and hosts; the ops page charts p99 per hour from them. Kept 48 h.
+    """
+
+    source = models.CharField(max_length=64)
+    hour = models.DateTimeField()
+    le_1ms = models.BigIntegerField(default=0)
+    le_2_5ms = models.BigIntegerField(default=0)
+    le_5ms = models.BigIntegerField(default=0)
+    le_10ms = models.BigIntegerField(default=0)
+    le_25ms = models.BigIntegerField(default=0)
+    le_50ms = models.BigIntegerField(default=0)
+    le_100ms = models.BigIntegerField(default=0)
+    le_125ms = models.BigIntegerField(default=0)
+    le_250ms = models.BigIntegerField(default=0)
+    le_500ms = models.BigIntegerField(default=0)
+    le_1s = models.BigIntegerField(default=0)
+    le_2_5s = models.BigIntegerField(default=0)
+    le_5s = models.BigIntegerField(default=0)
+    le_10s = models.BigIntegerField(default=0)
+    le_inf = models.BigIntegerField(default=0)
+
+    class Meta:
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(fields=["source", "hour"], name="acklatencyhour_source_hour")
+        ]
+        indexes = [models.Index(fields=["hour"], name="acklatencyhour_hour")]
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.hour:%Y-%m-%d %H:00}"
+
+    def bucket_counts(self) -> list[int]:
+        return [getattr(self, column) for _, column in ACK_ROLLUP_BUCKETS]

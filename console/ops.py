@@ -16,6 +16,7 @@ The charts (the last 24 h per hour) are one GROUP BY date_trunc('hour') per figu
 same kind of closed window, so they prune as the figures do.
 """
 
+import itertools
 import math
 import os
 from collections import defaultdict
@@ -32,6 +33,7 @@ from django.db.models.functions import Coalesce, Trunc
 from django.utils import timezone
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from console.models import ACK_ROLLUP_BUCKETS, AckLatencyHour
 from console.presentation import format_seconds
 from ingress.models import (
     Delivery,
@@ -653,3 +655,26 @@ def hourly_dead(*, now: datetime) -> HourlySeries:
             for name in ("dead deliveries", "dead side effects")
         },
     )
+
+
+def hourly_ack_p99(*, now: datetime) -> HourlySeries:
+    """ACK p99 per hour per source, from the web processes' roll-up (console/ack_rollup.py):
+    the buckets of each (source, hour) row through histogram_quantile, as the running ACK
+    p99 figure and Prometheus compute it. One indexed read of at most 24 rows per source."""
+    hours = chart_hours(now=now)
+    start, end = _hour_window(now)
+    bounds = [bound for bound, _ in ACK_ROLLUP_BUCKETS]
+    pairs = []
+    for row in AckLatencyHour.objects.filter(hour__gte=start, hour__lte=end):
+        cumulative = list(itertools.accumulate(row.bucket_counts()))
+        pairs.append(
+            (
+                row.hour,
+                row.source,
+                histogram_quantile(ACK_PERCENTILE, list(zip(bounds, cumulative, strict=True))),
+            )
+        )
+    series = _by_hour(hours, pairs)
+    for name in all_sources():
+        series.setdefault(name, [None] * len(hours))
+    return HourlySeries(hours=hours, series=dict(sorted(series.items())))

@@ -29,6 +29,7 @@ from console.ops import (
     VIEW_OPS_PERMISSION,
     YELLOW_FRACTION,
     HourlySeries,
+    hourly_ack_p99,
     hourly_dead,
     hourly_lags,
     hourly_volume,
@@ -75,7 +76,23 @@ def ops_charts(*, now: datetime, volume: HourlySeries | None = None) -> list[cha
     rejected = series.pop("rejected (all sources)")
     lags = hourly_lags(now=now)
     dead = hourly_dead(now=now)
+    ack = hourly_ack_p99(now=now)
+    ack_slo = SLOS["ack_p99"]
     return [
+        charts.lines(
+            key="ack",
+            title="ACK latency p99 per hour, by source",
+            hours=ack.hours,
+            series=ack.series,
+            fmt=format_seconds,
+            red_lines={f"{ack_slo.label}: red from {ack_slo.display_red}": ack_slo.red_at},
+            note=(
+                "From the web processes' histogram buckets, added up per hour every "
+                "ACK_ROLLUP_FLUSH_SECONDS: the p99 is interpolated inside the bucket that holds "
+                "the 99th percentile, as Prometheus' histogram_quantile does, so the true value "
+                "lies within that bucket's bounds (…, 125 ms, 250 ms, 500 ms, …)."
+            ),
+        ),
         charts.stacked_bars(
             key="volume",
             title="Events received per hour, by source",

@@ -25,7 +25,9 @@ Settings come from the environment: `PORT` (8000), `WEB_BIND` or `HOST` (127.0.0
 every interface is a deployment decision, not a default), `WEB_CONCURRENCY` (processes, 2),
 `WEB_THREADS` (Django threads per process, 4: also the database connections per process),
 `WEB_HEADER_READ_TIMEOUT_SECONDS` (5) and `WEB_MAX_HEADER_BYTES` (64 KiB: granian answers 431
-past it; the receive view bounds each source lower, `max_header_bytes`).
+past it; the receive view bounds each source lower, `max_header_bytes`) and
+`ACK_ROLLUP_FLUSH_SECONDS` (60; 0 turns it off): how often each process adds what its ACK
+histogram counted to the database for the ops page's ACK p99 chart (console/ack_rollup.py).
 """
 
 import asyncio
@@ -46,12 +48,15 @@ class WebServerConfig:
     threads: int
     header_read_timeout_seconds: float
     max_header_bytes: int
+    ack_rollup_flush_seconds: float = 60
 
     def __post_init__(self) -> None:
         if self.processes < 1 or self.threads < 1:
             raise ValueError("WEB_CONCURRENCY and WEB_THREADS must be at least 1")
         if not 0 < self.header_read_timeout_seconds <= 60:  # granian's range, in ms
             raise ValueError("WEB_HEADER_READ_TIMEOUT_SECONDS must be above 0 and at most 60")
+        if self.ack_rollup_flush_seconds < 0:
+            raise ValueError("ACK_ROLLUP_FLUSH_SECONDS must be 0 (off) or above")
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> "WebServerConfig":
@@ -65,6 +70,7 @@ class WebServerConfig:
             # granian's HTTP/1 read buffer, which the request line and headers must fit in
             # (its minimum is 8 KiB).
             max_header_bytes=max(8192, int(env.get("WEB_MAX_HEADER_BYTES") or 64 * 1024)),
+            ack_rollup_flush_seconds=float(env.get("ACK_ROLLUP_FLUSH_SECONDS") or 60),
         )
 
 
@@ -260,6 +266,8 @@ def application():
         return django_app(environ, start_response)
 
     config = WebServerConfig.from_environ()
+    if config.ack_rollup_flush_seconds:
+        _start_ack_rollup(config.ack_rollup_flush_seconds)
     largest_source_limit = max(
         (source.max_body_bytes for source in all_sources().values()), default=0
     )
@@ -270,6 +278,14 @@ def application():
             max_body_bytes=max(largest_source_limit, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0),
         )
     )
+
+
+def _start_ack_rollup(interval_seconds: float) -> None:
+    # One per worker process (granian calls the factory in each): its own histogram's deltas.
+    from console.ack_rollup import AckRollup, AckRollupFlusher
+    from ingress.views import ACK_SECONDS
+
+    AckRollupFlusher(AckRollup(ACK_SECONDS), interval_seconds=interval_seconds).start()
 
 
 def _empty_prometheus_multiproc_dir() -> None:
