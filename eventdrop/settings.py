@@ -179,8 +179,17 @@ def _database(url: str) -> dict:
     return database
 
 
+# A process may connect as its kind's own role (`manage.py db_roles`, docs/security.md):
+# EVENTDROP_PROCESS=web reads DATABASE_URL_WEB, and so on; without one, DATABASE_URL.
+PROCESS_KIND = os.environ.get("EVENTDROP_PROCESS", "").strip().lower()
+PROCESS_DATABASE_URL = (
+    os.environ.get(f"DATABASE_URL_{PROCESS_KIND.upper()}", "") if PROCESS_KIND else ""
+)
 DATABASES = {
-    "default": _database(os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"))
+    "default": _database(
+        PROCESS_DATABASE_URL
+        or os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}")
+    )
 }
 # A streaming replica for what only reads (eventdrop/routers.py decides what may): the
 # console's lists and searches, the ops page, /metrics, the API's list endpoints. It is
@@ -247,7 +256,14 @@ SILENCED_SYSTEM_CHECKS = [
 # <prefix><kind>. A process connecting as the inbox or worker role runs webhook handlers as
 # DATABASE_HANDLER_ROLE (e.g. eventdrop_handler); unset, handlers run as the process's role.
 DATABASE_ROLE_PREFIX = os.environ.get("DATABASE_ROLE_PREFIX", "eventdrop_")
-DATABASE_HANDLER_ROLE = os.environ.get("DATABASE_HANDLER_ROLE", "")
+DATABASE_HANDLER_ROLE = os.environ.get(
+    "DATABASE_HANDLER_ROLE",
+    # The inbox and worker roles cannot write business tables themselves: when they connect
+    # as their own role, handlers must switch, or every delivery would fail until dead.
+    f"{DATABASE_ROLE_PREFIX}handler"
+    if PROCESS_DATABASE_URL and PROCESS_KIND in ("inbox", "worker")
+    else "",
+)
 
 LOGIN_URL = "/admin/login/"
 
