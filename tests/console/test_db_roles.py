@@ -356,10 +356,19 @@ def test_the_processes_run_as_their_roles(committed_roles, tmp_path):
     def url(kind: str) -> str:
         return f"postgres://{role_name(kind, committed_roles)}@{host}:{port}/{name}"
 
-    web_port = free_port()
-    web = start_procfile(
-        "web", app_env(url("web"), WEB_CONCURRENCY="1"), port=web_port, log=tmp_path / "web.log"
+    # Every process gets the owner's DATABASE_URL too, as on a platform whose config is
+    # shared: EVENTDROP_PROCESS picks the role's URL over it.
+    owner = f"postgres://postgres@{host}:{port}/{name}"
+    roles_env = {"DATABASE_ROLE_PREFIX": committed_roles}
+    web_env = app_env(
+        owner,
+        EVENTDROP_PROCESS="web",
+        DATABASE_URL_WEB=url("web"),
+        WEB_CONCURRENCY="1",
+        **roles_env,
     )
+    web_port = free_port()
+    web = start_procfile("web", web_env, port=web_port, log=tmp_path / "web.log")
     try:
         web.wait_listening(web_port, timeout=30)
         body = b'{"ref": "refs/heads/main"}'
@@ -384,7 +393,49 @@ def test_the_processes_run_as_their_roles(committed_roles, tmp_path):
         conn.close()
     finally:
         web.stop()
-    inbox_env = app_env(url("inbox"), DATABASE_HANDLER_ROLE=role_name("handler", committed_roles))
+    inbox_env = app_env(
+        owner, EVENTDROP_PROCESS="inbox", DATABASE_URL_INBOX=url("inbox"), **roles_env
+    )
     manage("process_inbox", "--once", env=inbox_env)
     event = RawEvent.objects.get(delivery_id="as-roles")
     assert event.signature_status == "verified" and bytes(event.body) == body
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("environment", "user", "handler_role"),
+    [
+        ({}, "owner", ""),
+        ({"EVENTDROP_PROCESS": "web"}, "owner", ""),  # no DATABASE_URL_WEB: one URL for all
+        ({"EVENTDROP_PROCESS": "web", "DATABASE_URL_WEB": "x_web"}, "x_web", ""),
+        ({"EVENTDROP_PROCESS": "inbox", "DATABASE_URL_INBOX": "x_inbox"}, "x_inbox", "x_handler"),
+        ({"EVENTDROP_PROCESS": "worker", "DATABASE_URL_WORKER": "x_w"}, "x_w", "x_handler"),
+        (
+            {
+                "EVENTDROP_PROCESS": "inbox",
+                "DATABASE_URL_INBOX": "x_inbox",
+                "DATABASE_HANDLER_ROLE": "custom",
+            },
+            "x_inbox",
+            "custom",
+        ),
+    ],
+    ids=["make-run", "web-no-url", "web", "inbox", "worker", "inbox-own-handler-role"],
+)
+def test_each_process_kind_picks_its_url(environment, user, handler_role):
+    """The settings, in a subprocess as a process would load them (about 2 s each)."""
+    from tests.support.processes import app_env, manage
+
+    def pg(name: str) -> str:
+        return f"postgres://{name}@127.0.0.1:5432/eventdrop"
+
+    env = app_env(pg("owner"), DATABASE_ROLE_PREFIX="x_")
+    env.update({k: pg(v) if k.startswith("DATABASE_URL_") else v for k, v in environment.items()})
+    shown = manage(
+        "shell",
+        "-c",
+        "from django.conf import settings as s; "
+        "print(s.DATABASES['default']['USER'], repr(s.DATABASE_HANDLER_ROLE))",
+        env=env,
+    ).stdout.split()
+    assert shown[-2:] == [user, repr(handler_role)]
