@@ -80,6 +80,8 @@ ROLES: tuple[RoleSpec, ...] = (
             Grant(("ingress.RawEvent",), ("INSERT",)),
             # INSERT … RETURNING needs SELECT on the returned columns, and only on them.
             Grant(("ingress.RawEvent",), ("SELECT",), returning=True),
+            # The ACK roll-up its flusher thread adds to and prunes (console/ack_rollup.py).
+            Grant(("console.AckLatencyHour",), ALL),
         ),
     ),
     RoleSpec(

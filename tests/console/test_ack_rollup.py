@@ -11,6 +11,7 @@ import re
 import threading
 import time
 import urllib.request
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -230,3 +231,27 @@ def test_a_real_web_server_writes_the_roll_up_and_the_ops_page_charts_it(
     current = datetime.now(UTC).strftime("%H:00")
     assert points and points[-1][0] in {current, rows[-1].hour.strftime("%H:00")}
     assert "histogram_quantile" in page
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_flusher_adds_and_prunes_as_the_web_role(settings):
+    if connection.vendor != "postgresql":
+        pytest.skip("database roles are PostgreSQL's")
+    from eventdrop.db_roles import db_roles_apply, role_name
+
+    settings.DATABASE_ROLE_PREFIX = prefix = f"edtest_{uuid.uuid4().hex[:6]}_"
+    db_roles_apply()
+    AckLatencyHour.objects.create(source="stripe", hour=HOUR_10 - timedelta(hours=49), le_inf=1)
+    h = histogram()
+    h.labels(source="stripe").observe(0.003)
+    with connection.cursor() as cursor:
+        cursor.execute(f'SET ROLE "{role_name("web", prefix)}"')
+    try:
+        assert AckRollup(h).flush(now=NOW) is True
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+    assert [(row.hour, row.bucket_counts()) for row in AckLatencyHour.objects.all()] == [
+        (HOUR_10, counts(le_5ms=1))
+    ]
