@@ -47,7 +47,15 @@ from django.utils import timezone
 from eventdrop.db_roles import handler_role
 from eventdrop.errors import EventDropError
 from eventdrop.logformat import raised_at
-from eventdrop.retry import RetryPolicy
+from eventdrop.retry import (
+    Action,
+    Disposition,
+    Failure,
+    RetryPolicy,
+    RetryStrategy,
+    classify,
+    fenced,
+)
 from ingress.encryption import keyring
 from ingress.handlers import PermanentHandlerError, get_handler, handlers_for
 from ingress.models import (
@@ -62,7 +70,6 @@ from ingress.models import (
     SignatureStatus,
 )
 from ingress.payloads import (
-    UnparseablePayload,
     holds_unstorable_text,
     parse_payload,
     raw_event_body,
@@ -101,6 +108,11 @@ def delivery_retry_policy() -> RetryPolicy:
         base_seconds=settings.DELIVERY_BACKOFF_BASE_SECONDS,
         cap_seconds=settings.DELIVERY_BACKOFF_CAP_SECONDS,
     )
+
+
+def delivery_retry_strategy() -> RetryStrategy:
+    """The project's one retry decision (eventdrop/retry.py), with the delivery settings."""
+    return RetryStrategy(policy=delivery_retry_policy())
 
 
 # --- 1. verify, dedup, fan out -------------------------------------------------------------
@@ -364,12 +376,13 @@ class _Claimed:
     handler: str
     attempts: int  # this one included, since the delivery was last armed
     number: int  # lifetime attempt number, for the history
+    claimed_at: datetime  # with attempts, the fence of every outcome recorded for it
 
 
 @dataclass(frozen=True)
 class _Failure:
     claimed: _Claimed
-    outcome: str
+    failure: Failure  # eventdrop.retry.classify: the one classification table
     error: str
     started: datetime
 
@@ -390,7 +403,7 @@ def _claim_due_deliveries(limit: int, now: datetime) -> list[_Claimed]:
                 total_attempts=F("total_attempts") + 1,
             )
     return [
-        _Claimed(id, event_id, handler, attempts + 1, total + 1)
+        _Claimed(id, event_id, handler, attempts + 1, total + 1, now)
         for id, event_id, handler, attempts, total in due
     ]
 
@@ -420,26 +433,43 @@ def _call_handler(claimed: _Claimed, events: dict[int, RawEvent]) -> None:
 
 
 def _record_failure(failure: _Failure) -> None:
-    claimed, outcome = failure.claimed, failure.outcome
+    claimed = failure.claimed
     # A handler's message may hold a NUL or a lone surrogate: recording it must not fail.
     error = storable_text(failure.error)[:4000]
-    policy = delivery_retry_policy()
     now = timezone.now()
-    if outcome == DeliveryAttempt.Outcome.TRANSIENT and policy.gives_up_after(claimed.attempts):
-        outcome = DeliveryAttempt.Outcome.DEAD
+    decision = delivery_retry_strategy().decide(
+        failure.failure, attempts=claimed.attempts, now=now
+    )
+    # Fenced on (claimed_at, attempts): a worker whose delivery was re-armed as stale and
+    # claimed again meanwhile cannot overwrite the newer run.
+    row = fenced(
+        Delivery.objects.filter(id=claimed.id),
+        claimed_at=claimed.claimed_at,
+        attempts=claimed.attempts,
+        processing=DeliveryStatus.PROCESSING,
+    )
     with transaction.atomic():
-        if outcome == DeliveryAttempt.Outcome.TRANSIENT:
-            Delivery.objects.filter(id=claimed.id).update(
+        if decision.action == Action.GIVE_UP:
+            permanent = failure.failure.disposition == Disposition.PERMANENT
+            outcome = (
+                DeliveryAttempt.Outcome.PERMANENT if permanent else DeliveryAttempt.Outcome.DEAD
+            )
+            updated = row.update(status=DeliveryStatus.DEAD, finished_at=now, last_error=error)
+            if updated:
+                _mark_events_handled({claimed.raw_event_id}, now)
+        else:
+            outcome = DeliveryAttempt.Outcome.TRANSIENT
+            updated = row.update(
                 status=DeliveryStatus.PENDING,
-                next_attempt_at=now + timedelta(seconds=policy.delay(claimed.attempts)),
+                next_attempt_at=decision.retry_at,
                 claimed_at=None,
                 last_error=error,
+                # Released (not the delivery's fault): the attempt is given back.
+                **({} if decision.charged else {"attempts": F("attempts") - 1}),
             )
-        else:
-            Delivery.objects.filter(id=claimed.id).update(
-                status=DeliveryStatus.DEAD, finished_at=now, last_error=error
-            )
-            _mark_events_handled({claimed.raw_event_id}, now)
+        if not updated:
+            logger.warning("ingress.deliver.lost_claim", extra={"delivery_id": claimed.id})
+            return
         DeliveryAttempt.objects.create(
             delivery_id=claimed.id,
             number=claimed.number,
@@ -496,8 +526,7 @@ def deliveries_run_due(*, limit: int | None = None, now: datetime | None = None)
             except DATABASE_UNAVAILABLE:
                 raise
             except Exception as exc:
-                outcome = DeliveryAttempt.Outcome.TRANSIENT
-                failures.append(_Failure(item, outcome, _describe(exc), started))
+                failures.append(_Failure(item, classify(exc), _describe(exc), started))
     for failure in failures:
         try:
             _record_failure(failure)
@@ -550,19 +579,13 @@ def _run_claimed(claimed: list[_Claimed], events: dict[int, RawEvent]) -> list[_
             try:
                 with transaction.atomic():
                     _call_handler(item, events)
-            except (PermanentHandlerError, UnparseablePayload) as exc:
-                failures.append(
-                    _Failure(item, DeliveryAttempt.Outcome.PERMANENT, _describe(exc), started)
-                )
-                continue
             except Exception as exc:
-                # Unclassified handler errors are retried: a handler only sees verified
-                # events, and a bug fixed by the next deploy should not have killed the event
-                # meanwhile. Giving up stays bounded by max_attempts, and dead deliveries can
-                # be re-armed from the console.
-                failures.append(
-                    _Failure(item, DeliveryAttempt.Outcome.TRANSIENT, _describe(exc), started)
-                )
+                # eventdrop.retry.classify, the table the outbox uses too: PermanentHandlerError
+                # and an unparseable body are permanent; our database's errors and anything
+                # unclassified are retried (a handler only sees verified events, and a bug
+                # fixed by the next deploy should not have killed the event meanwhile),
+                # bounded by max_attempts; dead deliveries can be re-armed from the console.
+                failures.append(_Failure(item, classify(exc), _describe(exc), started))
                 continue
             attempts.append(
                 DeliveryAttempt(
