@@ -127,12 +127,12 @@ def test_a_line_chart_leaves_a_gap_for_an_hour_without_data_and_draws_the_red_li
     assert 'class="ops-red-line"' in svg and "red from 60 s" in svg
 
 
-def test_the_ops_page_shows_the_four_charts(client, django_user_model):
+def test_the_ops_page_shows_the_five_charts(client, django_user_model):
     viewer = django_user_model.objects.create_user("ops", is_staff=True)
     client.force_login(grant(viewer, "console.view_ops"))
     RawEvent.objects.bulk_create([raw_event(datetime.now(UTC), ago=timedelta(minutes=1))])
     page = client.get("/ops/").content.decode()
-    for key in ("volume", "rejected", "lags", "dead"):
+    for key in ("ack", "volume", "rejected", "lags", "dead"):
         assert f'id="chart-{key}"' in page
     assert "DESIGN.md" not in page
     assert 'class="ops-bar"' in page
