@@ -13,7 +13,7 @@ partition directly (partition maintenance is DDL, the owner's job).
 
 The kinds:
 - web — the receive path: one INSERT into the raw store, reading back the new id and nothing
-  else (not a body, not a recap, not a user).
+  else (not a body, not a recap, not a user); and its own ACK latency roll-up.
 - inbox — verify, dedup, write deliveries. It runs handlers as `handler` (SET LOCAL ROLE
   around each call: handler_role() below, used by ingress/inbox.py) and does not inherit
   that role's privileges itself: the verifier cannot change a recap.

@@ -17,6 +17,7 @@ import pytest
 from django.db import ProgrammingError, connection, transaction
 from django.utils import timezone
 
+from console.ack_rollup import COLUMNS, ack_rollup_add
 from console.models import OperatorAction
 from eventdrop.db_roles import ROLES, db_roles_apply, role_name
 from ingress.models import Delivery, RawEvent
@@ -96,11 +97,14 @@ ACTIONS = {
     "make a superuser": sql("UPDATE auth_user SET is_superuser = true"),
     "record an operator action": lambda: OperatorAction.objects.update(note="x"),
     "create a table": sql("CREATE TABLE roles_probe (id int)"),
+    "roll up ACK latency": lambda: ack_rollup_add(
+        {("github", timezone.now().replace(minute=0, second=0, microsecond=0)): [1] * len(COLUMNS)}
+    ),
 }
 
 # kind → what it may do; everything else in ACTIONS must be refused.
 MAY = {
-    "web": {"store a raw event"},
+    "web": {"store a raw event", "roll up ACK latency"},
     "inbox": {"read raw bodies", "read raw headers", "change a raw event", "write a delivery"},
     "handler": {"read recaps", "change a recap", "change a side effect"},
     "worker": {
