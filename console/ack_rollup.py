@@ -21,6 +21,7 @@ another.
   next one.
 """
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -136,9 +137,11 @@ class AckRollup:
             self.take(now=now)
             with database_deadline(deadline_seconds):
                 self.write(dict(self.pending))
-                if self.pruned_at is None or now - self.pruned_at >= PRUNE_EVERY:
+            self.pending.clear()  # in the database now: never added twice
+            if self.pruned_at is None or now - self.pruned_at >= PRUNE_EVERY:
+                with database_deadline(deadline_seconds):
                     self.prune(now=now)
-                    self.pruned_at = now
+                self.pruned_at = now
         except Exception as error:  # any failure: keep the deltas, retry
             kind = type(error).__name__
             if kind not in self.failing:
@@ -154,7 +157,6 @@ class AckRollup:
                 "ACK roll-up flush succeeded again after %s", ", ".join(sorted(self.failing))
             )
             self.failing.clear()
-        self.pending.clear()
         return True
 
 
@@ -177,11 +179,13 @@ class AckRollupFlusher(threading.Thread):
             # by a burst of catch-up flushes (one flush takes it all anyway).
             next_at = max(next_at + self.interval_seconds, time.monotonic())
             try:
-                self.rollup.flush()
+                self.rollup.flush()  # catches and logs its own failures
             finally:
                 # The thread's own connection: closed after each flush, so a broken one is
-                # never reused and an idle one holds no server slot for a minute.
-                connection.close()
+                # never reused and an idle one holds no server slot for a minute. Closing a
+                # broken one may raise; that must not end the thread.
+                with contextlib.suppress(Exception):
+                    connection.close()
 
     def stop(self) -> None:
         self.stopped.set()

@@ -113,6 +113,23 @@ def test_each_ack_is_added_once_and_a_failed_flush_keeps_its_deltas(caplog):
     assert all("down" not in m for m in messages)
 
 
+def test_a_failed_prune_after_a_written_flush_adds_nothing_twice():
+    h = histogram()
+    writer = Recorder()
+    prunes = [OSError("prune failed")]
+
+    def prune(**_):
+        if prunes:
+            raise prunes.pop()
+        return 0
+
+    rollup = AckRollup(h, write=writer, prune=prune)
+    h.labels(source="stripe").observe(0.003)
+    assert rollup.flush(now=NOW) is False
+    assert rollup.flush(now=NOW) is True
+    assert writer.added == {("stripe", HOUR_10): counts(le_5ms=1)}
+
+
 def test_pending_rows_are_bounded_to_the_retention():
     h = histogram()
     rollup = AckRollup(h, write=Recorder(failures=[OSError()] * 100), prune=no_prune)
