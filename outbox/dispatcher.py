@@ -215,6 +215,8 @@ def dispatch_one(
                     "photos": photos,
                 },
                 deadline=deadline,
+                # Closed: the call is the evidence, a health check per row only costs time.
+                precheck=admission.probe,
             )
         finally:
             client.close()

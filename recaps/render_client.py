@@ -1,4 +1,5 @@
-"""The HTTP client for the render service: health precheck, then the render request; and
+"""The HTTP client for the render service: the render request (after a health precheck on the
+breaker's half-open probe); and
 the status of a render whose completion callback never arrived (GET /renders/<id>).
 
 Every call has three limits (CallLimits): a connect timeout, a read timeout (the longest
@@ -182,15 +183,27 @@ class RenderClient:
     # --- the operation the dispatcher performs --------------------------------------------
 
     def request_render(
-        self, *, idempotency_key: str, body: dict[str, Any], deadline: float
+        self,
+        *,
+        idempotency_key: str,
+        body: dict[str, Any],
+        deadline: float,
+        precheck: bool = True,
     ) -> RenderAccepted:
-        """Health precheck, then the render request (tried `attempts` times at most).
+        """Health precheck (if `precheck`), then the render request (tried `attempts` times
+        at most).
+
+        The dispatcher asks for the precheck only on the half-open probe: while the breaker
+        is closed the render request itself is the evidence, and a health call per row only
+        halved the throughput. On the probe, a service that says it is unhealthy (draining,
+        overloaded) is not sent the first render after an outage.
 
         `deadline` is a time.monotonic() value: nothing here runs past it, whatever the
         configured limits say, because the caller's budget is the one that counts.
         """
         self.config.require_configured()
-        self.check_health(deadline=deadline)
+        if precheck:
+            self.check_health(deadline=deadline)
         attempt = 0
         while True:
             attempt += 1

@@ -119,6 +119,32 @@ def test_a_closed_clean_breaker_costs_a_dispatch_no_query(django_assert_num_quer
             assert breaker.claim_limit(4, now=T0) == 4
 
 
+def test_health_is_prechecked_only_on_the_half_open_probe(fake_renderer, paid_recap, settings):
+    # Closed: the render request is the evidence; a health call per row halved throughput.
+    settings.RENDER_BREAKER_FAILURE_THRESHOLD = 3
+    for _ in range(3):
+        paid_recap()
+    report = dispatch_run(now=T0)
+    assert report.count(AttemptOutcome.DONE) == 3 and fake_renderer.health_checks == 0
+    # An outage opens it; after the cool-down the probe asks /health first. A service that
+    # says it is unhealthy gets no render: the probe fails there and it stays open.
+    fake_renderer.configure(mode="down")
+    for _ in range(4):
+        paid_recap()
+    assert dispatch_run(now=T0).breaker == "open"
+    fake_renderer.configure(mode="unhealthy")
+    posts = sum(fake_renderer.stats()["posts_by_key"].values())
+    report = dispatch_run(now=T0 + timedelta(hours=1))
+    assert report.breaker == "open" and fake_renderer.health_checks == 1
+    assert sum(fake_renderer.stats()["posts_by_key"].values()) == posts
+    # Healthy again: the next probe checks health once more, renders, and the rest go
+    # without a precheck.
+    fake_renderer.configure(mode="ok")
+    report = dispatch_run(now=T0 + timedelta(hours=2))
+    assert report.count(AttemptOutcome.DONE) == 4 and report.breaker == "closed"
+    assert fake_renderer.health_checks == 2
+
+
 def test_an_open_breaker_stops_the_dispatcher_without_spending_attempts(
     fake_renderer, paid_recap, settings
 ):
@@ -138,6 +164,7 @@ def test_an_open_breaker_stops_the_dispatcher_without_spending_attempts(
     health_checks = fake_renderer.health_checks
     report = dispatch_run(now=T0 + timedelta(seconds=30))
     assert report.claimed == 0 and fake_renderer.health_checks == health_checks
+    assert sum(fake_renderer.stats()["posts_by_key"].values()) == 0
     # After the cool-down, one real dispatch as the probe; it renders and the breaker
     # closes for the rest.
     fake_renderer.configure(mode="ok")

@@ -55,7 +55,8 @@ def test_one_run_dispatches_the_whole_backlog_not_one_recap(fake_renderer, paid_
 @pytest.mark.parametrize(
     ("mode", "error_class"),
     [
-        ("unhealthy", "health_red"),
+        # No health precheck while the breaker is closed: the render request answers 503.
+        ("unhealthy", "http_503"),
         ("down", "connection_error"),
         ("error_5xx", "http_500"),
         ("hang", "read_timeout"),
