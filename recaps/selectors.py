@@ -1,5 +1,6 @@
 """Reads about recaps (QuerySets or plain values; no writes)."""
 
+from collections.abc import Iterable
 from datetime import datetime
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -20,13 +21,28 @@ def recap_list_for_buyer(*, buyer: AbstractBaseUser) -> QuerySet[RecapVideo]:
     return RecapVideo.objects.filter(buyer=buyer).order_by("-created_at")
 
 
+def recaps_by_id(*, recap_ids: Iterable[object]) -> dict[object, RecapVideo]:
+    """Recaps (with their events) by id, in one query; ids not found are absent."""
+    return RecapVideo.objects.select_related("event").in_bulk(list(recap_ids))
+
+
+def photo_keys_by_event(*, event_ids: Iterable[int]) -> dict[int, list[str]]:
+    """The photos the render service cuts, per event, in the order they were taken (one
+    query for a dispatcher's whole claimed batch)."""
+    keys: dict[int, list[str]] = {}
+    rows = (
+        Photo.objects.filter(event_id__in=list(event_ids))
+        .order_by("event_id", "taken_at", "id")
+        .values_list("event_id", "storage_key")
+    )
+    for event_id, storage_key in rows:
+        keys.setdefault(event_id, []).append(storage_key)
+    return keys
+
+
 def event_photo_keys(*, event: Event) -> list[str]:
     """The photos the render service cuts, in the order they were taken."""
-    return list(
-        Photo.objects.filter(event=event)
-        .order_by("taken_at", "id")
-        .values_list("storage_key", flat=True)
-    )
+    return photo_keys_by_event(event_ids=[event.pk]).get(event.pk, [])
 
 
 def recaps_paid_without_side_effect(*, effect_type: str) -> QuerySet[RecapVideo]:

@@ -4,10 +4,12 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from outbox.dispatcher import dispatch_run
 from outbox.models import AttemptOutcome, RecapSideEffect
-from recaps.models import RecapStatus
+from recaps.models import Photo, RecapStatus, RecapVideo
 from recaps.render_client import RenderClient
 from tests.recaps.fixtures import T0
 
@@ -41,6 +43,25 @@ def test_accepted_render_marks_the_row_done_and_the_recap_rendering(fake_rendere
     render = fake_renderer.renders[side_effect.idempotency_key]
     assert render.recap_id == str(recap.id) and render.photos == 6
     assert outcomes(side_effect) == [AttemptOutcome.DONE]
+
+
+def test_recaps_and_photos_are_read_once_per_claimed_batch(fake_renderer, paid_recap):
+    # One slot runs inline (this thread's connection) and claims two rows per batch
+    # (its slot and one ahead): six rows are three batches, so three photo reads, not six.
+    pairs = [paid_recap() for _ in range(6)]
+    with CaptureQueriesContext(connection) as queries:
+        report = run(max_concurrency=1)
+    assert report.count(AttemptOutcome.DONE) == 6
+    selects = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
+    photo_table, recap_table = (
+        f'FROM "{Photo._meta.db_table}"',
+        f'FROM "{RecapVideo._meta.db_table}"',
+    )
+    assert sum(photo_table in sql for sql in selects) == 3
+    assert sum(recap_table in sql for sql in selects) == 3
+    for recap, side_effect in pairs:
+        assert fake_renderer.renders[side_effect.idempotency_key].recap_id == str(recap.id)
+        assert fake_renderer.renders[side_effect.idempotency_key].photos == 6
 
 
 def test_one_run_dispatches_the_whole_backlog_not_one_recap(fake_renderer, paid_recap):
