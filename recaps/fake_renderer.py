@@ -39,11 +39,13 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import requests
 from standardwebhooks.webhooks import Webhook
+
+from recaps.local_service import LocalHTTPService
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ class FakeRender:
         return self.outcome
 
 
-class FakeRenderer:
+class FakeRenderer(LocalHTTPService):
     def __init__(
         self,
         *,
@@ -96,8 +98,8 @@ class FakeRenderer:
             raise ValueError("sign with one secret, not a comma-separated list")
         self.secret = secret
         self.video_base_url = video_base_url.rstrip("/")
+        super().__init__(_Handler, port)
         self.lock = threading.Lock()
-        self.stopping = threading.Event()
         self.mode = "ok"
         self.delay = 5.0
         self.drip_interval = 0.2
@@ -116,47 +118,17 @@ class FakeRenderer:
         self.max_in_flight = 0
         self.callbacks_sent: list[tuple[str, str, int | None]] = []
         self._timers: list[threading.Timer] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
-        self._server.daemon_threads = True
-        self._server.fake = self  # type: ignore[attr-defined]
-        self._thread: threading.Thread | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    @property
-    def port(self) -> int:
-        return self._server.server_address[1]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "FakeRenderer":
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        self._server.serve_forever(poll_interval=0.2)
-
     def stop(self) -> None:
+        # Pending callbacks are cancelled, not sent into a server that is going away.
         self.stopping.set()
         with self.lock:
             timers, self._timers = self._timers, []
         for timer in timers:
             timer.cancel()
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> "FakeRenderer":
-        return self.start()
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
+        super().stop()
 
     # --- control -----------------------------------------------------------------------------
 

@@ -30,12 +30,14 @@ import threading
 import time
 import uuid
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import requests
 import stripe
+
+from recaps.local_service import LocalHTTPService
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +46,13 @@ _WEBHOOK_ATTEMPTS = 3
 _WEBHOOK_TIMEOUT = (2, 5)  # connect, read: a stuck ingress costs at most 3 x 7 s + waits
 
 
-class FakeStripe:
+class FakeStripe(LocalHTTPService):
     def __init__(self, *, port: int = 0, webhook_url: str = "", webhook_secret: str = ""):
         if "," in webhook_secret:
             # STRIPE_WEBHOOK_SECRET lists several secrets during a rotation; Stripe signs
             # with one of them (the current one), never with the list.
             raise ValueError("sign with one secret, not a comma-separated list")
+        super().__init__(_Handler, port)
         self.webhook_url = webhook_url
         self.webhook_secret = webhook_secret
         self.mode = "ok"
@@ -61,45 +64,6 @@ class FakeStripe:
         self.events: list[dict] = []  # what GET /v1/events lists
         self.list_lock = threading.Lock()
         self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
-        self._server.daemon_threads = True
-        self._server.fake = self  # type: ignore[attr-defined]
-        self._thread: threading.Thread | None = None
-
-    # --- lifecycle ---------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        return self._server.server_address[1]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "FakeStripe":
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        self._server.serve_forever(poll_interval=0.2)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        if self._thread is not None:
-            self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def __enter__(self) -> "FakeStripe":
-        return self.start()
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
 
     # --- behaviour ---------------------------------------------------------------------------
 

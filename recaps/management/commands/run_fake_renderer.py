@@ -50,11 +50,5 @@ class Command(BaseCommand):
         )
         fake.configure(mode=mode, delay=delay)
         self.stdout.write(f"fake render service on {fake.url} (mode {mode}); Ctrl-C to stop")
-        try:
-            fake.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            fake.stopping.set()
-            fake._server.server_close()
-            self.stdout.write("fake render service stopped")
+        fake.serve_until_interrupted()
+        self.stdout.write("fake render service stopped")

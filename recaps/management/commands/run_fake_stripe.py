@@ -52,11 +52,5 @@ class Command(BaseCommand):
                 f"note: STRIPE_API_BASE is {settings.STRIPE_API_BASE}, not this fake ({fake.url})"
             )
         self.stdout.write(f"fake Stripe on {fake.url}, webhooks to {webhook_url}; Ctrl-C to stop")
-        try:
-            fake.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            fake.stopping.set()
-            fake._server.server_close()
-            self.stdout.write("fake Stripe stopped")
+        fake.serve_until_interrupted()
+        self.stdout.write("fake Stripe stopped")
