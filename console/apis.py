@@ -12,6 +12,7 @@ its credentials.
 """
 
 import logging
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -319,19 +320,6 @@ def _operator_action_response(record: OperatorAction) -> Response:
     return Response(OperatorActionOutputSerializer(record).data)
 
 
-def _run_action(
-    request: Request, run, input_serializer: type[serializers.Serializer] = IdsInputSerializer
-) -> Response:
-    serializer = input_serializer(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    try:
-        record = run(**serializer.validated_data)
-    except OperatorActionError as exc:
-        # Unknown ids, too many, none: nothing was done and nothing recorded.
-        raise serializers.ValidationError({"ids": [str(exc)]}) from exc
-    return _operator_action_response(record)
-
-
 class RawEventListApi(ConsoleApi):
     required_permission = "ingress.view_rawevent"
 
@@ -419,66 +407,52 @@ class RawEventDetailApi(ConsoleApi):
         return Response(data)
 
 
-class RawEventReplayApi(ConsoleApi):
+class OperatorActionApi(ConsoleApi):
+    """POST {"ids": [...], ...}: one operator action, run and recorded by its service."""
+
     required_permission = "console.operate"
+    input_serializer: type[serializers.Serializer] = IdsInputSerializer
+    service: Callable[..., OperatorAction]
+    ids_argument: str  # what the service calls the ids
 
     def post(self, request: Request) -> Response:
-        return _run_action(
-            request,
-            lambda ids: raw_events_replay(
-                actor=request.user, raw_event_ids=ids, via=OperatorActionVia.API
-            ),
-        )
+        serializer = self.input_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        arguments = dict(serializer.validated_data)
+        arguments[self.ids_argument] = arguments.pop("ids")
+        try:
+            record = self.service(actor=request.user, via=OperatorActionVia.API, **arguments)
+        except OperatorActionError as exc:
+            # Unknown ids, too many, none: nothing was done and nothing recorded.
+            raise serializers.ValidationError({"ids": [str(exc)]}) from exc
+        return _operator_action_response(record)
 
 
-class RawEventReverifyApi(ConsoleApi):
-    required_permission = "console.operate"
-
-    def post(self, request: Request) -> Response:
-        return _run_action(
-            request,
-            lambda ids: raw_events_reverify(
-                actor=request.user, raw_event_ids=ids, via=OperatorActionVia.API
-            ),
-        )
+class RawEventReplayApi(OperatorActionApi):
+    service = staticmethod(raw_events_replay)
+    ids_argument = "raw_event_ids"
 
 
-class SideEffectRearmApi(ConsoleApi):
-    required_permission = "console.operate"
-
-    def post(self, request: Request) -> Response:
-        return _run_action(
-            request,
-            lambda ids: side_effects_rearm(
-                actor=request.user, side_effect_ids=ids, via=OperatorActionVia.API
-            ),
-        )
+class RawEventReverifyApi(OperatorActionApi):
+    service = staticmethod(raw_events_reverify)
+    ids_argument = "raw_event_ids"
 
 
-class SideEffectMarkDeadApi(ConsoleApi):
-    required_permission = "console.operate"
-
-    def post(self, request: Request) -> Response:
-        return _run_action(
-            request,
-            lambda ids, reason: side_effects_mark_dead(
-                actor=request.user, side_effect_ids=ids, reason=reason, via=OperatorActionVia.API
-            ),
-            MarkDeadInputSerializer,
-        )
+class SideEffectRearmApi(OperatorActionApi):
+    service = staticmethod(side_effects_rearm)
+    ids_argument = "side_effect_ids"
 
 
-class RecapRetryRenderApi(ConsoleApi):
-    required_permission = "console.operate"
+class SideEffectMarkDeadApi(OperatorActionApi):
+    input_serializer = MarkDeadInputSerializer
+    service = staticmethod(side_effects_mark_dead)
+    ids_argument = "side_effect_ids"
 
-    def post(self, request: Request) -> Response:
-        return _run_action(
-            request,
-            lambda ids: recaps_retry_render(
-                actor=request.user, recap_ids=ids, via=OperatorActionVia.API
-            ),
-            RecapIdsInputSerializer,
-        )
+
+class RecapRetryRenderApi(OperatorActionApi):
+    input_serializer = RecapIdsInputSerializer
+    service = staticmethod(recaps_retry_render)
+    ids_argument = "recap_ids"
 
 
 class QueueDepthsApi(ConsoleApi):
