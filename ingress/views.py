@@ -103,20 +103,20 @@ def _read_body(request: HttpRequest, limit: int) -> bytes:
     stream = request if request.META.get("CONTENT_LENGTH") else request.META["wsgi.input"]
     chunks: list[bytes] = []
     total = 0
-    try:
-        while chunk := stream.read(_READ_CHUNK):
-            total += len(chunk)
-            if total > limit:
-                raise _BodyTooLarge
-            chunks.append(chunk)
-    except _BodyTooLarge:
-        raise
-    except Exception as exc:
-        # Whatever the server's reader raises (gunicorn: InvalidChunkSize, NoMoreData,
-        # ChunkMissingTerminator; a reset socket: OSError), the body it was reading is not
-        # one we can store: the client's framing is at fault, not our code.
-        raise _BodyUnreadable(type(exc).__name__) from exc
-    return b"".join(chunks)
+    while True:
+        try:
+            chunk = stream.read(_READ_CHUNK)
+        except Exception as exc:
+            # Whatever the server's reader raises (gunicorn: InvalidChunkSize, NoMoreData,
+            # ChunkMissingTerminator; a reset socket: OSError), the body it was reading is
+            # not one we can store: the client's framing is at fault, not our code.
+            raise _BodyUnreadable(type(exc).__name__) from exc
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
 
 
 def _header_bytes(meta: dict) -> int:
