@@ -41,7 +41,9 @@ class ItemOutcome(models.TextChoices):
     ERROR = "error", "unexpected error"
 
 
-class OperatorAction(models.Model):
+class ActorRecord(models.Model):
+    """Who did it, for the audit trails below."""
+
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -50,6 +52,12 @@ class OperatorAction(models.Model):
     )
     # Kept as text too: the audit trail must outlive the user account it names.
     actor_username = models.CharField(max_length=150)
+
+    class Meta:
+        abstract = True
+
+
+class OperatorAction(ActorRecord):
     action = models.CharField(max_length=32, choices=OperatorActionKind.choices)
     via = models.CharField(max_length=8, choices=OperatorActionVia.choices)
     # "app_label.model" of the objects acted on, and their primary keys in request order.
@@ -132,7 +140,7 @@ class PayloadAccessKind(models.TextChoices):
     SEARCH = "search", "searched body text"
 
 
-class PayloadAccess(models.Model):
+class PayloadAccess(ActorRecord):
     """Who saw which webhook payloads, or searched their text, when and through what.
 
     Written by console.services.payload_access_record before the payload leaves the server
@@ -141,13 +149,6 @@ class PayloadAccess(models.Model):
     auditors (`console.view_payloadaccess`), and nowhere else — never in a log line.
     """
 
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        null=True,
-        on_delete=models.SET_NULL,
-        related_name="+",
-    )
-    actor_username = models.CharField(max_length=150)
     kind = models.CharField(max_length=16, choices=PayloadAccessKind.choices)
     via = models.CharField(max_length=8, choices=OperatorActionVia.choices)
     # The events whose body or headers were shown (a search's matches are not listed: an
