@@ -16,6 +16,10 @@ class OperatorActionKind(models.TextChoices):
     SIDE_EFFECT_REARM = "side_effect_rearm", "re-arm side effects"
     SIDE_EFFECT_MARK_DEAD = "side_effect_mark_dead", "mark side effects dead"
     RECAP_RETRY_RENDER = "recap_retry_render", "retry recap render"
+    # Bulk jobs (console/bulk_jobs.py) record one action each, with the job's final counts.
+    DELIVERY_REARM = "delivery_rearm", "re-arm deliveries"
+    HANDLER_PAUSE = "handler_pause", "pause handlers"
+    HANDLER_RESUME = "handler_resume", "resume handlers"
 
 
 class OperatorActionVia(models.TextChoices):
@@ -31,6 +35,9 @@ class OperatorActionOutcome(models.TextChoices):
     PARTIAL = "partial", "some succeeded, others were refused or failed"
     REFUSED = "refused", "every object was refused"
     FAILED = "failed", "nothing succeeded and at least one object failed"
+    # A bulk job stopped by an operator: the counts cover what was done before it stopped,
+    # the rest of the selection is counted as skipped.
+    CANCELLED = "cancelled", "cancelled; the objects not reached were skipped"
 
 
 class ItemOutcome(models.TextChoices):
@@ -67,6 +74,9 @@ class OperatorAction(ActorRecord):
     succeeded = models.PositiveIntegerField(default=0)
     refused = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
+    # Bulk jobs only: selected at the preview but not acted on (cancelled before they were
+    # reached, or no longer matching the filter when their batch came).
+    skipped = models.PositiveIntegerField(default=0)
     outcome = models.CharField(
         max_length=16,
         choices=OperatorActionOutcome.choices,
@@ -111,7 +121,7 @@ class OperatorAction(ActorRecord):
             ),
             models.CheckConstraint(
                 condition=Q(
-                    requested__gte=F("succeeded") + F("refused") + F("failed"),
+                    requested__gte=F("succeeded") + F("refused") + F("failed") + F("skipped"),
                 ),
                 name="operatoraction_counts_fit",
             ),
@@ -122,7 +132,9 @@ class OperatorAction(ActorRecord):
                     | (
                         ~Q(outcome="running")
                         & Q(finished_at__isnull=False)
-                        & Q(requested=F("succeeded") + F("refused") + F("failed"))
+                        & Q(
+                            requested=F("succeeded") + F("refused") + F("failed") + F("skipped")
+                        )
                     )
                 ),
                 name="operatoraction_finished_consistent",
@@ -244,3 +256,151 @@ class AckLatencyHour(models.Model):
 
     def bucket_counts(self) -> list[int]:
         return [getattr(self, column) for _, column in ACK_ROLLUP_BUCKETS]
+
+
+class BulkJobKind(models.TextChoices):
+    REPLAY_RAW_EVENTS = "replay_raw_events", "replay raw events"
+    REARM_DELIVERIES = "rearm_deliveries", "re-arm deliveries"
+    REARM_SIDE_EFFECTS = "rearm_side_effects", "re-arm side effects"
+
+
+class BulkJobState(models.TextChoices):
+    PREVIEWED = "previewed", "previewed (not started)"
+    QUEUED = "queued", "queued for a worker"
+    RUNNING = "running", "running"
+    CANCELLING = "cancelling", "cancelling (stops after the current batch)"
+    CANCELLED = "cancelled", "cancelled"
+    DONE = "done", "done"
+    FAILED = "failed", "failed"
+
+
+BULK_JOB_ACTIVE_STATES = (BulkJobState.QUEUED, BulkJobState.RUNNING, BulkJobState.CANCELLING)
+BULK_JOB_FINAL_STATES = (BulkJobState.CANCELLED, BulkJobState.DONE, BulkJobState.FAILED)
+
+
+class BulkJob(ActorRecord):
+    """A replay or re-arm of any size, run by django-q2 in batches (console/bulk_jobs.py).
+
+    The selection is either a filter (`filters`) over the rows with ids up to `upper_id`
+    (what existed at the preview: rows arriving later are not part of what was previewed)
+    or explicit `target_ids`. Batches walk it in id order; `cursor` is the last id whose
+    batch committed, written in that batch's transaction, so a worker that dies resumes
+    where the last batch ended and a second run of the same job does nothing twice.
+    """
+
+    kind = models.CharField(max_length=32, choices=BulkJobKind.choices)
+    via = models.CharField(max_length=8, choices=OperatorActionVia.choices)
+    filters = models.JSONField(default=dict, blank=True)
+    target_ids = models.JSONField(default=list, blank=True)
+    upper_id = models.BigIntegerField(default=0)
+    state = models.CharField(
+        max_length=16, choices=BulkJobState.choices, default=BulkJobState.PREVIEWED
+    )
+    # The preview: how many rows the selection held, and per source / type / status.
+    total = models.PositiveIntegerField(default=0)
+    breakdown = models.JSONField(default=dict, blank=True)
+    cursor = models.BigIntegerField(default=0)
+    batches = models.PositiveIntegerField(default=0)
+    processed = models.PositiveIntegerField(default=0)
+    succeeded = models.PositiveIntegerField(default=0)
+    refused = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    # The first refusals and errors (payload-free domain messages), for the detail page.
+    problems = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    # The operator's click: the replay SLO is measured from here.
+    started_at = models.DateTimeField(null=True, blank=True)
+    # Written with every batch: a job whose heartbeat stops is resumed by the sweep.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    operator_action = models.OneToOneField(
+        OperatorAction, null=True, blank=True, on_delete=models.PROTECT, related_name="bulk_job"
+    )
+    # The replay SLO, measured once the window after the click has passed (replay and
+    # delivery re-arm jobs): of the acted-on rows that have a handler to run, how many were
+    # handled within BULK_JOB_REPLAY_SLO_SECONDS of the click, and the p99 of click -> handled
+    # (NULL when more than 1 % were not handled by the time it was measured).
+    slo_measured_at = models.DateTimeField(null=True, blank=True)
+    slo_events = models.PositiveIntegerField(null=True, blank=True)
+    slo_within = models.PositiveIntegerField(null=True, blank=True)
+    slo_p99_seconds = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        default_permissions = ("view",)
+        indexes = [
+            models.Index(fields=["-created_at"], name="bulkjob_created"),
+            models.Index(
+                fields=["heartbeat_at"],
+                condition=Q(state__in=["queued", "running", "cancelling"]),
+                name="bulkjob_active",
+            ),
+            models.Index(fields=["slo_measured_at"], name="bulkjob_slo_measured"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind__in=BulkJobKind.values), name="bulkjob_kind_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(via__in=OperatorActionVia.values), name="bulkjob_via_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=BulkJobState.values), name="bulkjob_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(processed=F("succeeded") + F("refused") + F("failed")),
+                name="bulkjob_counts_add_up",
+            ),
+            # Started exactly when it left the preview, finished exactly in a final state.
+            models.CheckConstraint(
+                condition=Q(state="previewed", started_at__isnull=True)
+                | (~Q(state="previewed") & Q(started_at__isnull=False))
+                | Q(state="cancelled", started_at__isnull=True),
+                name="bulkjob_started_consistent",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=["cancelled", "done", "failed"], finished_at__isnull=False)
+                | (~Q(state__in=["cancelled", "done", "failed"]) & Q(finished_at__isnull=True)),
+                name="bulkjob_finished_consistent",
+            ),
+            models.CheckConstraint(
+                condition=Q(slo_within__lte=F("slo_events")) | Q(slo_events__isnull=True),
+                name="bulkjob_slo_within_events",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"bulk job #{self.pk} {self.get_kind_display()} ({self.state})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in BULK_JOB_ACTIVE_STATES
+
+    @property
+    def progress_percent(self) -> int:
+        if self.state == BulkJobState.DONE:
+            return 100
+        if not self.total:
+            return 0
+        return min(100, round(100 * self.processed / self.total))
+
+
+class BulkJobItem(models.Model):
+    """One row a bulk job acted on successfully: what the replay SLO is measured over.
+
+    Written in the batch's own transaction (unique per job, so a batch run twice adds
+    nothing); pruned with the job's SLO window long past (console/bulk_jobs.py).
+    """
+
+    job = models.ForeignKey(BulkJob, on_delete=models.CASCADE, related_name="items")
+    target_id = models.BigIntegerField()
+
+    class Meta:
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(fields=["job", "target_id"], name="bulkjobitem_job_target")
+        ]
+
+    def __str__(self) -> str:
+        return f"job #{self.job_id} row {self.target_id}"
