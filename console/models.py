@@ -132,9 +132,7 @@ class OperatorAction(ActorRecord):
                     | (
                         ~Q(outcome="running")
                         & Q(finished_at__isnull=False)
-                        & Q(
-                            requested=F("succeeded") + F("refused") + F("failed") + F("skipped")
-                        )
+                        & Q(requested=F("succeeded") + F("refused") + F("failed") + F("skipped"))
                     )
                 ),
                 name="operatoraction_finished_consistent",

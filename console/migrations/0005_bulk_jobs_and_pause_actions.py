@@ -8,162 +8,378 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('console', '0004_acklatencyhour'),
+        ("console", "0004_acklatencyhour"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='BulkJob',
+            name="BulkJob",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('actor_username', models.CharField(max_length=150)),
-                ('kind', models.CharField(choices=[('replay_raw_events', 'replay raw events'), ('rearm_deliveries', 're-arm deliveries'), ('rearm_side_effects', 're-arm side effects')], max_length=32)),
-                ('via', models.CharField(choices=[('admin', 'admin'), ('api', 'API')], max_length=8)),
-                ('filters', models.JSONField(blank=True, default=dict)),
-                ('target_ids', models.JSONField(blank=True, default=list)),
-                ('upper_id', models.BigIntegerField(default=0)),
-                ('state', models.CharField(choices=[('previewed', 'previewed (not started)'), ('queued', 'queued for a worker'), ('running', 'running'), ('cancelling', 'cancelling (stops after the current batch)'), ('cancelled', 'cancelled'), ('done', 'done'), ('failed', 'failed')], default='previewed', max_length=16)),
-                ('total', models.PositiveIntegerField(default=0)),
-                ('breakdown', models.JSONField(blank=True, default=dict)),
-                ('cursor', models.BigIntegerField(default=0)),
-                ('batches', models.PositiveIntegerField(default=0)),
-                ('processed', models.PositiveIntegerField(default=0)),
-                ('succeeded', models.PositiveIntegerField(default=0)),
-                ('refused', models.PositiveIntegerField(default=0)),
-                ('failed', models.PositiveIntegerField(default=0)),
-                ('problems', models.JSONField(blank=True, default=list)),
-                ('error', models.TextField(blank=True, default='')),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('slo_measured_at', models.DateTimeField(blank=True, null=True)),
-                ('slo_events', models.PositiveIntegerField(blank=True, null=True)),
-                ('slo_within', models.PositiveIntegerField(blank=True, null=True)),
-                ('slo_p99_seconds', models.FloatField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("actor_username", models.CharField(max_length=150)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("replay_raw_events", "replay raw events"),
+                            ("rearm_deliveries", "re-arm deliveries"),
+                            ("rearm_side_effects", "re-arm side effects"),
+                        ],
+                        max_length=32,
+                    ),
+                ),
+                (
+                    "via",
+                    models.CharField(choices=[("admin", "admin"), ("api", "API")], max_length=8),
+                ),
+                ("filters", models.JSONField(blank=True, default=dict)),
+                ("target_ids", models.JSONField(blank=True, default=list)),
+                ("upper_id", models.BigIntegerField(default=0)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("previewed", "previewed (not started)"),
+                            ("queued", "queued for a worker"),
+                            ("running", "running"),
+                            ("cancelling", "cancelling (stops after the current batch)"),
+                            ("cancelled", "cancelled"),
+                            ("done", "done"),
+                            ("failed", "failed"),
+                        ],
+                        default="previewed",
+                        max_length=16,
+                    ),
+                ),
+                ("total", models.PositiveIntegerField(default=0)),
+                ("breakdown", models.JSONField(blank=True, default=dict)),
+                ("cursor", models.BigIntegerField(default=0)),
+                ("batches", models.PositiveIntegerField(default=0)),
+                ("processed", models.PositiveIntegerField(default=0)),
+                ("succeeded", models.PositiveIntegerField(default=0)),
+                ("refused", models.PositiveIntegerField(default=0)),
+                ("failed", models.PositiveIntegerField(default=0)),
+                ("problems", models.JSONField(blank=True, default=list)),
+                ("error", models.TextField(blank=True, default="")),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("slo_measured_at", models.DateTimeField(blank=True, null=True)),
+                ("slo_events", models.PositiveIntegerField(blank=True, null=True)),
+                ("slo_within", models.PositiveIntegerField(blank=True, null=True)),
+                ("slo_p99_seconds", models.FloatField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
-                'default_permissions': ('view',),
+                "ordering": ["-created_at", "-id"],
+                "default_permissions": ("view",),
             },
         ),
         migrations.CreateModel(
-            name='BulkJobItem',
+            name="BulkJobItem",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('target_id', models.BigIntegerField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("target_id", models.BigIntegerField()),
             ],
             options={
-                'default_permissions': (),
+                "default_permissions": (),
             },
         ),
         migrations.RemoveConstraint(
-            model_name='operatoraction',
-            name='operatoraction_action_valid',
+            model_name="operatoraction",
+            name="operatoraction_action_valid",
         ),
         migrations.RemoveConstraint(
-            model_name='operatoraction',
-            name='operatoraction_outcome_valid',
+            model_name="operatoraction",
+            name="operatoraction_outcome_valid",
         ),
         migrations.RemoveConstraint(
-            model_name='operatoraction',
-            name='operatoraction_counts_fit',
+            model_name="operatoraction",
+            name="operatoraction_counts_fit",
         ),
         migrations.RemoveConstraint(
-            model_name='operatoraction',
-            name='operatoraction_finished_consistent',
+            model_name="operatoraction",
+            name="operatoraction_finished_consistent",
         ),
         migrations.AddField(
-            model_name='operatoraction',
-            name='skipped',
+            model_name="operatoraction",
+            name="skipped",
             field=models.PositiveIntegerField(default=0),
         ),
         migrations.AlterField(
-            model_name='operatoraction',
-            name='action',
-            field=models.CharField(choices=[('raw_event_replay', 'replay raw events'), ('raw_event_reverify', 're-verify raw events'), ('side_effect_rearm', 're-arm side effects'), ('side_effect_mark_dead', 'mark side effects dead'), ('recap_retry_render', 'retry recap render'), ('delivery_rearm', 're-arm deliveries'), ('handler_pause', 'pause handlers'), ('handler_resume', 'resume handlers')], max_length=32),
+            model_name="operatoraction",
+            name="action",
+            field=models.CharField(
+                choices=[
+                    ("raw_event_replay", "replay raw events"),
+                    ("raw_event_reverify", "re-verify raw events"),
+                    ("side_effect_rearm", "re-arm side effects"),
+                    ("side_effect_mark_dead", "mark side effects dead"),
+                    ("recap_retry_render", "retry recap render"),
+                    ("delivery_rearm", "re-arm deliveries"),
+                    ("handler_pause", "pause handlers"),
+                    ("handler_resume", "resume handlers"),
+                ],
+                max_length=32,
+            ),
         ),
         migrations.AlterField(
-            model_name='operatoraction',
-            name='outcome',
-            field=models.CharField(choices=[('running', 'running'), ('succeeded', 'every object succeeded'), ('partial', 'some succeeded, others were refused or failed'), ('refused', 'every object was refused'), ('failed', 'nothing succeeded and at least one object failed'), ('cancelled', 'cancelled; the objects not reached were skipped')], default='running', max_length=16),
+            model_name="operatoraction",
+            name="outcome",
+            field=models.CharField(
+                choices=[
+                    ("running", "running"),
+                    ("succeeded", "every object succeeded"),
+                    ("partial", "some succeeded, others were refused or failed"),
+                    ("refused", "every object was refused"),
+                    ("failed", "nothing succeeded and at least one object failed"),
+                    ("cancelled", "cancelled; the objects not reached were skipped"),
+                ],
+                default="running",
+                max_length=16,
+            ),
         ),
         migrations.AddConstraint(
-            model_name='operatoraction',
-            constraint=models.CheckConstraint(condition=models.Q(('action__in', ['raw_event_replay', 'raw_event_reverify', 'side_effect_rearm', 'side_effect_mark_dead', 'recap_retry_render', 'delivery_rearm', 'handler_pause', 'handler_resume'])), name='operatoraction_action_valid'),
+            model_name="operatoraction",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "action__in",
+                        [
+                            "raw_event_replay",
+                            "raw_event_reverify",
+                            "side_effect_rearm",
+                            "side_effect_mark_dead",
+                            "recap_retry_render",
+                            "delivery_rearm",
+                            "handler_pause",
+                            "handler_resume",
+                        ],
+                    )
+                ),
+                name="operatoraction_action_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='operatoraction',
-            constraint=models.CheckConstraint(condition=models.Q(('outcome__in', ['running', 'succeeded', 'partial', 'refused', 'failed', 'cancelled'])), name='operatoraction_outcome_valid'),
+            model_name="operatoraction",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "outcome__in",
+                        ["running", "succeeded", "partial", "refused", "failed", "cancelled"],
+                    )
+                ),
+                name="operatoraction_outcome_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='operatoraction',
-            constraint=models.CheckConstraint(condition=models.Q(('requested__gte', django.db.models.expressions.CombinedExpression(django.db.models.expressions.CombinedExpression(django.db.models.expressions.CombinedExpression(models.F('succeeded'), '+', models.F('refused')), '+', models.F('failed')), '+', models.F('skipped')))), name='operatoraction_counts_fit'),
+            model_name="operatoraction",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "requested__gte",
+                        django.db.models.expressions.CombinedExpression(
+                            django.db.models.expressions.CombinedExpression(
+                                django.db.models.expressions.CombinedExpression(
+                                    models.F("succeeded"), "+", models.F("refused")
+                                ),
+                                "+",
+                                models.F("failed"),
+                            ),
+                            "+",
+                            models.F("skipped"),
+                        ),
+                    )
+                ),
+                name="operatoraction_counts_fit",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='operatoraction',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('finished_at__isnull', True), ('outcome', 'running')), models.Q(models.Q(('outcome', 'running'), _negated=True), ('finished_at__isnull', False), ('requested', django.db.models.expressions.CombinedExpression(django.db.models.expressions.CombinedExpression(django.db.models.expressions.CombinedExpression(models.F('succeeded'), '+', models.F('refused')), '+', models.F('failed')), '+', models.F('skipped')))), _connector='OR'), name='operatoraction_finished_consistent'),
+            model_name="operatoraction",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("finished_at__isnull", True), ("outcome", "running")),
+                    models.Q(
+                        models.Q(("outcome", "running"), _negated=True),
+                        ("finished_at__isnull", False),
+                        (
+                            "requested",
+                            django.db.models.expressions.CombinedExpression(
+                                django.db.models.expressions.CombinedExpression(
+                                    django.db.models.expressions.CombinedExpression(
+                                        models.F("succeeded"), "+", models.F("refused")
+                                    ),
+                                    "+",
+                                    models.F("failed"),
+                                ),
+                                "+",
+                                models.F("skipped"),
+                            ),
+                        ),
+                    ),
+                    _connector="OR",
+                ),
+                name="operatoraction_finished_consistent",
+            ),
         ),
         migrations.AddField(
-            model_name='bulkjob',
-            name='actor',
-            field=models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL),
+            model_name="bulkjob",
+            name="actor",
+            field=models.ForeignKey(
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
-            model_name='bulkjob',
-            name='operator_action',
-            field=models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='bulk_job', to='console.operatoraction'),
+            model_name="bulkjob",
+            name="operator_action",
+            field=models.OneToOneField(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="bulk_job",
+                to="console.operatoraction",
+            ),
         ),
         migrations.AddField(
-            model_name='bulkjobitem',
-            name='job',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='items', to='console.bulkjob'),
+            model_name="bulkjobitem",
+            name="job",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="items",
+                to="console.bulkjob",
+            ),
         ),
         migrations.AddIndex(
-            model_name='bulkjob',
-            index=models.Index(fields=['-created_at'], name='bulkjob_created'),
+            model_name="bulkjob",
+            index=models.Index(fields=["-created_at"], name="bulkjob_created"),
         ),
         migrations.AddIndex(
-            model_name='bulkjob',
-            index=models.Index(condition=models.Q(('state__in', ['queued', 'running', 'cancelling'])), fields=['heartbeat_at'], name='bulkjob_active'),
+            model_name="bulkjob",
+            index=models.Index(
+                condition=models.Q(("state__in", ["queued", "running", "cancelling"])),
+                fields=["heartbeat_at"],
+                name="bulkjob_active",
+            ),
         ),
         migrations.AddIndex(
-            model_name='bulkjob',
-            index=models.Index(fields=['slo_measured_at'], name='bulkjob_slo_measured'),
+            model_name="bulkjob",
+            index=models.Index(fields=["slo_measured_at"], name="bulkjob_slo_measured"),
         ),
         migrations.AddConstraint(
-            model_name='bulkjob',
-            constraint=models.CheckConstraint(condition=models.Q(('kind__in', ['replay_raw_events', 'rearm_deliveries', 'rearm_side_effects'])), name='bulkjob_kind_valid'),
+            model_name="bulkjob",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("kind__in", ["replay_raw_events", "rearm_deliveries", "rearm_side_effects"])
+                ),
+                name="bulkjob_kind_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='bulkjob',
-            constraint=models.CheckConstraint(condition=models.Q(('via__in', ['admin', 'api'])), name='bulkjob_via_valid'),
+            model_name="bulkjob",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("via__in", ["admin", "api"])), name="bulkjob_via_valid"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='bulkjob',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['previewed', 'queued', 'running', 'cancelling', 'cancelled', 'done', 'failed'])), name='bulkjob_state_valid'),
+            model_name="bulkjob",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "state__in",
+                        [
+                            "previewed",
+                            "queued",
+                            "running",
+                            "cancelling",
+                            "cancelled",
+                            "done",
+                            "failed",
+                        ],
+                    )
+                ),
+                name="bulkjob_state_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='bulkjob',
-            constraint=models.CheckConstraint(condition=models.Q(('processed', django.db.models.expressions.CombinedExpression(django.db.models.expressions.CombinedExpression(models.F('succeeded'), '+', models.F('refused')), '+', models.F('failed')))), name='bulkjob_counts_add_up'),
+            model_name="bulkjob",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "processed",
+                        django.db.models.expressions.CombinedExpression(
+                            django.db.models.expressions.CombinedExpression(
+                                models.F("succeeded"), "+", models.F("refused")
+                            ),
+                            "+",
+                            models.F("failed"),
+                        ),
+                    )
+                ),
+                name="bulkjob_counts_add_up",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='bulkjob',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('started_at__isnull', True), ('state', 'previewed')), models.Q(models.Q(('state', 'previewed'), _negated=True), ('started_at__isnull', False)), models.Q(('started_at__isnull', True), ('state', 'cancelled')), _connector='OR'), name='bulkjob_started_consistent'),
+            model_name="bulkjob",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("started_at__isnull", True), ("state", "previewed")),
+                    models.Q(
+                        models.Q(("state", "previewed"), _negated=True),
+                        ("started_at__isnull", False),
+                    ),
+                    models.Q(("started_at__isnull", True), ("state", "cancelled")),
+                    _connector="OR",
+                ),
+                name="bulkjob_started_consistent",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='bulkjob',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('finished_at__isnull', False), ('state__in', ['cancelled', 'done', 'failed'])), models.Q(models.Q(('state__in', ['cancelled', 'done', 'failed']), _negated=True), ('finished_at__isnull', True)), _connector='OR'), name='bulkjob_finished_consistent'),
+            model_name="bulkjob",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(
+                        ("finished_at__isnull", False),
+                        ("state__in", ["cancelled", "done", "failed"]),
+                    ),
+                    models.Q(
+                        models.Q(("state__in", ["cancelled", "done", "failed"]), _negated=True),
+                        ("finished_at__isnull", True),
+                    ),
+                    _connector="OR",
+                ),
+                name="bulkjob_finished_consistent",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='bulkjob',
-            constraint=models.CheckConstraint(condition=models.Q(('slo_within__lte', models.F('slo_events')), ('slo_events__isnull', True), _connector='OR'), name='bulkjob_slo_within_events'),
+            model_name="bulkjob",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("slo_within__lte", models.F("slo_events")),
+                    ("slo_events__isnull", True),
+                    _connector="OR",
+                ),
+                name="bulkjob_slo_within_events",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='bulkjobitem',
-            constraint=models.UniqueConstraint(fields=('job', 'target_id'), name='bulkjobitem_job_target'),
+            model_name="bulkjobitem",
+            constraint=models.UniqueConstraint(
+                fields=("job", "target_id"), name="bulkjobitem_job_target"
+            ),
         ),
     ]
