@@ -551,3 +551,18 @@ GITHUB_API_TOKEN = os.environ.get("GITHUB_API_TOKEN", "")
 GITHUB_CONNECT_TIMEOUT_SECONDS = env_float("GITHUB_CONNECT_TIMEOUT_SECONDS", 3.0)
 GITHUB_READ_TIMEOUT_SECONDS = env_float("GITHUB_READ_TIMEOUT_SECONDS", 10.0)
 GITHUB_MAX_RETRIES = env_int("GITHUB_MAX_RETRIES", 1)
+
+# --- Bulk jobs and handler pauses (console/bulk_jobs.py, console/pauses.py) ----------------
+# A bulk replay or re-arm runs on django-q2 in batches of BULK_JOB_BATCH_SIZE rows, each in
+# one short transaction: nothing of the inbox waits longer than one batch. One task runs
+# for at most BULK_JOB_TASK_BUDGET_SECONDS (well inside Q_TIMEOUT) and then enqueues its
+# continuation; a job whose heartbeat is older than BULK_JOB_STALE_SECONDS (a worker died)
+# is enqueued again by the minute sweep and resumes at its cursor.
+BULK_JOB_BATCH_SIZE = env_int("BULK_JOB_BATCH_SIZE", 500)
+BULK_JOB_TASK_BUDGET_SECONDS = env_float("BULK_JOB_TASK_BUDGET_SECONDS", 60.0)
+BULK_JOB_STALE_SECONDS = env_int("BULK_JOB_STALE_SECONDS", 180)
+# The seed's SLO: 99 % of the selected raw events replayed within 2 minutes of the click.
+BULK_JOB_REPLAY_SLO_SECONDS = env_int("BULK_JOB_REPLAY_SLO_SECONDS", 120)
+# A paused handler shows yellow on the ops page from this age, red from the second.
+HANDLER_PAUSE_YELLOW_SECONDS = env_int("HANDLER_PAUSE_YELLOW_SECONDS", 900)
+HANDLER_PAUSE_RED_SECONDS = env_int("HANDLER_PAUSE_RED_SECONDS", 3600)
