@@ -326,7 +326,9 @@ class BulkJob(ActorRecord):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        default_permissions = ("view",)
+        # Jobs are operator actions: console.view_operatoraction reads them, console.operate
+        # previews, starts and cancels them.
+        default_permissions = ()
         indexes = [
             models.Index(fields=["-created_at"], name="bulkjob_created"),
             models.Index(

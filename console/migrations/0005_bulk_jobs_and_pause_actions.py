@@ -79,7 +79,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "ordering": ["-created_at", "-id"],
-                "default_permissions": ("view",),
+                "default_permissions": (),
             },
         ),
         migrations.CreateModel(
