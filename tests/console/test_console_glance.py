@@ -8,8 +8,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from console.models import OperatorAction
-from ingress.admin import (
+from console.admin.ingress import (
     NEXT_BODY,
     NEXT_CHECK_SENDER,
     NEXT_CLOCK,
@@ -23,6 +22,7 @@ from ingress.admin import (
     RawEventAdmin,
     raw_event_state,
 )
+from console.models import OperatorAction
 from ingress.inbox import inbox_run_once
 from ingress.models import Delivery, RawEvent
 from outbox.models import RecapSideEffect

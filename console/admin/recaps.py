@@ -15,6 +15,7 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.urls import reverse
 from django.utils.html import format_html
 
+from console.admin.outbox import next_attempt_display
 from console.admin_actions import (
     ConfirmSpec,
     OperatorAdmin,
@@ -26,7 +27,6 @@ from console.models import OperatorActionVia
 from console.selectors import recaps_by_status
 from console.services import recaps_retry_render
 from eventdrop.errors import EventDropError
-from outbox.admin import next_attempt_display
 from outbox.models import EffectType, RecapSideEffect
 from recaps.models import Event, Photo, RecapVideo
 from recaps.services import recap_create, recap_redeem_free
@@ -135,7 +135,7 @@ class SideEffectInline(ReadOnlyInline):
 
     @admin.display(description="next attempt")
     def next_attempt(self, obj: RecapSideEffect) -> str:
-        # A dead or done row has no next attempt (outbox/admin.py).
+        # A dead or done row has no next attempt (console/admin/outbox.py).
         return next_attempt_display(obj)
 
     @admin.display(description="side effect")
