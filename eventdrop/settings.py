@@ -348,6 +348,8 @@ WEBHOOK_DEFAULT_MAX_BODY_BYTES = env_int("WEBHOOK_MAX_BODY_BYTES", 1024 * 1024)
 WEBHOOK_DEFAULT_TOLERANCE_SECONDS = env_int("WEBHOOK_TOLERANCE_SECONDS", 300)
 # Raw events are kept this long (daily partitions on PostgreSQL); rejected ones shorter.
 RAW_EVENT_RETENTION_DAYS = env_int("RAW_EVENT_RETENTION_DAYS", 90)
+# Rejected events (never verified) are only forensics: deleted sooner (ingress/partitions.py).
+RAW_EVENT_REJECTED_RETENTION_DAYS = env_int("RAW_EVENT_REJECTED_RETENTION_DAYS", 30)
 RAW_EVENT_PARTITIONS_AHEAD_DAYS = env_int("RAW_EVENT_PARTITIONS_AHEAD_DAYS", 7)
 # Bodies encrypted at rest (ingress/encryption.py): comma-separated Fernet keys, the first
 # encrypts, all decrypt (rotation: prepend the new key, run rotate_raw_event_keys, drop the

@@ -228,7 +228,7 @@ def _delete_events(events: QuerySet[RawEvent]) -> int:
 
 
 def _rejected_expired(now: datetime) -> QuerySet[RawEvent]:
-    days = getattr(settings, "RAW_EVENT_REJECTED_RETENTION_DAYS", 30)
+    days = settings.RAW_EVENT_REJECTED_RETENTION_DAYS
     cutoff = now - timedelta(days=days)
     return RawEvent.objects.filter(
         signature_status=Status.REJECTED,
