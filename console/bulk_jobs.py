@@ -1,0 +1,811 @@
+"""Bulk replay and re-arm as background jobs: preview, start, batches, cancel, the replay SLO.
+
+An operator describes a selection (a filter, or explicit ids) and gets a *preview*: a
+BulkJob row in `previewed` with the count and the breakdown by source / type / status, and
+the selection bounded to the rows that existed then (`upper_id`). Nothing has been touched.
+Starting it writes the audit row (one console.OperatorAction, `running`, naming who clicked)
+and enqueues `console.tasks.bulk_job_run` on django-q2; the web request ends there.
+
+The task walks the selection in id order, BULK_JOB_BATCH_SIZE rows per transaction:
+
+- The batch locks the job row first. So two runs of the same job (a continuation and a
+  sweep's re-enqueue, say) take turns, and each sees the cursor the other committed.
+- It reads the next ids above `cursor`, acts on them through the domain services (the same
+  ones the console's one-request actions use), records the acted-on rows (BulkJobItem, for
+  the SLO) and moves `cursor`, counts and heartbeat — all in that one transaction. A worker
+  killed mid-batch loses the batch's work with its connection; the next run does it again.
+  Nothing is done twice, and replaying or re-arming a row is idempotent anyway (one
+  delivery per event and handler, a unique constraint).
+- Between batches it looks at the job's state: `cancelling` (the operator's cancel) ends
+  the job `cancelled` after the batch in flight.
+- Our database failing is transient: the task raises, the job stays `running`, and the
+  minute sweep enqueues it again once its heartbeat is BULK_JOB_STALE_SECONDS old. Only a
+  bug outside the per-row services ends a job `failed`; a row's own refusal or error is
+  counted on the row and the job goes on.
+
+A task runs at most BULK_JOB_TASK_BUDGET_SECONDS and then enqueues its continuation, so no
+task approaches Q_TIMEOUT however large the job. The row locks a batch holds are those of
+its own rows (the inbox claims with SKIP LOCKED and passes them by) and only until its
+commit: 100,000 rows never hold a request, a table or the inbox for more than one batch.
+
+The replay SLO ("99 % of selected raw events replayed within 2 minutes") is measured per
+job from the click (`started_at`) to the handler's checkpoint: the first `done` attempt of
+each delivery after the click (the delivery history is never rewritten, so a later replay
+cannot move it). It is measured once the SLO window has passed (bulk_jobs_measure_slo, in
+the minute sweep) and kept on the job; console/ops.py and /metrics show it.
+"""
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import Count, Exists, Max, Min, OuterRef, QuerySet, Sum
+from django.utils import timezone
+
+from console.models import (
+    BULK_JOB_ACTIVE_STATES,
+    BULK_JOB_FINAL_STATES,
+    BulkJob,
+    BulkJobItem,
+    BulkJobKind,
+    BulkJobState,
+    ItemOutcome,
+    OperatorAction,
+    OperatorActionKind,
+    OperatorActionOutcome,
+)
+from eventdrop.errors import EventDropError
+from ingress.models import (
+    Delivery,
+    DeliveryAttempt,
+    DeliveryStatus,
+    DispatchStatus,
+    RawEvent,
+    SignatureStatus,
+)
+from ingress.services import raw_event_replay
+from outbox.models import RecapSideEffect, SideEffectStatus
+from outbox.services import side_effect_rearm
+
+logger = logging.getLogger(__name__)
+
+TASK = "console.tasks.bulk_job_run"
+TASK_GROUP = "console.bulk_job"
+# An explicit selection travels in one request and is stored on the job row.
+MAX_SELECTED_IDS = 100_000
+# Refusals and errors kept on the job (and its operator action) for the detail page.
+MAX_PROBLEMS = 50
+# Breakdown rows per dimension on the preview (event types can be many).
+BREAKDOWN_TOP = 20
+SLO_PERCENTILE = 0.99
+# Items are read back in chunks when the SLO is measured: a bounded IN list per query.
+SLO_CHUNK = 2000
+# Acted-on rows are kept this long after the job's SLO was measured, then pruned.
+ITEM_RETENTION = timedelta(days=7)
+
+NOTHING_SELECTED = "The selection is empty: nothing to preview."
+TOO_MANY_IDS = "{count} ids given; at most {limit} can be selected by id (use a filter)."
+NOT_A_FILTER = "{name} does not apply to {kind}."
+UNKNOWN_IDS = "Unknown ids: {ids}."
+WINDOW_ORDER = "received_before must be later than received_after."
+NOT_PREVIEWED = "Job #{id} is {state}: only a previewed job can be started."
+EMPTY_JOB = "Job #{id} selected no rows: there is nothing to start."
+ALREADY_FINISHED = "Job #{id} is already {state}."
+CANCEL_REQUESTED = "cancel requested by {username} at {at}"
+UNEXPECTED_ROW_ERROR = "Unexpected {error}; see the logs for bulk job #{job_id}."
+JOB_FAILED = "{error} while running batch {batch}; see the logs for bulk job #{job_id}."
+REPLAY_NOTHING_TO_RUN = "no handler is registered for this event"
+
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
+
+
+class BulkJobError(EventDropError):
+    """The request as a whole is invalid; nothing was done. `field` names what was wrong."""
+
+    def __init__(self, message: str, field: str = "non_field_errors"):
+        super().__init__(message)
+        self.field = field
+
+
+# --- the selection -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """What a kind of job acts on: its rows, the filters that apply, how one row is done."""
+
+    model: type
+    action: str  # OperatorActionKind
+    filters: frozenset[str]
+    breakdown: tuple[tuple[str, str], ...]  # (label, field)
+
+
+FILTER_NAMES = (
+    "source",
+    "event_type",
+    "status",
+    "reason",
+    "received_after",
+    "received_before",
+    "handler",
+)
+
+KINDS: dict[str, KindSpec] = {
+    BulkJobKind.REPLAY_RAW_EVENTS: KindSpec(
+        model=RawEvent,
+        action=OperatorActionKind.RAW_EVENT_REPLAY,
+        # status: the event's signature status; reason: its rejection reason; handler: events
+        # with a delivery to that handler; the window is on received_at (partition pruning).
+        filters=frozenset(FILTER_NAMES) | {"delivery_status"},
+        breakdown=(
+            ("source", "source"),
+            ("event type", "event_type"),
+            ("status", "signature_status"),
+            ("dispatch", "dispatch_status"),
+        ),
+    ),
+    BulkJobKind.REARM_DELIVERIES: KindSpec(
+        model=Delivery,
+        action=OperatorActionKind.DELIVERY_REARM,
+        # status: the delivery's; source, type and window: of its raw event; reason: a
+        # fragment of the delivery's last error (the error's class name, typically).
+        filters=frozenset(FILTER_NAMES),
+        breakdown=(
+            ("source", "raw_event__source"),
+            ("event type", "raw_event__event_type"),
+            ("status", "status"),
+            ("handler", "handler"),
+        ),
+    ),
+    BulkJobKind.REARM_SIDE_EFFECTS: KindSpec(
+        model=RecapSideEffect,
+        action=OperatorActionKind.SIDE_EFFECT_REARM,
+        # status: the side effect's; reason: its last error class; window: created_at.
+        filters=frozenset({"status", "reason", "received_after", "received_before"}),
+        breakdown=(
+            ("status", "status"),
+            ("effect", "effect_type"),
+            ("last error", "last_error_class"),
+        ),
+    ),
+}
+
+
+def _filtered(kind: str, filters: dict) -> QuerySet:
+    spec = KINDS[kind]
+    rows = spec.model.objects.all()
+    after, before = filters.get("received_after"), filters.get("received_before")
+    if kind == BulkJobKind.REPLAY_RAW_EVENTS:
+        if filters.get("source"):
+            rows = rows.filter(source=filters["source"])
+        if filters.get("event_type"):
+            rows = rows.filter(event_type=filters["event_type"])
+        if filters.get("status"):
+            rows = rows.filter(signature_status=filters["status"])
+        if filters.get("reason"):
+            rows = rows.filter(rejection_reason=filters["reason"])
+        if after:
+            rows = rows.filter(received_at__gte=after)
+        if before:
+            rows = rows.filter(received_at__lt=before)
+        if filters.get("handler") or filters.get("delivery_status"):
+            deliveries = Delivery.objects.filter(raw_event_id=OuterRef("id"))
+            if filters.get("handler"):
+                deliveries = deliveries.filter(handler=filters["handler"])
+            if filters.get("delivery_status"):
+                deliveries = deliveries.filter(status=filters["delivery_status"])
+            rows = rows.filter(Exists(deliveries))
+    elif kind == BulkJobKind.REARM_DELIVERIES:
+        if filters.get("handler"):
+            rows = rows.filter(handler=filters["handler"])
+        if filters.get("status"):
+            rows = rows.filter(status=filters["status"])
+        if filters.get("reason"):
+            rows = rows.filter(last_error__icontains=filters["reason"])
+        if filters.get("source"):
+            rows = rows.filter(raw_event__source=filters["source"])
+        if filters.get("event_type"):
+            rows = rows.filter(raw_event__event_type=filters["event_type"])
+        if after:
+            rows = rows.filter(raw_event__received_at__gte=after)
+        if before:
+            rows = rows.filter(raw_event__received_at__lt=before)
+    else:
+        if filters.get("status"):
+            rows = rows.filter(status=filters["status"])
+        if filters.get("reason"):
+            rows = rows.filter(last_error_class=filters["reason"])
+        if after:
+            rows = rows.filter(created_at__gte=after)
+        if before:
+            rows = rows.filter(created_at__lt=before)
+    return rows
+
+
+def bulk_job_selection(*, job: BulkJob) -> QuerySet:
+    """The rows the job acts on, not yet limited by its cursor."""
+    if job.target_ids:
+        return KINDS[job.kind].model.objects.filter(id__in=job.target_ids)
+    return _filtered(job.kind, job.filters).filter(id__lte=job.upper_id)
+
+
+def _eligible(kind: str, rows: QuerySet) -> QuerySet:
+    """Of the selection, the rows the domain service will act on (the rest it refuses)."""
+    if kind == BulkJobKind.REPLAY_RAW_EVENTS:
+        return rows.filter(signature_status=SignatureStatus.VERIFIED).exclude(
+            dispatch_status=DispatchStatus.DUPLICATE
+        )
+    if kind == BulkJobKind.REARM_DELIVERIES:
+        return rows.exclude(status=DeliveryStatus.PROCESSING)
+    return rows.exclude(status__in=[SideEffectStatus.DONE, SideEffectStatus.PROCESSING])
+
+
+def _breakdown(kind: str, rows: QuerySet) -> dict:
+    """Counts per dimension, from one GROUP BY over every dimension at once."""
+    spec = KINDS[kind]
+    fields = [field for _, field in spec.breakdown]
+    per_dimension: dict[str, Counter] = {label: Counter() for label, _ in spec.breakdown}
+    for row in rows.order_by().values(*fields).annotate(rows=Count("id")):
+        for label, field in spec.breakdown:
+            per_dimension[label][row[field] or "—"] += row["rows"]
+    return {
+        label: [[value, count] for value, count in counts.most_common(BREAKDOWN_TOP)]
+        for label, counts in per_dimension.items()
+    }
+
+
+def _clean_filters(kind: str, filters: dict) -> dict:
+    spec = KINDS[kind]
+    cleaned = {}
+    for name, value in filters.items():
+        if value in (None, ""):
+            continue
+        if name not in spec.filters:
+            raise BulkJobError(NOT_A_FILTER.format(name=name, kind=kind), field=name)
+        cleaned[name] = value.isoformat() if isinstance(value, datetime) else value
+    after, before = filters.get("received_after"), filters.get("received_before")
+    if after and before and after >= before:
+        raise BulkJobError(WINDOW_ORDER, field="received_before")
+    return cleaned
+
+
+def bulk_job_preview(
+    *,
+    actor: AbstractBaseUser,
+    kind: str,
+    via: str,
+    filters: dict | None = None,
+    target_ids: Sequence[int] = (),
+) -> BulkJob:
+    """A `previewed` job: the selection's count and breakdown, bounded to what exists now.
+
+    Nothing is touched and nothing enqueued; bulk_job_start runs it. With `target_ids` the
+    filters are ignored and every id must exist.
+    """
+    filters = _clean_filters(kind, filters or {})
+    ids = sorted(set(target_ids))
+    if len(ids) > MAX_SELECTED_IDS:
+        raise BulkJobError(TOO_MANY_IDS.format(count=len(ids), limit=MAX_SELECTED_IDS), field="ids")
+    model = KINDS[kind].model
+    upper_id = model.objects.aggregate(top=Max("id"))["top"] or 0
+    job = BulkJob(
+        actor=actor,
+        actor_username=actor.get_username(),
+        kind=kind,
+        via=via,
+        filters={} if ids else filters,
+        target_ids=ids,
+        upper_id=upper_id,
+    )
+    rows = bulk_job_selection(job=job)
+    if ids:
+        found = set(rows.values_list("id", flat=True))
+        missing = [pk for pk in ids if pk not in found]
+        if missing:
+            shown = ", ".join(map(str, missing[:20])) + (" …" if len(missing) > 20 else "")
+            raise BulkJobError(UNKNOWN_IDS.format(ids=shown), field="ids")
+    job.total = rows.count()
+    if not job.total:
+        raise BulkJobError(NOTHING_SELECTED)
+    job.breakdown = {
+        "eligible": _eligible(kind, rows).count(),
+        "by": _breakdown(kind, rows),
+    }
+    job.save()
+    logger.info(
+        "console.bulk_job.previewed",
+        extra={"bulk_job_id": job.id, "kind": kind, "actor": job.actor_username, "rows": job.total},
+    )
+    return job
+
+
+def _enqueue(job_id: int) -> None:
+    from django_q.tasks import async_task
+
+    try:
+        async_task(TASK, job_id, group=TASK_GROUP, task_name=f"bulk-job-{job_id}-{time.time_ns()}")
+    except Exception as exc:
+        # The broker is down: the job stays queued/running and the minute sweep enqueues it
+        # again once its heartbeat is stale. Never a lost job, at worst a late one.
+        logger.error(
+            "console.bulk_job.enqueue_failed",
+            extra={"bulk_job_id": job_id, "error": type(exc).__name__},
+        )
+
+
+@transaction.atomic
+def bulk_job_start(*, job: BulkJob, actor: AbstractBaseUser, via: str) -> BulkJob:
+    """Queue a previewed job (the click the SLO counts from) and write its operator action."""
+    job = BulkJob.objects.select_for_update().get(pk=job.pk)
+    if job.state != BulkJobState.PREVIEWED:
+        raise BulkJobError(NOT_PREVIEWED.format(id=job.id, state=job.state))
+    if not job.total:
+        raise BulkJobError(EMPTY_JOB.format(id=job.id))
+    now = timezone.now()
+    spec = KINDS[job.kind]
+    job.operator_action = OperatorAction.objects.create(
+        actor=actor,
+        actor_username=actor.get_username(),
+        action=spec.action,
+        via=via,
+        target_model=spec.model._meta.label_lower,
+        # The selection lives on the job (it may be 100,000 rows): the action points there.
+        target_ids=[],
+        requested=job.total,
+        note=f"bulk job #{job.id}",
+        started_at=now,
+    )
+    job.state = BulkJobState.QUEUED
+    job.started_at = now
+    job.heartbeat_at = now
+    job.save(update_fields=["operator_action", "state", "started_at", "heartbeat_at"])
+    transaction.on_commit(lambda: _enqueue(job.id))
+    logger.info(
+        "console.bulk_job.started",
+        extra={"bulk_job_id": job.id, "actor": actor.get_username(), "rows": job.total},
+    )
+    return job
+
+
+@transaction.atomic
+def bulk_job_cancel(*, job: BulkJob, actor: AbstractBaseUser) -> BulkJob:
+    """Stop a job after its batch in flight (waits for that batch's commit, at most).
+
+    A previewed job is simply discarded (`cancelled`, nothing was ever started).
+    """
+    job = BulkJob.objects.select_for_update().get(pk=job.pk)
+    if job.state in BULK_JOB_FINAL_STATES or job.state == BulkJobState.CANCELLING:
+        raise BulkJobError(ALREADY_FINISHED.format(id=job.id, state=job.state))
+    now = timezone.now()
+    if job.state == BulkJobState.PREVIEWED:
+        job.state = BulkJobState.CANCELLED
+        job.finished_at = now
+        job.save(update_fields=["state", "finished_at"])
+    else:
+        job.state = BulkJobState.CANCELLING
+        job.save(update_fields=["state"])
+        action = job.operator_action
+        note = CANCEL_REQUESTED.format(
+            username=actor.get_username(), at=now.isoformat(timespec="seconds")
+        )
+        OperatorAction.objects.filter(pk=action.pk).update(note=f"{action.note}; {note}")
+    logger.info(
+        "console.bulk_job.cancel", extra={"bulk_job_id": job.id, "actor": actor.get_username()}
+    )
+    return job
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowResult:
+    id: int
+    outcome: str  # ItemOutcome
+    detail: str = ""
+
+
+def _replay(ids: list[int]) -> list[RowResult]:
+    results = []
+    for event in RawEvent.objects.filter(id__in=ids).only("id", "received_at"):
+        queued = raw_event_replay(raw_event=event)
+        results.append(RowResult(event.id, ItemOutcome.OK, "" if queued else REPLAY_NOTHING_TO_RUN))
+    return results
+
+
+def _rearm_side_effects(ids: list[int]) -> list[RowResult]:
+    results = []
+    for row in RecapSideEffect.objects.filter(id__in=ids):
+        side_effect_rearm(side_effect=row)
+        results.append(RowResult(row.id, ItemOutcome.OK))
+    return results
+
+
+def _rearm_deliveries(ids: list[int]) -> list[RowResult]:
+    from ingress.services import deliveries_rearm_batch  # H3's batch service
+
+    deliveries_rearm_batch(delivery_ids=ids)
+    return [RowResult(pk, ItemOutcome.OK) for pk in ids]
+
+
+ACTS: dict[str, Callable[[list[int]], list[RowResult]]] = {
+    BulkJobKind.REPLAY_RAW_EVENTS: _replay,
+    BulkJobKind.REARM_DELIVERIES: _rearm_deliveries,
+    BulkJobKind.REARM_SIDE_EFFECTS: _rearm_side_effects,
+}
+
+
+def _act_row_by_row(kind: str, ids: list[int], job_id: int) -> list[RowResult]:
+    """Each row in a savepoint of its own: one refusal or error is that row's alone."""
+    results = []
+    for pk in ids:
+        try:
+            with transaction.atomic():
+                results.extend(ACTS[kind]([pk]))
+        except DATABASE_UNAVAILABLE:
+            raise
+        except EventDropError as exc:
+            # Domain refusals carry constant, payload-free messages: safe to show and store.
+            results.append(RowResult(pk, ItemOutcome.REFUSED, str(exc)))
+        except Exception as exc:
+            logger.exception(
+                "console.bulk_job.row_failed", extra={"bulk_job_id": job_id, "object_id": pk}
+            )
+            detail = UNEXPECTED_ROW_ERROR.format(error=type(exc).__name__, job_id=job_id)
+            results.append(RowResult(pk, ItemOutcome.ERROR, detail))
+    return results
+
+
+def _act(kind: str, ids: list[int], job_id: int) -> list[RowResult]:
+    if kind == BulkJobKind.REARM_DELIVERIES:
+        # The batch service acts on the batch in one go; should it raise, each row again
+        # on its own, so that only the rows at fault are charged.
+        try:
+            with transaction.atomic():
+                return ACTS[kind](ids)
+        except DATABASE_UNAVAILABLE:
+            raise
+        except Exception as exc:
+            logger.warning(
+                "console.bulk_job.batch_failed",
+                extra={"bulk_job_id": job_id, "rows": len(ids), "error": type(exc).__name__},
+            )
+    return _act_row_by_row(kind, ids, job_id)
+
+
+def _outcome(job: BulkJob) -> str:
+    if job.state == BulkJobState.CANCELLED:
+        return OperatorActionOutcome.CANCELLED
+    if job.succeeded and not (job.refused or job.failed):
+        return OperatorActionOutcome.SUCCEEDED
+    if job.succeeded:
+        return OperatorActionOutcome.PARTIAL
+    if job.failed:
+        return OperatorActionOutcome.FAILED
+    if job.refused:
+        return OperatorActionOutcome.REFUSED
+    # Every previewed row had stopped matching by the time its batch came: nothing to do.
+    return OperatorActionOutcome.SUCCEEDED
+
+
+def _finish(job: BulkJob, state: str, now: datetime) -> None:
+    """Final state and the operator action's final counts, in the caller's transaction."""
+    job.state = state
+    job.finished_at = now
+    job.heartbeat_at = now
+    job.save(update_fields=["state", "finished_at", "heartbeat_at", "error"])
+    requested = max(job.total, job.processed)
+    OperatorAction.objects.filter(pk=job.operator_action_id).update(
+        requested=requested,
+        succeeded=job.succeeded,
+        refused=job.refused,
+        failed=job.failed,
+        skipped=requested - job.processed,
+        outcome=_outcome(job),
+        results=job.problems,
+        finished_at=now,
+    )
+    logger.info(
+        "console.bulk_job.finished",
+        extra={
+            "bulk_job_id": job.id,
+            "state": state,
+            "processed": job.processed,
+            "succeeded": job.succeeded,
+            "refused": job.refused,
+            "failed": job.failed,
+            "batches": job.batches,
+        },
+    )
+
+
+def _run_batch(job_id: int, batch_size: int) -> bool:
+    """One batch in one transaction. True when the job has more to do."""
+    with transaction.atomic():
+        job = BulkJob.objects.select_for_update().get(pk=job_id)
+        now = timezone.now()
+        if job.state in BULK_JOB_FINAL_STATES or job.state == BulkJobState.PREVIEWED:
+            return False
+        if job.state == BulkJobState.CANCELLING:
+            _finish(job, BulkJobState.CANCELLED, now)
+            return False
+        ids = list(
+            bulk_job_selection(job=job)
+            .filter(id__gt=job.cursor)
+            .order_by("id")
+            .values_list("id", flat=True)[:batch_size]
+        )
+        if not ids:
+            _finish(job, BulkJobState.DONE, now)
+            return False
+        results = _act(job.kind, ids, job.id)
+        counts = Counter(result.outcome for result in results)
+        job.state = BulkJobState.RUNNING
+        job.cursor = ids[-1]
+        job.batches += 1
+        job.processed += len(results)
+        job.succeeded += counts[ItemOutcome.OK]
+        job.refused += counts[ItemOutcome.REFUSED]
+        job.failed += counts[ItemOutcome.ERROR]
+        room = MAX_PROBLEMS - len(job.problems)
+        if room > 0:
+            job.problems += [
+                {"id": r.id, "outcome": r.outcome, "detail": r.detail}
+                for r in results
+                if r.outcome != ItemOutcome.OK
+            ][:room]
+        job.heartbeat_at = now
+        job.save()
+        BulkJobItem.objects.bulk_create(
+            [BulkJobItem(job_id=job.id, target_id=r.id) for r in results if r.outcome == "ok"],
+            ignore_conflicts=True,
+        )
+    return True
+
+
+def _fail(job_id: int, exc: Exception) -> None:
+    with transaction.atomic():
+        job = BulkJob.objects.select_for_update().get(pk=job_id)
+        if job.state in BULK_JOB_FINAL_STATES:
+            return
+        job.error = JOB_FAILED.format(
+            error=type(exc).__name__, batch=job.batches + 1, job_id=job.id
+        )
+        _finish(job, BulkJobState.FAILED, timezone.now())
+
+
+def bulk_job_run(
+    *, job_id: int, budget_seconds: float | None = None, batch_size: int | None = None
+) -> BulkJob:
+    """Run batches until the job ends or the task's budget is spent (then continue later).
+
+    Safe to call any number of times, also concurrently, for the same job (see the module
+    docstring): a finished job is left as it is.
+    """
+    budget = settings.BULK_JOB_TASK_BUDGET_SECONDS if budget_seconds is None else budget_seconds
+    size = batch_size or settings.BULK_JOB_BATCH_SIZE
+    deadline = time.monotonic() + budget
+    while True:
+        try:
+            more = _run_batch(job_id, size)
+        except DATABASE_UNAVAILABLE:
+            # Transient: the job stays as it is; the sweep resumes it (no silent finality).
+            raise
+        except Exception as exc:
+            logger.exception("console.bulk_job.failed", extra={"bulk_job_id": job_id})
+            _fail(job_id, exc)
+            break
+        if not more:
+            break
+        if time.monotonic() >= deadline:
+            _enqueue(job_id)
+            break
+    return BulkJob.objects.get(pk=job_id)
+
+
+# --- the sweep: resume stalled jobs, measure the SLO, prune -------------------------------------
+
+
+def bulk_jobs_resume_stale(*, now: datetime | None = None) -> list[int]:
+    """Enqueue again every active job whose heartbeat stopped (its worker died or the
+    message was lost). A job that is in fact still running just takes turns with it."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.BULK_JOB_STALE_SECONDS)
+    stale = list(
+        BulkJob.objects.filter(
+            state__in=BULK_JOB_ACTIVE_STATES, heartbeat_at__lt=cutoff
+        ).values_list("id", flat=True)
+    )
+    for job_id in stale:
+        BulkJob.objects.filter(pk=job_id).update(heartbeat_at=now)
+        _enqueue(job_id)
+    if stale:
+        logger.warning("console.bulk_job.resumed_stale", extra={"jobs": len(stale)})
+    return stale
+
+
+@dataclass(frozen=True)
+class SloMeasurement:
+    events: int  # acted-on rows that had a handler to run
+    within: int  # of those, handled within the SLO window of the click
+    p99_seconds: float | None  # None: the 99th percentile was not handled when measured
+
+
+def _chunks(values: list[int], size: int) -> Iterable[list[int]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+def _first_done(delivery_ids: list[int], since: datetime) -> dict[int, datetime]:
+    return dict(
+        DeliveryAttempt.objects.filter(
+            delivery_id__in=delivery_ids,
+            outcome=DeliveryAttempt.Outcome.DONE,
+            finished_at__gte=since,
+        )
+        .values("delivery_id")
+        .annotate(first=Min("finished_at"))
+        .values_list("delivery_id", "first")
+    )
+
+
+def bulk_job_replay_latencies(*, job: BulkJob) -> list[float | None]:
+    """Seconds from the click to each acted-on row's handling (None: not handled yet).
+
+    A replayed event is handled when every one of its deliveries has a `done` attempt after
+    the click; a re-armed delivery when it has one. Rows without a delivery are left out.
+    """
+    since = job.started_at
+    latencies: list[float | None] = []
+    items = list(
+        BulkJobItem.objects.filter(job=job)
+        .order_by("target_id")
+        .values_list("target_id", flat=True)
+    )
+    for chunk in _chunks(items, SLO_CHUNK):
+        if job.kind == BulkJobKind.REPLAY_RAW_EVENTS:
+            pairs = list(
+                Delivery.objects.filter(raw_event_id__in=chunk).values_list("id", "raw_event_id")
+            )
+        else:
+            pairs = [
+                (pk, pk)
+                for pk in Delivery.objects.filter(id__in=chunk).values_list("id", flat=True)
+            ]
+        done = _first_done([delivery_id for delivery_id, _ in pairs], since)
+        per_row: dict[int, list[datetime | None]] = {}
+        for delivery_id, row_id in pairs:
+            per_row.setdefault(row_id, []).append(done.get(delivery_id))
+        for times in per_row.values():
+            if all(times):
+                latencies.append((max(times) - since).total_seconds())  # type: ignore[type-var]
+            else:
+                latencies.append(None)
+    return latencies
+
+
+def slo_measurement(latencies: list[float | None], *, window_seconds: float) -> SloMeasurement:
+    """Nearest-rank p99, with rows not yet handled ranked last (they are the slowest)."""
+    handled = sorted(value for value in latencies if value is not None)
+    events = len(latencies)
+    within = sum(1 for value in handled if value <= window_seconds)
+    p99 = None
+    if events:
+        rank = math.ceil(SLO_PERCENTILE * events)
+        if rank <= len(handled):
+            p99 = handled[rank - 1]
+    return SloMeasurement(events=events, within=within, p99_seconds=p99)
+
+
+def bulk_job_measure_slo(*, job: BulkJob, now: datetime | None = None) -> BulkJob:
+    now = now or timezone.now()
+    measured = slo_measurement(
+        bulk_job_replay_latencies(job=job), window_seconds=settings.BULK_JOB_REPLAY_SLO_SECONDS
+    )
+    BulkJob.objects.filter(pk=job.pk).update(
+        slo_measured_at=now,
+        slo_events=measured.events,
+        slo_within=measured.within,
+        slo_p99_seconds=measured.p99_seconds,
+    )
+    job.refresh_from_db()
+    logger.info(
+        "console.bulk_job.slo_measured",
+        extra={"bulk_job_id": job.id, "events": measured.events, "within": measured.within},
+    )
+    return job
+
+
+SLO_KINDS = (BulkJobKind.REPLAY_RAW_EVENTS, BulkJobKind.REARM_DELIVERIES)
+
+
+def bulk_jobs_measure_slo(*, now: datetime | None = None) -> int:
+    """Measure every finished replay job whose SLO window (from the click) has passed.
+
+    Measured once: by then an event not handled has missed the SLO whatever happens later.
+    """
+    now = now or timezone.now()
+    window = timedelta(seconds=settings.BULK_JOB_REPLAY_SLO_SECONDS)
+    jobs = BulkJob.objects.filter(
+        kind__in=SLO_KINDS,
+        state__in=BULK_JOB_FINAL_STATES,
+        started_at__isnull=False,
+        started_at__lte=now - window,
+        slo_measured_at__isnull=True,
+    ).exclude(operator_action__isnull=True)
+    count = 0
+    for job in jobs:
+        bulk_job_measure_slo(job=job, now=now)
+        count += 1
+    BulkJobItem.objects.filter(job__slo_measured_at__lt=now - ITEM_RETENTION).delete()
+    return count
+
+
+def bulk_jobs_sweep() -> None:
+    """The minute schedule (eventdrop/schedules.py)."""
+    bulk_jobs_resume_stale()
+    bulk_jobs_measure_slo()
+
+
+# --- reads for the pages, the API, the ops page and /metrics -----------------------------------
+
+
+def bulk_job_list() -> QuerySet[BulkJob]:
+    return BulkJob.objects.select_related("operator_action").defer("target_ids")
+
+
+def bulk_job_get(*, job_id: int) -> BulkJob:
+    return BulkJob.objects.select_related("operator_action").get(pk=job_id)
+
+
+@dataclass(frozen=True)
+class ReplaySlo:
+    """The replay SLO over the jobs measured in a window: the ops page's and /metrics' figure."""
+
+    jobs: int
+    events: int
+    within: int
+    worst_p99_seconds: float | None
+
+    @property
+    def missed_ratio(self) -> float | None:
+        if not self.events:
+            return None
+        return (self.events - self.within) / self.events
+
+
+def replay_slo(*, now: datetime, window: timedelta) -> ReplaySlo:
+    jobs = BulkJob.objects.filter(
+        slo_measured_at__gte=now - window, slo_measured_at__lte=now, slo_events__gt=0
+    )
+    totals = jobs.aggregate(events=Sum("slo_events"), within=Sum("slo_within"))
+    p99s = list(jobs.values_list("slo_p99_seconds", flat=True))
+    worst = None
+    if p99s:
+        # A job whose p99 was not handled when measured is the worst there is.
+        worst = None if any(value is None for value in p99s) else max(p99s)
+    return ReplaySlo(
+        jobs=len(p99s),
+        events=totals["events"] or 0,
+        within=totals["within"] or 0,
+        worst_p99_seconds=worst,
+    )
+
+
+def bulk_jobs_active_counts() -> dict[str, int]:
+    counts = dict.fromkeys(BULK_JOB_ACTIVE_STATES, 0)
+    for state, rows in (
+        BulkJob.objects.filter(state__in=BULK_JOB_ACTIVE_STATES)
+        .values_list("state")
+        .annotate(rows=Count("id"))
+        .order_by()
+    ):
+        counts[state] = rows
+    return {str(state): rows for state, rows in counts.items()}
