@@ -31,7 +31,8 @@ pytestmark = pytest.mark.faults
 # django-q2 runs its scheduler every 30 s of its guard loop, the first time 30 s after start.
 SCHEDULER_WAIT_SECONDS = 75
 MINUTE_SCHEDULES = {
-    "ingress.inbox_pass", "ingress.raw_event_partitions", "outbox.dispatch_side_effects"
+    "ingress.inbox_pass", "ingress.raw_event_partitions", "outbox.dispatch_side_effects",
+    "console.bulk_jobs_sweep",
 }
 
 
