@@ -31,8 +31,8 @@ from console.models import (
 )
 from console.selectors import PAYLOAD_FIELDS
 from eventdrop.errors import EventDropError
-from ingress.inbox import raw_event_replay, raw_event_reverify
 from ingress.models import RawEvent, SignatureStatus
+from ingress.services import raw_event_replay, raw_event_reverify
 from outbox.models import RecapSideEffect
 from outbox.services import side_effect_mark_dead, side_effect_rearm
 from recaps.models import RecapVideo

@@ -1,5 +1,10 @@
-"""Writes to the raw event store. The receive path calls exactly one of these
-(raw_event_store); raw_events_rotate_keys is the encryption key rotation."""
+"""Writes to the raw event store and the operator's actions on it.
+
+The receive path calls exactly one of these (raw_event_store); raw_events_rotate_keys is the
+encryption key rotation; raw_event_replay and raw_event_reverify are the operator actions the
+console, the API and the commands call. The inbox's own writes (verify, dedup, fan out) are in
+ingress/inbox.py, running deliveries in ingress/deliveries.py.
+"""
 
 import hashlib
 import json
@@ -10,13 +15,29 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from eventdrop.db import database_deadline
+from eventdrop.errors import EventDropError
 from ingress.encryption import BodyUndecryptable, encrypt_request, keyring, reencrypt_request
-from ingress.models import RawEvent
+from ingress.handlers import handlers_for
+from ingress.inbox import raw_events_settle
+from ingress.models import Delivery, DeliveryStatus, DispatchStatus, RawEvent, SignatureStatus
 from ingress.sources import Source
 
 logger = logging.getLogger(__name__)
+
+REPLAY_NOT_VERIFIED = "Event #{id} is {status}, not verified: only verified events are replayed."
+REPLAY_DUPLICATE = "Event #{id} is a duplicate of #{original}: replay the original instead."
+REVERIFY_NOT_REJECTED = "Event #{id} is {status}: only rejected events are re-verified."
+
+
+class ReplayRefused(EventDropError):
+    pass
+
+
+class ReverifyRefused(EventDropError):
+    pass
 
 
 def raw_event_store(
@@ -155,3 +176,55 @@ def _write_bodies(updates: list[tuple[bytes, dict, str, RawEvent]]) -> None:
     if rows:
         with connection.cursor() as cursor:
             cursor.executemany(sql, rows)
+
+
+# --- operator actions (console, API, commands) ---------------------------------------------
+
+
+@transaction.atomic
+def raw_event_replay(*, raw_event: RawEvent) -> int:
+    """Queue the event to its handlers again. Returns how many deliveries were (re)armed.
+
+    Handlers are idempotent, so a replay is always safe; deliveries that are running right
+    now are left alone (they will finish on their own).
+    """
+    event = RawEvent.objects.select_for_update().get(pk=raw_event.pk)
+    if event.signature_status != SignatureStatus.VERIFIED:
+        raise ReplayRefused(REPLAY_NOT_VERIFIED.format(id=event.id, status=event.signature_status))
+    if event.dispatch_status == DispatchStatus.DUPLICATE:
+        raise ReplayRefused(REPLAY_DUPLICATE.format(id=event.id, original=event.duplicate_of_id))
+    now = timezone.now()
+    # Handlers registered since the event arrived are included: a replay is how an event
+    # that had no handler reaches a new one.
+    for spec in handlers_for(event.provider, event.event_type):
+        Delivery.objects.get_or_create(
+            raw_event_id=event.id, handler=spec.name, defaults={"next_attempt_at": now}
+        )
+    deliveries = Delivery.objects.filter(raw_event_id=event.id)
+    # A delivery running right now is left to finish; it is not counted as re-armed.
+    rearmed = deliveries.exclude(status=DeliveryStatus.PROCESSING).update(
+        status=DeliveryStatus.PENDING,
+        attempts=0,
+        next_attempt_at=now,
+        claimed_at=None,
+        finished_at=None,
+    )
+    event.dispatch_status = (
+        DispatchStatus.DISPATCHED if deliveries.exists() else DispatchStatus.NO_HANDLER
+    )
+    event.handled_at = None
+    event.save(update_fields=["dispatch_status", "handled_at"])
+    logger.info("ingress.replay", extra={"raw_event_id": event.id, "deliveries": rearmed})
+    return rearmed
+
+
+@transaction.atomic
+def raw_event_reverify(*, raw_event: RawEvent) -> RawEvent:
+    """Verify a rejected event again now (after a secret was fixed), and route it if it passes."""
+    event = RawEvent.objects.select_for_update().get(pk=raw_event.pk)
+    if event.signature_status != SignatureStatus.REJECTED:
+        raise ReverifyRefused(
+            REVERIFY_NOT_REJECTED.format(id=event.id, status=event.signature_status)
+        )
+    raw_events_settle([event], timezone.now())
+    return event

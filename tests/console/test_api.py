@@ -6,8 +6,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from console.models import OperatorAction
-from ingress.inbox import REPLAY_NOT_VERIFIED, inbox_run_once
+from ingress.inbox import inbox_run_once
 from ingress.models import RawEvent
+from ingress.services import REPLAY_NOT_VERIFIED
 from tests.console.conftest import receive_github
 
 pytestmark = pytest.mark.django_db

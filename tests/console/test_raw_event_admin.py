@@ -8,8 +8,9 @@ from django.urls import reverse
 
 from console.models import OperatorAction
 from console.services import BULK_LIMIT
-from ingress.inbox import REPLAY_NOT_VERIFIED, inbox_run_once
+from ingress.inbox import inbox_run_once
 from ingress.models import Delivery, RawEvent
+from ingress.services import REPLAY_NOT_VERIFIED
 from ingress.sources import reset_sources_cache
 from tests.console.conftest import receive_github
 

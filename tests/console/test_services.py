@@ -14,7 +14,8 @@ from console.services import (
     raw_events_replay,
     raw_events_reverify,
 )
-from ingress.inbox import REPLAY_DUPLICATE, REVERIFY_NOT_REJECTED, inbox_run_once
+from ingress.inbox import inbox_run_once
+from ingress.services import REPLAY_DUPLICATE, REVERIFY_NOT_REJECTED
 from tests.console.conftest import receive_github
 
 pytestmark = pytest.mark.django_db

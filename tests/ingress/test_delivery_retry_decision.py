@@ -13,15 +13,15 @@ from django.db import connection
 from django.utils import timezone
 
 from eventdrop.retry import classify
-from ingress.handlers import PermanentHandlerError, unregister, webhook_handler
-from ingress.inbox import (
+from ingress.deliveries import (
     _claim_due_deliveries,
     _Failure,
     _record_failure,
     deliveries_rearm_stale,
     deliveries_run_due,
-    raw_events_verify_batch,
 )
+from ingress.handlers import PermanentHandlerError, unregister, webhook_handler
+from ingress.inbox import raw_events_verify_batch
 from ingress.models import Delivery, DeliveryAttempt
 from tests.ingress import test_inbox
 from tests.ingress.test_inbox import receive_github

@@ -21,13 +21,9 @@ from rest_framework.test import APIClient
 
 from console.selectors import BODY_SEARCH_ENCRYPTED
 from ingress.checks import check_raw_event_encryption_keys
+from ingress.deliveries import deliveries_run_due
 from ingress.encryption import BodyUndecryptable, key_id
-from ingress.inbox import (
-    dedup_key_for,
-    deliveries_run_due,
-    inbox_run_once,
-    raw_events_verify_batch,
-)
+from ingress.inbox import dedup_key_for, inbox_run_once, raw_events_verify_batch
 from ingress.models import Delivery, RawEvent
 from ingress.payloads import raw_event_body, raw_event_headers
 from ingress.verifiers import Verdict

@@ -7,20 +7,18 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from ingress.deliveries import deliveries_rearm_stale, deliveries_run_due
 from ingress.handlers import PermanentHandlerError, unregister, webhook_handler
-from ingress.inbox import (
+from ingress.inbox import inbox_run_once, raw_events_verify_batch
+from ingress.models import Delivery, RawEvent
+from ingress.services import (
     REPLAY_DUPLICATE,
     REPLAY_NOT_VERIFIED,
     ReplayRefused,
     ReverifyRefused,
-    deliveries_rearm_stale,
-    deliveries_run_due,
-    inbox_run_once,
     raw_event_replay,
     raw_event_reverify,
-    raw_events_verify_batch,
 )
-from ingress.models import Delivery, RawEvent
 from ingress.sources import reset_sources_cache
 from tests.support.signing import github_headers, stripe_event, stripe_headers
 

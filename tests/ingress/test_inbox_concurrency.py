@@ -10,8 +10,9 @@ from collections import Counter
 import pytest
 from django.db import connection
 
+from ingress.deliveries import deliveries_run_due
 from ingress.handlers import unregister, webhook_handler
-from ingress.inbox import deliveries_run_due, inbox_run_once, raw_events_verify_batch
+from ingress.inbox import inbox_run_once, raw_events_verify_batch
 from ingress.models import Delivery, RawEvent
 from tests.support.signing import store_signed_stripe_event, stripe_event
 

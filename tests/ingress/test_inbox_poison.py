@@ -20,10 +20,11 @@ from django.db import connection
 from django.utils import timezone
 
 from ingress import inbox
+from ingress.deliveries import deliveries_run_due
 from ingress.handlers import unregister, webhook_handler
-from ingress.inbox import deliveries_run_due, inbox_run_once, raw_events_verify_batch
+from ingress.inbox import inbox_run_once, raw_events_verify_batch
 from ingress.models import Delivery, DeliveryAttempt, RawEvent
-from ingress.services import raw_event_store
+from ingress.services import raw_event_reverify, raw_event_store
 from ingress.sources import all_sources
 from tests.support.processes import app_env, start_manage
 from tests.support.signing import github_headers, store_signed_stripe_event
@@ -272,7 +273,7 @@ def test_a_row_our_code_fails_on_is_retried_with_backoff_then_set_aside(
 
     # The way out once the bug is fixed: re-verify, as for any rejection.
     monkeypatch.undo()
-    inbox.raw_event_reverify(raw_event=buggy)
+    raw_event_reverify(raw_event=buggy)
     deliveries_run_due()
     (buggy,) = refreshed(buggy)
     assert (buggy.signature_status, buggy.dispatch_status) == ("verified", "dispatched")

@@ -11,14 +11,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from ingress.inbox import (
-    _claim_due_deliveries,
-    deliveries_rearm_stale,
-    deliveries_run_due,
-    raw_event_replay,
-    raw_events_verify_batch,
-)
+from ingress.deliveries import _claim_due_deliveries, deliveries_rearm_stale, deliveries_run_due
+from ingress.inbox import raw_events_verify_batch
 from ingress.models import Delivery, DeliveryAttempt, RawEvent
+from ingress.services import raw_event_replay
 from tests.ingress import test_inbox
 from tests.ingress.test_inbox import receive_github
 

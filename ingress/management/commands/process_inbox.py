@@ -2,7 +2,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from eventdrop.worker_loop import run_until_stopped
-from ingress.inbox import InboxPass, delivery_retry_policy, inbox_run_once, raw_event_retry_policy
+from ingress.deliveries import delivery_retry_policy
+from ingress.inbox import InboxPass, inbox_run_once, raw_event_retry_policy
 
 
 def _summary(result: InboxPass) -> str:

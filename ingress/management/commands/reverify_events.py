@@ -3,8 +3,8 @@ from datetime import datetime
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.dateparse import parse_datetime
 
-from ingress.inbox import raw_event_reverify
 from ingress.models import RawEvent, RejectionReason, SignatureStatus
+from ingress.services import raw_event_reverify
 from ingress.sources import all_sources
 
 

@@ -1,0 +1,397 @@
+"""Flow 2, second half: run the deliveries the inbox created, one per (event, handler).
+
+`deliveries_run_due` claims due `pending` deliveries with `SELECT … FOR UPDATE SKIP LOCKED`
+(marking them `processing`, attempt charged, in a short transaction of its own), then runs
+the batch in one transaction with a savepoint per handler: a handler's writes and its
+delivery's `done` commit together, a failing handler rolls back only its own savepoint, and
+the batch pays for one commit instead of one per event. A failure is recorded on the row
+(`_record_failure`): back to `pending` with a backoff, or `dead` once DELIVERY_MAX_ATTEMPTS
+are charged — the decision of eventdrop/retry.py, the project's one retry machine.
+
+A worker that dies (killed, out of memory) records nothing: a delivery it had claimed stays
+`processing` and `deliveries_rearm_stale` re-arms it, still charged, or gives it up `dead`
+once its charged attempts reach DELIVERY_MAX_ATTEMPTS.
+
+`deliveries_for_event` builds the rows the inbox inserts when it settles an event
+(ingress/inbox.py), so what a new delivery starts as is decided here, next to how it runs.
+Replay and re-arm by an operator are in ingress/services.py.
+"""
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import Exists, F, OuterRef
+from django.utils import timezone
+
+from eventdrop.db_roles import handler_role
+from eventdrop.retry import (
+    Action,
+    Disposition,
+    Failure,
+    RetryPolicy,
+    RetryStrategy,
+    classify,
+    fenced,
+)
+from ingress.encryption import keyring
+from ingress.handlers import HandlerSpec, PermanentHandlerError, get_handler
+from ingress.models import Delivery, DeliveryAttempt, DeliveryStatus, RawEvent
+from ingress.payloads import parse_payload, raw_event_body, raw_event_headers, storable_text
+
+logger = logging.getLogger(__name__)
+
+HANDLER_MISSING = "handler {name} is no longer registered"
+
+# Our own database failing (connection lost, restart, statement or lock timeout, deadlock):
+# not the row's fault, so never charged to one. The batch rolls back whole and the worker
+# loop backs off; the rows are claimed again once the database answers.
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
+
+
+def delivery_retry_policy() -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=settings.DELIVERY_MAX_ATTEMPTS,
+        base_seconds=settings.DELIVERY_BACKOFF_BASE_SECONDS,
+        cap_seconds=settings.DELIVERY_BACKOFF_CAP_SECONDS,
+    )
+
+
+def delivery_retry_strategy() -> RetryStrategy:
+    """The project's one retry decision (eventdrop/retry.py), with the delivery settings."""
+    return RetryStrategy(policy=delivery_retry_policy())
+
+
+def deliveries_for_event(
+    event: RawEvent, specs: list[HandlerSpec], now: datetime
+) -> list[Delivery]:
+    """The new (unsaved) deliveries of a settled event, one per handler, due now."""
+    return [
+        Delivery(raw_event_id=event.id, handler=spec.name, next_attempt_at=now) for spec in specs
+    ]
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    id: int
+    raw_event_id: int
+    handler: str
+    attempts: int  # this one included, since the delivery was last armed
+    number: int  # lifetime attempt number, for the history
+    claimed_at: datetime  # with attempts, the fence of every outcome recorded for it
+
+
+@dataclass(frozen=True)
+class _Failure:
+    claimed: _Claimed
+    failure: Failure  # eventdrop.retry.classify: the one classification table
+    error: str
+    started: datetime
+
+
+def _claim_due_deliveries(limit: int, now: datetime) -> list[_Claimed]:
+    with transaction.atomic():
+        due = list(
+            Delivery.objects.select_for_update(skip_locked=True)
+            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
+            .order_by("next_attempt_at")
+            .values_list("id", "raw_event_id", "handler", "attempts", "total_attempts")[:limit]
+        )
+        if due:
+            Delivery.objects.filter(id__in=[row[0] for row in due]).update(
+                status=DeliveryStatus.PROCESSING,
+                claimed_at=now,
+                attempts=F("attempts") + 1,
+                total_attempts=F("total_attempts") + 1,
+            )
+    return [
+        _Claimed(id, event_id, handler, attempts + 1, total + 1, now)
+        for id, event_id, handler, attempts, total in due
+    ]
+
+
+def _mark_events_handled(raw_event_ids: set[int], now: datetime) -> None:
+    """Stamp handled_at on events whose deliveries have all finished (done or dead)."""
+    unfinished = Delivery.objects.filter(
+        raw_event_id=OuterRef("id"),
+        status__in=[DeliveryStatus.PENDING, DeliveryStatus.PROCESSING],
+    )
+    RawEvent.objects.filter(id__in=raw_event_ids, handled_at__isnull=True).exclude(
+        Exists(unfinished)
+    ).update(handled_at=now)
+
+
+def _call_handler(claimed: _Claimed, events: dict[int, RawEvent]) -> None:
+    event = events.get(claimed.raw_event_id)
+    if event is None:
+        raise PermanentHandlerError(f"raw event #{claimed.raw_event_id} no longer exists")
+    spec = get_handler(claimed.handler)
+    if spec is None:
+        raise PermanentHandlerError(HANDLER_MISSING.format(name=claimed.handler))
+    payload = parse_payload(raw_event_headers(event), raw_event_body(event))
+    # As DATABASE_HANDLER_ROLE when set: the inbox's own role cannot touch business tables.
+    with handler_role():
+        spec.func(event, payload)
+
+
+def _record_failure(failure: _Failure) -> None:
+    claimed = failure.claimed
+    # A handler's message may hold a NUL or a lone surrogate: recording it must not fail.
+    error = storable_text(failure.error)[:4000]
+    now = timezone.now()
+    decision = delivery_retry_strategy().decide(failure.failure, attempts=claimed.attempts, now=now)
+    # Fenced on (claimed_at, attempts): a worker whose delivery was re-armed as stale and
+    # claimed again meanwhile cannot overwrite the newer run.
+    row = fenced(
+        Delivery.objects.filter(id=claimed.id),
+        claimed_at=claimed.claimed_at,
+        attempts=claimed.attempts,
+        processing=DeliveryStatus.PROCESSING,
+    )
+    with transaction.atomic():
+        if decision.action == Action.GIVE_UP:
+            permanent = failure.failure.disposition == Disposition.PERMANENT
+            outcome = (
+                DeliveryAttempt.Outcome.PERMANENT if permanent else DeliveryAttempt.Outcome.DEAD
+            )
+            updated = row.update(status=DeliveryStatus.DEAD, finished_at=now, last_error=error)
+            if updated:
+                _mark_events_handled({claimed.raw_event_id}, now)
+        else:
+            outcome = DeliveryAttempt.Outcome.TRANSIENT
+            updated = row.update(
+                status=DeliveryStatus.PENDING,
+                next_attempt_at=decision.retry_at,
+                claimed_at=None,
+                last_error=error,
+                # Released (not the delivery's fault): the attempt is given back.
+                **({} if decision.charged else {"attempts": F("attempts") - 1}),
+            )
+        if not updated:
+            logger.warning("ingress.deliver.lost_claim", extra={"delivery_id": claimed.id})
+            return
+        DeliveryAttempt.objects.create(
+            delivery_id=claimed.id,
+            number=claimed.number,
+            started_at=failure.started,
+            finished_at=now,
+            outcome=outcome,
+            error=error,
+        )
+    logger.warning(
+        "ingress.deliver.failed",
+        extra={
+            "delivery_id": claimed.id,
+            "raw_event_id": claimed.raw_event_id,
+            "handler": claimed.handler,
+            "attempt": claimed.attempts,
+            "outcome": outcome,
+        },
+    )
+
+
+def deliveries_run_due(*, limit: int | None = None, now: datetime | None = None) -> int:
+    """Claim and run up to `limit` due deliveries. Returns how many were run.
+
+    The batch runs in one transaction with a savepoint per handler: a handler's writes and
+    its delivery's `done` commit together, a failing handler rolls back only its own
+    savepoint, and the batch pays for one commit (one WAL flush) instead of one per event.
+    Should the batch fail outside a handler's savepoint — a handler's write that only fails
+    at COMMIT (PostgreSQL checks Django's foreign keys there), say — it is run again one
+    delivery per transaction, and a delivery that fails on its own is charged like any
+    transient failure. Should our database fail, every delivery of the batch stays
+    `processing` and is re-armed by deliveries_rearm_stale — handlers are idempotent, so
+    running again is safe. Handlers must therefore be quick and touch only the database
+    (slow work goes through an outbox), or they would hold the batch's locks.
+    """
+    claimed = _claim_due_deliveries(limit or settings.INBOX_BATCH_SIZE, now or timezone.now())
+    if not claimed:
+        return 0
+    events = RawEvent.objects.in_bulk({item.raw_event_id for item in claimed})
+    claimed = _release_unreadable(claimed, events)
+    try:
+        failures = _run_claimed(claimed, events)
+    except DATABASE_UNAVAILABLE:
+        raise
+    except Exception as exc:
+        logger.warning(
+            "ingress.deliver.batch_failed",
+            extra={"deliveries": len(claimed), "error": type(exc).__name__},
+        )
+        failures = []
+        for item in claimed:
+            started = timezone.now()
+            try:
+                failures += _run_claimed([item], events)
+            except DATABASE_UNAVAILABLE:
+                raise
+            except Exception as exc:
+                failures.append(_Failure(item, classify(exc), _describe(exc), started))
+    for failure in failures:
+        try:
+            _record_failure(failure)
+        except DATABASE_UNAVAILABLE:
+            raise
+        except Exception as exc:
+            # The last net: the delivery stays `processing` until it is re-armed as stale.
+            logger.error(
+                "ingress.deliver.record_failed",
+                extra={"delivery_id": failure.claimed.id, "error": type(exc).__name__},
+            )
+    return len(claimed)
+
+
+# How long a delivery whose body we cannot decrypt waits before it is claimed again.
+KEY_MISSING_RECHECK_SECONDS = 60
+
+
+def _release_unreadable(claimed: list[_Claimed], events: dict[int, RawEvent]) -> list[_Claimed]:
+    """Deliveries whose event's body is under a key RAW_EVENT_ENCRYPTION_KEYS no longer holds
+    go back to `pending`, uncharged: our configuration, not the delivery's fault, so it must
+    not run out its attempts and die while the key is being put back. Returns the others."""
+    known = keyring().known_ids
+    unreadable = {
+        item.id
+        for item in claimed
+        if (event := events.get(item.raw_event_id)) is not None
+        and event.body_encryption not in known
+    }
+    if not unreadable:
+        return claimed
+    Delivery.objects.filter(id__in=unreadable, status=DeliveryStatus.PROCESSING).update(
+        status=DeliveryStatus.PENDING,
+        claimed_at=None,
+        attempts=F("attempts") - 1,
+        total_attempts=F("total_attempts") - 1,
+        next_attempt_at=timezone.now() + timedelta(seconds=KEY_MISSING_RECHECK_SECONDS),
+    )
+    logger.warning("ingress.deliver.encryption_key_missing", extra={"deliveries": len(unreadable)})
+    return [item for item in claimed if item.id not in unreadable]
+
+
+def _run_claimed(claimed: list[_Claimed], events: dict[int, RawEvent]) -> list[_Failure]:
+    """Run the handlers in one transaction, a savepoint each; returns the failed ones."""
+    failures: list[_Failure] = []
+    with transaction.atomic():
+        attempts: list[DeliveryAttempt] = []
+        for item in claimed:
+            started = timezone.now()
+            try:
+                with transaction.atomic():
+                    _call_handler(item, events)
+            except Exception as exc:
+                # eventdrop.retry.classify, the table the outbox uses too: PermanentHandlerError
+                # and an unparseable body are permanent; our database's errors and anything
+                # unclassified are retried (a handler only sees verified events, and a bug
+                # fixed by the next deploy should not have killed the event meanwhile),
+                # bounded by max_attempts; dead deliveries can be re-armed from the console.
+                failures.append(_Failure(item, classify(exc), _describe(exc), started))
+                continue
+            attempts.append(
+                DeliveryAttempt(
+                    delivery_id=item.id,
+                    number=item.number,
+                    started_at=started,
+                    finished_at=timezone.now(),
+                    outcome=DeliveryAttempt.Outcome.DONE,
+                )
+            )
+        if attempts:
+            finished = timezone.now()
+            Delivery.objects.filter(id__in=[a.delivery_id for a in attempts]).update(
+                status=DeliveryStatus.DONE, finished_at=finished, last_error=""
+            )
+            DeliveryAttempt.objects.bulk_create(attempts)
+            done_ids = {a.delivery_id for a in attempts}
+            _mark_events_handled(
+                {item.raw_event_id for item in claimed if item.id in done_ids}, finished
+            )
+    return failures
+
+
+def _describe(exc: Exception) -> str:
+    try:
+        message = str(exc)
+    except Exception:  # an exception whose __str__ raises must not take the batch with it
+        message = "(message unprintable)"
+    return f"{type(exc).__name__}: {message}"
+
+
+@transaction.atomic
+def deliveries_rearm_stale(*, now: datetime | None = None) -> int:
+    """Deliveries left `processing` by a worker that died go back to `pending` — or `dead`.
+
+    The claim charged the attempt (the handler may have run, and written, before the worker
+    died), so a delivery whose charged attempts already reached DELIVERY_MAX_ATTEMPTS is
+    given up here, visibly, with a payload-free reason and a history row. Without that, a
+    handler that kills its worker (out of memory, a segfault in a C extension, a kill at the
+    task timeout) would be claimed and re-armed forever: the dead decision is otherwise only
+    made when a failure is *recorded*, and a dead worker records nothing. Returns how many
+    deliveries were re-armed or given up.
+
+    Known limit: our database failing mid-batch also leaves the batch `processing` (nothing
+    can be written then), and the row cannot tell that from a dead worker; a delivery on its
+    last allowed attempt when that happens is given up the same way (replay re-arms it).
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.DELIVERY_STALE_AFTER_SECONDS)
+    stale = Delivery.objects.filter(status=DeliveryStatus.PROCESSING, claimed_at__lt=cutoff)
+    max_attempts = delivery_retry_policy().max_attempts
+    exhausted = list(
+        stale.filter(attempts__gte=max_attempts)
+        .select_for_update(skip_locked=True)
+        .values_list("id", "raw_event_id", "attempts", "total_attempts", "claimed_at")
+    )
+    for delivery_id, raw_event_id, attempts, total, claimed_at in exhausted:
+        _give_up_abandoned(
+            delivery_id, raw_event_id, attempts, total, claimed_at, now, max_attempts
+        )
+    count = stale.filter(attempts__lt=max_attempts).update(
+        status=DeliveryStatus.PENDING, claimed_at=None, next_attempt_at=now
+    )
+    if count:
+        logger.warning("ingress.deliver.rearmed_stale", extra={"count": count})
+    return count + len(exhausted)
+
+
+WORKER_DIED = (
+    "given up when re-armed as stale after {attempts} of {max_attempts} attempts: the worker "
+    "died {died} times during this delivery, without recording an outcome"
+)
+
+
+def _give_up_abandoned(
+    delivery_id: int,
+    raw_event_id: int,
+    attempts: int,
+    total: int,
+    claimed_at: datetime,
+    now: datetime,
+    max_attempts: int,
+) -> None:
+    # The attempts since the delivery was armed are numbered (total - attempts, total]; the
+    # ones without a history row are the claims whose worker never came back.
+    recorded = DeliveryAttempt.objects.filter(
+        delivery_id=delivery_id, number__gt=total - attempts
+    ).count()
+    error = WORKER_DIED.format(
+        died=attempts - recorded, attempts=attempts, max_attempts=max_attempts
+    )
+    Delivery.objects.filter(id=delivery_id).update(
+        status=DeliveryStatus.DEAD, finished_at=now, last_error=error
+    )
+    DeliveryAttempt.objects.create(
+        delivery_id=delivery_id,
+        number=total,
+        started_at=claimed_at,
+        finished_at=now,
+        outcome=DeliveryAttempt.Outcome.DEAD,
+        error=error,
+    )
+    _mark_events_handled({raw_event_id}, now)
+    logger.error(
+        "ingress.deliver.worker_died",
+        extra={"delivery_id": delivery_id, "raw_event_id": raw_event_id, "attempts": attempts},
+    )
