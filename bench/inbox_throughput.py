@@ -1,164 +1,669 @@
-"""Benchmark: how fast the inbox drains (verify + dedup + deliver), 1 and 2 workers.
+"""Benchmark: how fast two (or N) real inbox workers drain a signed backlog, exactly once.
 
-Not a test. It needs PostgreSQL on 127.0.0.1:5432 and uses its own database
-(`eventdrop_bench_inbox`), which it recreates. For each worker count it stores a backlog of
-signed Stripe events (realistic ~1.5 KiB bodies, 2 % provider duplicates) with the real
-receive service, starts that many worker *processes* running the real `inbox_run_once`
-loop, and reports events/s from the first claim until every event is verified, deduplicated
-and its handler delivery is done.
+Not a test. It needs PostgreSQL (127.0.0.1:5432 unless --pg-port) and uses its own database
+(`eventdrop_bench_inbox`), which it recreates. Each run:
 
-    .venv/bin/python bench/inbox_throughput.py --events 20000 --workers 1 2
+1. loads a backlog of `--events` Stripe-signed events (a realistic ~1.6 KiB
+   `payment_intent.succeeded` body, the headers Stripe sends, `--duplicates` of them provider
+   redeliveries of an earlier event under a new signature) with one COPY, exactly as
+   `raw_event_store` would have stored them, and ANALYZEs it — all in one transaction that
+   stays open while
+2. `--workers` worker processes start: the real `manage.py process_inbox`, the command the
+   Procfile runs (settings: bench/settings_inbox.py, which adds the handler in
+   bench/handlers.py — one small write per delivery, as real handlers do). Once every worker
+   is connected the backlog is committed and the clock starts; it stops when no raw event is
+   pending and no delivery is pending or processing.
+3. checks exactly-once: every distinct event verified and dispatched once, each duplicate
+   pointing at its winner, one `done` delivery with one `done` attempt per event and handler,
+   the handler's write committed exactly once per winner and never for a duplicate, one dedup
+   key per distinct event, nothing pending or processing left. Any violation is printed and the
+   script exits non-zero.
 
-Compare the figure with the ingress ACK rate (bench/ingress_ack.py): the pipeline must
-drain at least as fast as the ingress accepts.
+    .venv/bin/python bench/inbox_throughput.py --events 50000 --workers 2 \\
+        --ingress-json /tmp/ingress.json
+
+`--ingress-json FILE` reads the ACK rate bench/ingress_ack.py measured in the same run
+(`--json-out FILE`; the key `ack_per_s`) and prints the drain rate next to it with the ratio
+(issue 15: the drain must be at least the ingress rate). `--baseline REV` runs the workers
+of every other run from `git archive REV` instead of the working tree (same database, same
+backlog, same settings), alternating baseline and current, and prints each pair's ratio.
+`--py-spy DIR` records each worker with py-spy (collapsed stacks, top frames printed);
+`--pg-stats` resets and prints pg_stat_statements (the server must preload it).
 """
 
 import argparse
+import hashlib
+import hmac
+import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DB_NAME = "eventdrop_bench_inbox"
-DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
-EVENT_TYPE = "bench.inbox"
-MAX_SECONDS_PER_RUN = 600
+SETTINGS = "bench.settings_inbox"
+APP_NAME = "eventdrop-bench-inbox"  # PGAPPNAME of the workers' connections
+MAX_SECONDS_PER_RUN = 900
+# Files the workers need that a baseline revision may predate.
+BENCH_SUPPORT_FILES = ("bench/__init__.py", "bench/settings_inbox.py", "bench/handlers.py")
 
 
-def _setup_django() -> None:
+def _admin_url(port: int, db: str = "postgres") -> str:
+    return f"postgresql://postgres@127.0.0.1:{port}/{db}"
+
+
+def _setup_django(port: int) -> None:
     sys.path.insert(0, str(ROOT))
-    os.environ["DATABASE_URL"] = DATABASE_URL
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "eventdrop.settings_test")
+    os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:{port}/{DB_NAME}"
+    os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
     import django
 
     django.setup()
 
-    from ingress.handlers import webhook_handler
 
-    # A handler that does what real handlers do: one small write in its transaction.
-    @webhook_handler(provider="stripe", event_types=[EVENT_TYPE])
-    def bench_handler(event, payload):
-        from ingress.models import RawEvent
-
-        RawEvent.objects.filter(pk=event.pk).update(query_string="handled")
-
-
-def _recreate_database() -> None:
+def _recreate_database(port: int) -> None:
     import psycopg
 
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as db:
+    with psycopg.connect(_admin_url(port), autocommit=True) as db:
         db.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
         db.execute(f'CREATE DATABASE "{DB_NAME}"')
 
 
-def _store_backlog(count: int) -> int:
-    import json
+# --- the backlog ---------------------------------------------------------------------------
 
-    from django.db import connection
 
-    from ingress.models import DedupKey, Delivery, DeliveryAttempt, RawEvent
-    from tests.support.signing import store_signed_stripe_event
+def _stripe_body(event_id: str, n: int, created: int) -> bytes:
+    """A payment_intent.succeeded event shaped like Stripe's (API 2024-06-20), ~1.6 KiB."""
+    pi = f"pi_3Pbench{n:010d}"
+    charge = f"ch_3Pbench{n:010d}"
+    payload = {
+        "id": event_id,
+        "object": "event",
+        "api_version": "2024-06-20",
+        "created": created,
+        "data": {
+            "object": {
+                "id": pi,
+                "object": "payment_intent",
+                "amount": 1000 + n % 9000,
+                "amount_capturable": 0,
+                "amount_details": {"tip": {}},
+                "amount_received": 1000 + n % 9000,
+                "application": None,
+                "automatic_payment_methods": {"allow_redirects": "never", "enabled": True},
+                "capture_method": "automatic",
+                "client_secret": f"{pi}_secret_{hashlib.sha256(pi.encode()).hexdigest()[:24]}",
+                "confirmation_method": "automatic",
+                "created": created - 2,
+                "currency": "eur",
+                "customer": f"cus_Bench{n % 5000:08d}",
+                "description": "EventDrop recap video",
+                "latest_charge": charge,
+                "livemode": False,
+                "metadata": {"recap_id": f"00000000-0000-4000-8000-{n:012d}", "plan": "recap"},
+                "next_action": None,
+                "on_behalf_of": None,
+                "payment_method": f"pm_1Pbench{n:010d}",
+                "payment_method_configuration_details": None,
+                "payment_method_options": {
+                    "card": {
+                        "installments": None,
+                        "mandate_options": None,
+                        "network": None,
+                        "request_three_d_secure": "automatic",
+                    }
+                },
+                "payment_method_types": ["card"],
+                "processing": None,
+                "receipt_email": f"customer{n % 5000}@example.com",
+                "review": None,
+                "setup_future_usage": None,
+                "shipping": None,
+                "source": None,
+                "statement_descriptor": None,
+                "statement_descriptor_suffix": None,
+                "status": "succeeded",
+                "transfer_data": None,
+                "transfer_group": None,
+            }
+        },
+        "livemode": False,
+        "pending_webhooks": 1,
+        "request": {"id": f"req_Bench{n:010d}", "idempotency_key": f"idem-{n:08d}-bench"},
+        "type": "payment_intent.succeeded",
+    }
+    return json.dumps(payload, indent=2).encode()
 
-    # TRUNCATE, not DELETE: a run must not inherit the previous run's dead tuples.
-    tables = ", ".join(m._meta.db_table for m in (DeliveryAttempt, Delivery, DedupKey, RawEvent))
-    with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {tables}")
-    filler = "x" * 1200
+
+def _is_duplicate(n: int, fraction: float) -> bool:
+    """Spread evenly: event n is a redelivery when it crosses the next multiple of 1/fraction."""
+    return n > 0 and int((n + 1) * fraction) > int(n * fraction)
+
+
+def _backlog_rows(count: int, fraction: float, secret: str):
+    """(fields…) per event in the column order of _BACKLOG_COLUMNS, and the distinct count."""
+    from django.utils import timezone
+
+    now = timezone.now()
+    # Received over the last few minutes, in order, signed at arrival (the Stripe tolerance
+    # is judged against received_at, so a slow drain never turns them stale).
+    first = now - timedelta(seconds=120)
+    step = timedelta(seconds=110) / count
+    rows = []
     distinct = 0
+    last_distinct = 0
+    bodies: dict[int, bytes] = {}
     for n in range(count):
-        # every 50th event is a provider redelivery of the previous one
-        event_id = f"evt_bench_{n - 1 if n % 50 == 49 else n}"
-        distinct += n % 50 != 49
-        body = json.dumps(
-            {"id": event_id, "object": "event", "type": EVENT_TYPE, "data": {"note": filler}}
-        ).encode()
-        store_signed_stripe_event(body)
-    # What autovacuum would have done by the time a real backlog of this size is worked off.
-    with connection.cursor() as cursor:
+        received_at = first + step * n
+        timestamp = int(received_at.timestamp())
+        if _is_duplicate(n, fraction):
+            body = bodies[last_distinct]  # the same event again, a new attempt's signature
+        else:
+            distinct += 1
+            last_distinct = n
+            body = _stripe_body(f"evt_1Pbench{n:010d}", n, timestamp - 1)
+            bodies = {n: body}
+        signed = f"{timestamp}.".encode() + body
+        signature = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+        headers = {
+            "host": "hooks.example.com",
+            "user-agent": "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
+            "content-type": "application/json; charset=utf-8",
+            "content-length": str(len(body)),
+            "accept": "*/*; q=0.5, application/xml",
+            "cache-control": "no-cache",
+            "x-forwarded-for": "54.187.174.169",
+            "x-forwarded-proto": "https",
+            "stripe-signature": f"t={timestamp},v1={signature}",
+        }
+        rows.append((headers, body, received_at))
+    return rows, distinct
+
+
+_BACKLOG_COLUMNS = (
+    "source",
+    "provider",
+    "method",
+    "path",
+    "query_string",
+    "headers",
+    "body",
+    "body_encryption",
+    "body_sha256",
+    "remote_addr",
+    "received_at",
+    "delivery_id",
+    "signature_status",
+    "rejection_reason",
+    "verify_count",
+    "event_type",
+    "provider_retry_reason",
+    "dedup_key",
+    "dispatch_status",
+    "processing_failures",
+    "processing_error",
+    "origin",
+)
+
+
+def _load_backlog(loader, count: int, fraction: float) -> int:
+    """COPY the backlog in the loader's open transaction; returns the distinct events.
+
+    Each row holds what raw_event_store would have written for it (encrypt_request, the
+    plaintext's hash, the model's defaults for the inbox's columns): the workers cannot tell
+    it from received traffic. The transaction is committed by the caller.
+    """
+    from psycopg.types.json import Jsonb
+
+    from ingress.encryption import encrypt_request
+    from ingress.models import DedupKey, Delivery, DeliveryAttempt, RawEvent
+    from ingress.sources import all_sources
+
+    source = all_sources()["stripe"]
+    secret = source.secrets[0]
+    fields = {f.column: f for f in RawEvent._meta.concrete_fields}
+    missing = [
+        column
+        for column, field in fields.items()
+        if column not in _BACKLOG_COLUMNS and column != "id" and not _nullable(field)
+    ]
+    if missing:
+        raise SystemExit(f"bench: the backlog does not fill {missing}: update _BACKLOG_COLUMNS")
+    defaults = {column: fields[column].get_default() for column in _BACKLOG_COLUMNS}
+    rows, distinct = _backlog_rows(count, fraction, secret)
+    tables = ", ".join(m._meta.db_table for m in (DeliveryAttempt, Delivery, DedupKey, RawEvent))
+    with loader.cursor() as cursor:
+        # TRUNCATE, not DELETE: a run must not inherit the previous run's dead tuples.
+        cursor.execute(f"TRUNCATE {tables}")
+        columns = ", ".join(_BACKLOG_COLUMNS)
+        with cursor.copy(f"COPY {RawEvent._meta.db_table} ({columns}) FROM STDIN") as copy:
+            for headers, body, received_at in rows:
+                stored_body, stored_headers, body_encryption = encrypt_request(body, headers)
+                values = {
+                    **defaults,
+                    "source": source.name,
+                    "provider": source.provider,
+                    "method": "POST",
+                    "path": f"/webhooks/{source.name}/",
+                    "headers": Jsonb(stored_headers),
+                    "body": stored_body,
+                    "body_encryption": body_encryption,
+                    "body_sha256": hashlib.sha256(body).hexdigest(),
+                    "remote_addr": "127.0.0.1",
+                    "received_at": received_at,
+                    "delivery_id": "",
+                }
+                copy.write_row([values[column] for column in _BACKLOG_COLUMNS])
+        # What autovacuum would have done by the time a real backlog of this size is worked
+        # off (ANALYZE counts this transaction's own uncommitted rows).
         cursor.execute("ANALYZE")
     return distinct
 
 
-def _worker() -> None:
-    _setup_django()
-    from ingress.inbox import inbox_run_once
+def _nullable(field) -> bool:
+    from django.db.models.fields import NOT_PROVIDED
 
-    deadline = time.monotonic() + MAX_SECONDS_PER_RUN
-    idle_passes = 0
-    while time.monotonic() < deadline and idle_passes < 3:
-        idle_passes = idle_passes + 1 if inbox_run_once().idle else 0
-        if idle_passes:
-            time.sleep(0.2)
+    return field.null or field.db_default is not NOT_PROVIDED
 
 
-def _run(workers: int, events: int) -> dict:
+# --- the workers ---------------------------------------------------------------------------
+
+
+def _baseline_tree(revision: str) -> Path:
+    """`git archive REV` unpacked in a temporary directory, plus the bench's own support files."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    tree = Path(tempfile.gettempdir()) / f"eventdrop-inbox-baseline-{commit[:12]}"
+    if not (tree / "manage.py").exists():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "archive", commit], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    for name in BENCH_SUPPORT_FILES:
+        if not (tree / name).exists():
+            shutil.copy(ROOT / name, tree / name)
+    return tree
+
+
+def _worker_env(port: int, batch_size: int | None) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": SETTINGS,
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{port}/{DB_NAME}",
+        "PGAPPNAME": APP_NAME,
+        # Only the wait before the backlog is committed: a worker with work never sleeps.
+        "INBOX_IDLE_SLEEP_SECONDS": "0.05",
+    }
+    env.pop("PYTHONPATH", None)
+    if batch_size:
+        env["INBOX_BATCH_SIZE"] = str(batch_size)
+    return env
+
+
+def _wait_for_workers(cursor, procs, workers: int, log_dir: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for i, proc in enumerate(procs):
+            if proc.poll() is not None:
+                log = (log_dir / f"worker-{i}.log").read_text()[-3000:]
+                raise SystemExit(f"bench: worker {i} exited with {proc.returncode}:\n{log}")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s",
+            (DB_NAME, APP_NAME),
+        )
+        if cursor.fetchone()[0] >= workers:
+            time.sleep(0.3)  # their first (idle) pass, on a snapshot without the backlog
+            return
+        time.sleep(0.05)
+    raise SystemExit("bench: the workers did not connect within 60 s")
+
+
+def _run(args, tree: Path, label: str) -> dict:
+    import psycopg
+
+    url = _admin_url(args.pg_port, DB_NAME)
+    log_dir = Path(tempfile.mkdtemp(prefix="inbox-bench-"))
+    with psycopg.connect(url) as loader, psycopg.connect(url, autocommit=True) as watcher:
+        loaded = time.monotonic()
+        distinct = _load_backlog(loader, args.events, args.duplicates)
+        load_seconds = time.monotonic() - loaded
+        env = _worker_env(args.pg_port, args.batch_size)
+        procs = []
+        for i in range(args.workers):
+            log = (log_dir / f"worker-{i}.log").open("w")
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "manage.py", "process_inbox"],
+                    cwd=tree,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        spies = []
+        try:
+            with watcher.cursor() as cursor:
+                _wait_for_workers(cursor, procs, args.workers, log_dir)
+                if args.pg_stats:
+                    cursor.execute("SELECT pg_stat_statements_reset()")
+                loader.commit()
+                started = time.monotonic()
+                if args.py_spy:
+                    spies = _start_spies(args.py_spy, procs, label)
+                done_at = None
+                while time.monotonic() - started < MAX_SECONDS_PER_RUN:
+                    cursor.execute(
+                        "SELECT EXISTS (SELECT 1 FROM ingress_rawevent"
+                        "  WHERE signature_status = 'pending')"
+                        " OR EXISTS (SELECT 1 FROM ingress_delivery"
+                        "  WHERE status IN ('pending', 'processing'))"
+                    )
+                    if not cursor.fetchone()[0]:
+                        done_at = time.monotonic()
+                        break
+                    time.sleep(0.05)
+        finally:
+            for spy in spies:
+                spy.send_signal(signal.SIGINT)
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            for spy in spies:
+                spy.wait(timeout=30)
+        pg_top = _pg_top(watcher) if args.pg_stats else []
+        violations = [] if done_at else ["backlog not drained within the time limit"]
+        violations += _exactly_once_violations(watcher, args.events, distinct)
+    elapsed = (done_at or time.monotonic()) - started
+    result = {
+        "label": label,
+        "workers": args.workers,
+        "events": args.events,
+        "distinct": distinct,
+        "load_seconds": load_seconds,
+        "seconds": elapsed,
+        "events_per_s": args.events / elapsed,
+        "violations": violations,
+        "pg_top": pg_top,
+        "logs": str(log_dir),
+    }
+    if args.py_spy:
+        result["spy_top"] = _spy_top(Path(args.py_spy), label)
+    return result
+
+
+# --- exactly once --------------------------------------------------------------------------
+
+_CHECKS = {
+    # name: (SQL returning one number, what it must be: "events" / "distinct" / "dups" / 0)
+    "raw events stored": ("SELECT count(*) FROM ingress_rawevent", "events"),
+    "raw events not verified": (
+        "SELECT count(*) FROM ingress_rawevent WHERE signature_status <> 'verified'",
+        0,
+    ),
+    "events dispatched": (
+        "SELECT count(*) FROM ingress_rawevent WHERE dispatch_status = 'dispatched'",
+        "distinct",
+    ),
+    "events marked duplicate": (
+        "SELECT count(*) FROM ingress_rawevent WHERE dispatch_status = 'duplicate'",
+        "dups",
+    ),
+    "duplicates not pointing at a dispatched winner with their key": (
+        "SELECT count(*) FROM ingress_rawevent d WHERE d.dispatch_status = 'duplicate'"
+        " AND NOT EXISTS (SELECT 1 FROM ingress_rawevent w WHERE w.id = d.duplicate_of_id"
+        "  AND w.dispatch_status = 'dispatched' AND w.dedup_key = d.dedup_key)",
+        0,
+    ),
+    "dedup keys": ("SELECT count(*) FROM ingress_dedupkey", "distinct"),
+    "dedup keys not naming a dispatched event": (
+        "SELECT count(*) FROM ingress_dedupkey k WHERE NOT EXISTS (SELECT 1 FROM"
+        " ingress_rawevent w WHERE w.id = k.raw_event_id AND w.dispatch_status = 'dispatched'"
+        " AND w.dedup_key = k.key)",
+        0,
+    ),
+    "deliveries done": ("SELECT count(*) FROM ingress_delivery WHERE status = 'done'", "distinct"),
+    "deliveries not done": ("SELECT count(*) FROM ingress_delivery WHERE status <> 'done'", 0),
+    "dispatched events without exactly one done delivery": (
+        "SELECT count(*) FROM ingress_rawevent e WHERE e.dispatch_status = 'dispatched' AND"
+        " (SELECT count(*) FROM ingress_delivery d WHERE d.raw_event_id = e.id"
+        "  AND d.status = 'done') <> 1",
+        0,
+    ),
+    "deliveries of duplicates": (
+        "SELECT count(*) FROM ingress_delivery d JOIN ingress_rawevent e"
+        " ON e.id = d.raw_event_id WHERE e.dispatch_status = 'duplicate'",
+        0,
+    ),
+    "deliveries without exactly one attempt, done": (
+        "SELECT count(*) FROM ingress_delivery d WHERE d.attempts <> 1 OR d.total_attempts <> 1"
+        " OR (SELECT count(*) FILTER (WHERE outcome = 'done') || '/' || count(*)"
+        "  FROM ingress_deliveryattempt a WHERE a.delivery_id = d.id) <> '1/1'",
+        0,
+    ),
+    "winners whose handler did not commit exactly once": (
+        "SELECT count(*) FROM ingress_rawevent WHERE dispatch_status = 'dispatched'"
+        " AND query_string <> 'h'",
+        0,
+    ),
+    "duplicates whose handler ran": (
+        "SELECT count(*) FROM ingress_rawevent WHERE dispatch_status = 'duplicate'"
+        " AND query_string <> ''",
+        0,
+    ),
+    "winners not stamped handled": (
+        "SELECT count(*) FROM ingress_rawevent WHERE dispatch_status = 'dispatched'"
+        " AND handled_at IS NULL",
+        0,
+    ),
+}
+
+
+def _exactly_once_violations(watcher, events: int, distinct: int) -> list[str]:
+    expected = {"events": events, "distinct": distinct, "dups": events - distinct, 0: 0}
+    violations = []
+    with watcher.cursor() as cursor:
+        for name, (sql, want) in _CHECKS.items():
+            cursor.execute(sql)
+            got = cursor.fetchone()[0]
+            if got != expected[want]:
+                violations.append(f"{name}: {got}, expected {expected[want]}")
+    return violations
+
+
+# --- profiles ------------------------------------------------------------------------------
+
+
+def _start_spies(directory: str, procs, label: str) -> list:
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).with_name("py-spy")
+    return [
+        subprocess.Popen(
+            [
+                str(spy),
+                "record",
+                "--pid",
+                str(proc.pid),
+                "--rate",
+                "200",
+                "--format",
+                "raw",
+                "--output",
+                str(Path(directory) / f"{label}-worker-{i}.txt"),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i, proc in enumerate(procs)
+    ]
+
+
+def _spy_top(directory: Path, label: str, top: int = 25) -> list[tuple[str, float, float]]:
+    """(frame, inclusive %, self %) over every worker's collapsed stacks, idle included."""
+    inclusive: Counter = Counter()
+    own: Counter = Counter()
+    total = 0
+    for path in directory.glob(f"{label}-worker-*.txt"):
+        for line in path.read_text().splitlines():
+            stack, _, samples = line.rpartition(" ")
+            if not stack:
+                continue
+            count = int(samples)
+            total += count
+            frames = stack.split(";")
+            for frame in set(frames):
+                inclusive[frame] += count
+            own[frames[-1]] += count
+    if not total:
+        return []
+    return [
+        (frame, 100 * count / total, 100 * own[frame] / total)
+        for frame, count in inclusive.most_common(top)
+    ]
+
+
+def _pg_top(watcher, top: int = 12) -> list[tuple]:
+    with watcher.cursor() as cursor:
+        cursor.execute(
+            "SELECT calls, round(total_exec_time::numeric, 0), round(mean_exec_time::numeric, 3),"
+            " rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 160)"
+            " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database"
+            " WHERE datname = %s) ORDER BY total_exec_time DESC LIMIT %s",
+            (DB_NAME, top),
+        )
+        return cursor.fetchall()
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+def _ingress_ack_rate(path: str) -> float:
+    def find(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("ack_per_s"), int | float):
+                return float(node["ack_per_s"])
+            for value in node.values():
+                if (found := find(value)) is not None:
+                    return found
+        if isinstance(node, list):
+            for value in node:
+                if (found := find(value)) is not None:
+                    return found
+        return None
+
+    rate = find(json.loads(Path(path).read_text()))
+    if rate is None:
+        raise SystemExit(f"bench: no ack_per_s in {path}")
+    return rate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--duplicates", type=float, default=0.02, help="fraction, 0..0.5")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=None, help="INBOX_BATCH_SIZE")
+    parser.add_argument("--ingress-json", default=None, metavar="FILE")
+    parser.add_argument("--baseline", default=None, metavar="REV")
+    parser.add_argument("--py-spy", default=None, metavar="DIR")
+    parser.add_argument("--pg-stats", action="store_true")
+    parser.add_argument("--pg-port", type=int, default=5432)
+    parser.add_argument("--json-out", default=None, metavar="FILE")
+    args = parser.parse_args()
+    if not 1 <= args.events <= 500_000:
+        parser.error("--events must be between 1 and 500000")
+    if not 0 <= args.duplicates <= 0.5:
+        parser.error("--duplicates must be between 0 and 0.5")
+    if not 1 <= args.workers <= 16:
+        parser.error("--workers must be between 1 and 16")
+    ack = _ingress_ack_rate(args.ingress_json) if args.ingress_json else None
+
+    variants = [("current", ROOT)]
+    if args.baseline:
+        variants = [("baseline", _baseline_tree(args.baseline)), ("current", ROOT)]
+    _recreate_database(args.pg_port)
+    _setup_django(args.pg_port)
+    from django.core.management import call_command
     from django.db import connection
 
-    from ingress.models import Delivery, RawEvent
-
-    distinct = _store_backlog(events)
-    connection.close()
-    started = time.monotonic()
-    procs = [
-        subprocess.Popen([sys.executable, __file__, "--worker"], cwd=ROOT) for _ in range(workers)
-    ]
-    done_at = None
-    while time.monotonic() - started < MAX_SECONDS_PER_RUN:
-        settled = not RawEvent.objects.filter(signature_status="pending").exists()
-        if settled and not Delivery.objects.exclude(status="done").exists():
-            done_at = time.monotonic()
-            break
-        time.sleep(0.05)
-    for proc in procs:
-        proc.wait(timeout=30)
-    elapsed = (done_at or time.monotonic()) - started
-    delivered = Delivery.objects.filter(status="done").count()
-    duplicates = RawEvent.objects.filter(dispatch_status="duplicate").count()
-    assert done_at is not None, "backlog not drained within the time limit"
-    assert delivered == distinct, (delivered, distinct)
-    return {
-        "workers": workers,
-        "events": events,
-        "deliveries": delivered,
-        "duplicates": duplicates,
-        "seconds": elapsed,
-        "events_per_second": events / elapsed,
-    }
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=20000)
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        _worker()
-        return
-    if args.events < 1 or args.events > 200_000:
-        parser.error("--events must be between 1 and 200000")
-
-    _recreate_database()
-    _setup_django()
-    from django.core.management import call_command
-
     call_command("migrate", verbosity=0)
-    results = [_run(workers, args.events) for workers in args.workers]
-    print(f"inbox drain, {args.events} stored events (2 % duplicates), PostgreSQL")
-    print(f"{'workers':>8} {'seconds':>9} {'events/s':>10} {'deliveries':>11} {'dups':>6}")
+    connection.close()
+
+    results = []
+    for round_no in range(args.rounds):
+        # Alternate which variant goes first, so neither always gets the warmer cache.
+        order = variants if round_no % 2 == 0 else variants[::-1]
+        for label, tree in order:
+            result = _run(args, tree, label)
+            result["round"] = round_no + 1
+            results.append(result)
+            _print_run(result)
+
+    print()
+    print(
+        f"inbox drain: {args.events} signed events ({args.duplicates:.0%} duplicates), "
+        f"{args.workers} x manage.py process_inbox, PostgreSQL :{args.pg_port}"
+        + (f", INBOX_BATCH_SIZE={args.batch_size}" if args.batch_size else "")
+    )
+    print(f"{'round':>5} {'code':>9} {'load s':>7} {'drain s':>8} {'events/s':>9}  exactly once")
     for r in results:
+        verdict = "yes" if not r["violations"] else f"NO ({len(r['violations'])} violations)"
         print(
-            f"{r['workers']:>8} {r['seconds']:>9.1f} {r['events_per_second']:>10.0f} "
-            f"{r['deliveries']:>11} {r['duplicates']:>6}"
+            f"{r['round']:>5} {r['label']:>9} {r['load_seconds']:>7.1f} {r['seconds']:>8.1f} "
+            f"{r['events_per_s']:>9.0f}  {verdict}"
         )
-    if len(results) > 1:
-        print(
-            f"scaling {results[-1]['workers']} vs {results[0]['workers']} worker(s): "
-            f"{results[-1]['events_per_second'] / results[0]['events_per_second']:.2f}x"
+    if args.baseline:
+        by_round: dict[int, dict[str, float]] = {}
+        for r in results:
+            by_round.setdefault(r["round"], {})[r["label"]] = r["events_per_s"]
+        ratios = [f"{v['current'] / v['baseline']:.2f}" for v in by_round.values()]
+        print(f"current / baseline ({args.baseline}) per round: {', '.join(ratios)}")
+    if ack is not None:
+        for r in results:
+            print(
+                f"round {r['round']} {r['label']}: drain {r['events_per_s']:.0f} events/s vs "
+                f"ingress {ack:.0f} ACK/s ({args.ingress_json}): ratio "
+                f"{r['events_per_s'] / ack:.2f} (goal >= 1.00)"
+            )
+    if args.json_out:
+        Path(args.json_out).write_text(
+            json.dumps({"ack_per_s": ack, "runs": results}, indent=2, default=str)
         )
+    return 1 if any(r["violations"] for r in results) else 0
+
+
+def _print_run(r: dict) -> None:
+    print(
+        f"round {r.get('round')} {r['label']}: {r['events']} events ({r['distinct']} distinct) "
+        f"drained in {r['seconds']:.1f} s = {r['events_per_s']:.0f} events/s "
+        f"(load {r['load_seconds']:.1f} s, worker logs {r['logs']})",
+        flush=True,
+    )
+    for violation in r["violations"]:
+        print(f"  VIOLATION {violation}", flush=True)
+    for calls, total_ms, mean_ms, rows, query in r["pg_top"]:
+        print(f"  pg {total_ms:>8} ms {calls:>7} calls {mean_ms:>8} ms/call {rows:>8} rows {query}")
+    for frame, inclusive, own in r.get("spy_top", []):
+        print(f"  spy {inclusive:5.1f} % incl {own:5.1f} % self  {frame}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""The handler bench/inbox_throughput.py delivers to (registered only under
+bench/settings_inbox.py, which installs the `bench` app).
+
+It does what a real handler does, one small write in its delivery's transaction, and the
+write counts: every call appends one "h" to the event's `query_string` (a column nothing
+reads after the receive path), so the benchmark can prove afterwards that each delivered
+event's handler committed exactly once and a duplicate's never.
+"""
+
+from django.db.models import F, Value
+from django.db.models.functions import Concat
+
+from ingress.handlers import webhook_handler
+from ingress.models import RawEvent
+
+BENCH_EVENT_TYPE = "payment_intent.succeeded"
+
+
+@webhook_handler(provider="stripe", event_types=[BENCH_EVENT_TYPE])
+def count_bench_delivery(event: RawEvent, payload: dict) -> None:
+    RawEvent.objects.filter(pk=event.pk, received_at=event.received_at).update(
+        query_string=Concat(F("query_string"), Value("h"))
+    )
