@@ -8,14 +8,33 @@ complete once Django is set up, and `manage.py list_handlers` prints it.
     def mark_recap_paid(event: RawEvent, payload: dict) -> None: ...
 
 A handler runs once per *delivery* and may run more than once for the same event (retries,
-replays, provider duplicates that slipped past dedup): it must be idempotent and must not
-assume ordering. Raise PermanentHandlerError for input that will never succeed; any other
-exception is treated as transient and retried with backoff.
+replays, provider duplicates that slipped past dedup): it must be idempotent. Raise
+PermanentHandlerError for input that will never succeed; any other exception is treated as
+transient and retried with backoff.
+
+Order is not assumed unless the handler asks for it, with an ordering key and, optionally,
+the provider's own event time (dotted paths into the JSON payload):
+
+    @webhook_handler(
+        provider="stripe",
+        event_types=["checkout.session.completed", "checkout.session.expired"],
+        ordering_key="data.object.id",
+        event_time="created",
+    )
+
+For one value of the key the inbox then never runs two of the handler's deliveries at once,
+and never runs an older event (by event time, ties by received order; received order alone
+without `event_time`) after a newer one was handled: the late older delivery is recorded
+`superseded`, with the delivery it lost to, and can be replayed by force
+(ingress/deliveries.py). An event whose payload lacks the key is delivered unordered.
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
+
+from django.utils.dateparse import parse_datetime
 
 from eventdrop.errors import EventDropError
 
@@ -32,26 +51,92 @@ class HandlerSpec:
     provider: str
     event_types: frozenset[str]  # "*" matches every event type of the provider
     func: HandlerFunc
+    ordering_key: str = ""  # dotted path into the payload; "" = deliveries are unordered
+    event_time: str = ""  # dotted path to the provider's event time; "" = received order
 
     def matches(self, provider: str, event_type: str) -> bool:
         return provider == self.provider and (
             "*" in self.event_types or event_type in self.event_types
         )
 
+    @property
+    def ordered(self) -> bool:
+        return bool(self.ordering_key)
+
+    def ordering_of(self, payload: object) -> tuple[str, datetime | None]:
+        """This event's key value ("" when the payload has none) and provider event time
+        (None when the handler declares none, or the payload's is missing or unreadable)."""
+        key = payload_value(payload, self.ordering_key) if self.ordering_key else None
+        if key is None or isinstance(key, dict | list) or key == "":
+            return "", None
+        moment = payload_value(payload, self.event_time) if self.event_time else None
+        return str(key)[:ORDERING_KEY_MAX_LENGTH], event_time_from(moment)
+
+
+# Delivery.ordering_key's column width; longer values are cut (two keys that share their
+# first 255 characters are then ordered together: slower, never wrong).
+ORDERING_KEY_MAX_LENGTH = 255
+
+
+def payload_value(payload: object, path: str) -> object:
+    """`a.b.c` looked up in nested JSON objects; None where any step is missing."""
+    value = payload
+    for part in path.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
+
+
+def event_time_from(value: object) -> datetime | None:
+    """A provider's event time: Unix seconds (Stripe's `created`) or an ISO 8601 string."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        try:
+            return datetime.fromtimestamp(value, tz=UTC)
+        except (OverflowError, OSError, ValueError):
+            return None
+    if isinstance(value, str):
+        try:
+            parsed = parse_datetime(value)
+        except ValueError:
+            return None
+        if parsed is not None and parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return parsed
+    return None
+
 
 _registry: dict[str, HandlerSpec] = {}
 
 
 def webhook_handler(
-    *, provider: str, event_types: Iterable[str]
+    *,
+    provider: str,
+    event_types: Iterable[str],
+    ordering_key: str | None = None,
+    event_time: str | None = None,
 ) -> Callable[[HandlerFunc], HandlerFunc]:
     types = frozenset(event_types)
     if not types:
         raise ValueError("a webhook handler needs at least one event type (or '*')")
+    for label, path in (("ordering_key", ordering_key), ("event_time", event_time)):
+        if path is not None and (not path or any(not part for part in path.split("."))):
+            raise ValueError(f"{label} must be a dotted path into the payload, got {path!r}")
+    if event_time and not ordering_key:
+        raise ValueError("event_time orders the deliveries of one ordering_key: declare both")
 
     def register(func: HandlerFunc) -> HandlerFunc:
         name = f"{func.__module__}.{func.__qualname__}"
-        _registry[name] = HandlerSpec(name=name, provider=provider, event_types=types, func=func)
+        _registry[name] = HandlerSpec(
+            name=name,
+            provider=provider,
+            event_types=types,
+            func=func,
+            ordering_key=ordering_key or "",
+            event_time=event_time or "",
+        )
         return func
 
     return register
