@@ -412,20 +412,33 @@ class RowResult:
     detail: str = ""
 
 
-def _replay(ids: list[int]) -> list[RowResult]:
+def _each(rows: Iterable, act: Callable[[object], str]) -> list[RowResult]:
+    """Run a per-row service (its own savepoint) on each row; a refusal is that row's."""
     results = []
-    for event in RawEvent.objects.filter(id__in=ids).only("id", "received_at"):
-        queued = raw_event_replay(raw_event=event)
-        results.append(RowResult(event.id, ItemOutcome.OK, "" if queued else REPLAY_NOTHING_TO_RUN))
+    for row in rows:
+        try:
+            detail = act(row)
+        except EventDropError as exc:
+            # Domain refusals carry constant, payload-free messages: safe to show and store.
+            results.append(RowResult(row.pk, ItemOutcome.REFUSED, str(exc)))
+        else:
+            results.append(RowResult(row.pk, ItemOutcome.OK, detail))
     return results
+
+
+def _replay(ids: list[int]) -> list[RowResult]:
+    def replay(event) -> str:
+        return "" if raw_event_replay(raw_event=event) else REPLAY_NOTHING_TO_RUN
+
+    return _each(RawEvent.objects.filter(id__in=ids).only("id", "received_at"), replay)
 
 
 def _rearm_side_effects(ids: list[int]) -> list[RowResult]:
-    results = []
-    for row in RecapSideEffect.objects.filter(id__in=ids):
+    def rearm(row) -> str:
         side_effect_rearm(side_effect=row)
-        results.append(RowResult(row.id, ItemOutcome.OK))
-    return results
+        return ""
+
+    return _each(RecapSideEffect.objects.filter(id__in=ids), rearm)
 
 
 def _rearm_deliveries(ids: list[int]) -> list[RowResult]:
@@ -442,8 +455,19 @@ ACTS: dict[str, Callable[[list[int]], list[RowResult]]] = {
 }
 
 
-def _act_row_by_row(kind: str, ids: list[int], job_id: int) -> list[RowResult]:
-    """Each row in a savepoint of its own: one refusal or error is that row's alone."""
+def _act(kind: str, ids: list[int], job_id: int) -> list[RowResult]:
+    """The batch in one savepoint; should it raise (a bug, a poison row), each row again in
+    a savepoint of its own, so that one row's error is that row's alone."""
+    try:
+        with transaction.atomic():
+            return ACTS[kind](ids)
+    except DATABASE_UNAVAILABLE:
+        raise
+    except Exception as exc:
+        logger.warning(
+            "console.bulk_job.batch_failed",
+            extra={"bulk_job_id": job_id, "rows": len(ids), "error": type(exc).__name__},
+        )
     results = []
     for pk in ids:
         try:
@@ -451,33 +475,14 @@ def _act_row_by_row(kind: str, ids: list[int], job_id: int) -> list[RowResult]:
                 results.extend(ACTS[kind]([pk]))
         except DATABASE_UNAVAILABLE:
             raise
-        except EventDropError as exc:
-            # Domain refusals carry constant, payload-free messages: safe to show and store.
-            results.append(RowResult(pk, ItemOutcome.REFUSED, str(exc)))
         except Exception as exc:
+            # May quote data: the operator gets the class name and where to look.
             logger.exception(
                 "console.bulk_job.row_failed", extra={"bulk_job_id": job_id, "object_id": pk}
             )
             detail = UNEXPECTED_ROW_ERROR.format(error=type(exc).__name__, job_id=job_id)
             results.append(RowResult(pk, ItemOutcome.ERROR, detail))
     return results
-
-
-def _act(kind: str, ids: list[int], job_id: int) -> list[RowResult]:
-    if kind == BulkJobKind.REARM_DELIVERIES:
-        # The batch service acts on the batch in one go; should it raise, each row again
-        # on its own, so that only the rows at fault are charged.
-        try:
-            with transaction.atomic():
-                return ACTS[kind](ids)
-        except DATABASE_UNAVAILABLE:
-            raise
-        except Exception as exc:
-            logger.warning(
-                "console.bulk_job.batch_failed",
-                extra={"bulk_job_id": job_id, "rows": len(ids), "error": type(exc).__name__},
-            )
-    return _act_row_by_row(kind, ids, job_id)
 
 
 def _outcome(job: BulkJob) -> str:
@@ -547,7 +552,6 @@ def _run_batch(job_id: int, batch_size: int) -> bool:
             return False
         results = _act(job.kind, ids, job.id)
         counts = Counter(result.outcome for result in results)
-        job.state = BulkJobState.RUNNING
         job.cursor = ids[-1]
         job.batches += 1
         job.processed += len(results)
@@ -562,7 +566,13 @@ def _run_batch(job_id: int, batch_size: int) -> bool:
                 if r.outcome != ItemOutcome.OK
             ][:room]
         job.heartbeat_at = now
-        job.save()
+        # Not the state (but the first batch's queued -> running): the row is locked, and
+        # only an operator's cancel, in this very transaction, could have changed it.
+        fields = ["cursor", "batches", "processed", "succeeded", "refused", "failed"]
+        job.save(update_fields=[*fields, "problems", "heartbeat_at"])
+        BulkJob.objects.filter(pk=job.pk, state=BulkJobState.QUEUED).update(
+            state=BulkJobState.RUNNING
+        )
         BulkJobItem.objects.bulk_create(
             [BulkJobItem(job_id=job.id, target_id=r.id) for r in results if r.outcome == "ok"],
             ignore_conflicts=True,

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from console import apis
+from console import apis, apis_jobs
 
 app_name = "console"
 urlpatterns = [
@@ -21,4 +21,9 @@ urlpatterns = [
     path("recaps/retry-render/", apis.RecapRetryRenderApi.as_view(), name="recap-retry-render"),
     path("queues/", apis.QueueDepthsApi.as_view(), name="queue-depths"),
     path("operator-actions/", apis.OperatorActionListApi.as_view(), name="operator-action-list"),
+    # Bulk jobs (console/apis_jobs.py).
+    path("jobs/", apis_jobs.BulkJobListApi.as_view(), name="bulk-job-list"),
+    path("jobs/<int:job_id>/", apis_jobs.BulkJobDetailApi.as_view(), name="bulk-job-detail"),
+    path("jobs/<int:job_id>/start/", apis_jobs.BulkJobStartApi.as_view(), name="bulk-job-start"),
+    path("jobs/<int:job_id>/cancel/", apis_jobs.BulkJobCancelApi.as_view(), name="bulk-job-cancel"),
 ]

@@ -1,0 +1,192 @@
+"""The console API for bulk jobs: preview, start, cancel, status. JSON only.
+
+The same gatekeeping as every console endpoint (console.apis.ConsoleApi: staff, same-site
+writes, one named permission): reading jobs needs `console.view_operatoraction` (a job is
+an operator action), previewing, starting and cancelling `console.operate`.
+
+    POST /api/jobs/                  {"kind", "filters": {...}} or {"kind", "ids": [...]}
+                                     -> 201, the previewed job (count and breakdown)
+    GET  /api/jobs/                  the newest jobs first (limit/offset)
+    GET  /api/jobs/<id>/             state, progress, counts, the replay SLO once measured
+    POST /api/jobs/<id>/start/       -> 202, queued
+    POST /api/jobs/<id>/cancel/      -> 202, cancelling (or cancelled, for a preview)
+"""
+
+from django.shortcuts import get_object_or_404
+from rest_framework import serializers, status
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.permissions import SAFE_METHODS
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from console.apis import MAX_ID, ConsoleApi
+from console.bulk_jobs import (
+    MAX_SELECTED_IDS,
+    BulkJobError,
+    bulk_job_cancel,
+    bulk_job_list,
+    bulk_job_preview,
+    bulk_job_start,
+)
+from console.models import BulkJob, BulkJobKind, OperatorActionVia
+from ingress.models import DeliveryStatus, RejectionReason, SignatureStatus
+
+READ_PERMISSION = "console.view_operatoraction"
+WRITE_PERMISSION = "console.operate"
+
+
+class JobsApi(ConsoleApi):
+    """Reads need the audit trail's permission, writes `console.operate`."""
+
+    def get_permissions(self):
+        self.required_permission = (
+            READ_PERMISSION if self.request.method in SAFE_METHODS else WRITE_PERMISSION
+        )
+        return super().get_permissions()
+
+
+class BulkJobFiltersSerializer(serializers.Serializer):
+    """Every filter any kind takes; console.bulk_jobs refuses those that do not apply."""
+
+    source = serializers.CharField(required=False, max_length=64)
+    event_type = serializers.CharField(required=False, max_length=255)
+    # The row's own status: a raw event's signature status, a delivery's or side effect's.
+    status = serializers.ChoiceField(
+        choices=sorted({*SignatureStatus.values, *DeliveryStatus.values}), required=False
+    )
+    # A raw event's rejection reason; a fragment of a delivery's last error; a side
+    # effect's last error class.
+    reason = serializers.CharField(required=False, max_length=255)
+    received_after = serializers.DateTimeField(required=False)
+    received_before = serializers.DateTimeField(required=False)
+    handler = serializers.CharField(required=False, max_length=255)
+    delivery_status = serializers.ChoiceField(choices=DeliveryStatus.choices, required=False)
+
+    def to_internal_value(self, data):
+        # A misspelt filter must not quietly select every row.
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown filter."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class BulkJobInputSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=BulkJobKind.choices)
+    filters = BulkJobFiltersSerializer(required=False, default=dict)
+    ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=MAX_ID),
+        required=False,
+        allow_empty=False,
+        max_length=MAX_SELECTED_IDS,
+    )
+
+    def validate(self, attrs):
+        reason = attrs.get("filters", {}).get("reason")
+        if (
+            attrs["kind"] == BulkJobKind.REPLAY_RAW_EVENTS
+            and reason
+            and reason not in RejectionReason.values
+        ):
+            raise serializers.ValidationError({"filters": {"reason": ["Not a rejection reason."]}})
+        if attrs.get("ids") and attrs.get("filters"):
+            raise serializers.ValidationError({"ids": ["Give ids or filters, not both."]})
+        return attrs
+
+
+class BulkJobOutputSerializer(serializers.ModelSerializer):
+    progress_percent = serializers.IntegerField()
+    operator_action_id = serializers.IntegerField(allow_null=True)
+    selected_by = serializers.SerializerMethodField()
+
+    class Meta:
+        model = BulkJob
+        fields = (
+            "id",
+            "kind",
+            "state",
+            "actor_username",
+            "via",
+            "selected_by",
+            "filters",
+            "total",
+            "breakdown",
+            "batches",
+            "processed",
+            "succeeded",
+            "refused",
+            "failed",
+            "progress_percent",
+            "problems",
+            "error",
+            "created_at",
+            "started_at",
+            "heartbeat_at",
+            "finished_at",
+            "operator_action_id",
+            "slo_measured_at",
+            "slo_events",
+            "slo_within",
+            "slo_p99_seconds",
+        )
+
+    def get_selected_by(self, job: BulkJob) -> str:
+        # The ids themselves can be 100,000: the status answer says how, not which.
+        return "ids" if job.target_ids else "filters"
+
+
+def _job_response(job: BulkJob, code: int = status.HTTP_200_OK) -> Response:
+    return Response(BulkJobOutputSerializer(job).data, status=code)
+
+
+def _refused(exc: BulkJobError) -> serializers.ValidationError:
+    # Nothing was done; the field that was wrong, with the service's constant message.
+    return serializers.ValidationError({exc.field: [str(exc)]})
+
+
+class BulkJobListApi(JobsApi):
+    def get(self, request: Request) -> Response:
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(bulk_job_list(), request, view=self)
+        return paginator.get_paginated_response(BulkJobOutputSerializer(page, many=True).data)
+
+    def post(self, request: Request) -> Response:
+        serializer = BulkJobInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        try:
+            job = bulk_job_preview(
+                actor=request.user,
+                kind=data["kind"],
+                via=OperatorActionVia.API,
+                filters={} if data.get("ids") else dict(data.get("filters") or {}),
+                target_ids=data.get("ids", ()),
+            )
+        except BulkJobError as exc:
+            raise _refused(exc) from exc
+        return _job_response(job, status.HTTP_201_CREATED)
+
+
+class BulkJobDetailApi(JobsApi):
+    def get(self, request: Request, job_id: int) -> Response:
+        return _job_response(get_object_or_404(bulk_job_list(), pk=job_id))
+
+
+class BulkJobStartApi(JobsApi):
+    def post(self, request: Request, job_id: int) -> Response:
+        job = get_object_or_404(BulkJob, pk=job_id)
+        try:
+            job = bulk_job_start(job=job, actor=request.user, via=OperatorActionVia.API)
+        except BulkJobError as exc:
+            raise _refused(exc) from exc
+        return _job_response(job, status.HTTP_202_ACCEPTED)
+
+
+class BulkJobCancelApi(JobsApi):
+    def post(self, request: Request, job_id: int) -> Response:
+        job = get_object_or_404(BulkJob, pk=job_id)
+        try:
+            job = bulk_job_cancel(job=job, actor=request.user)
+        except BulkJobError as exc:
+            raise _refused(exc) from exc
+        return _job_response(job, status.HTTP_202_ACCEPTED)
