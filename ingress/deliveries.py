@@ -37,7 +37,7 @@ from eventdrop.retry import (
     fenced,
 )
 from ingress.encryption import keyring
-from ingress.handlers import HandlerSpec, PermanentHandlerError, get_handler
+from ingress.handlers import HandlerSpec, PermanentHandlerError, get_handler, handlers_for
 from ingress.models import Delivery, DeliveryAttempt, DeliveryStatus, RawEvent
 from ingress.payloads import parse_payload, raw_event_body, raw_event_headers, storable_text
 
@@ -71,6 +71,92 @@ def deliveries_for_event(
     return [
         Delivery(raw_event_id=event.id, handler=spec.name, next_attempt_at=now) for spec in specs
     ]
+
+
+# --- operator re-arms (called by ingress/services.py) --------------------------------------
+
+# What a replay arms again. `pending` is re-armed too (attempts reset, due now): a replay is
+# the operator's "try it now", and it stays one row, so a second replay queues nothing twice.
+# `processing` is left to finish on its own.
+_REPLAY_REARMS = (DeliveryStatus.DONE, DeliveryStatus.DEAD, DeliveryStatus.PENDING)
+
+
+@dataclass(frozen=True)
+class ReplayArming:
+    armed_by_event: dict[int, int]  # raw event id -> deliveries (re)armed, new ones included
+    already_queued: int  # deliveries left as they were (running)
+    superseded_kept: int  # superseded deliveries a replay without force leaves alone
+
+
+def deliveries_arm_for_replay(
+    events: list[RawEvent], *, force: bool, now: datetime
+) -> ReplayArming:
+    """(Re)arm every delivery of these verified events, inside the caller's transaction.
+
+    A delivery is created for each handler registered since the event was settled; the
+    existing ones are re-armed with their attempts reset, in one UPDATE for the batch.
+    """
+    if not events:
+        return ReplayArming({}, 0, 0)
+    rows = Delivery.objects.filter(raw_event_id__in=[e.id for e in events])
+    existing = list(rows.values_list("raw_event_id", "handler", "status"))
+    already_queued = sum(status == DeliveryStatus.PROCESSING for *_, status in existing)
+    # Only the rows to re-arm are locked, in id order: a running delivery is never waited
+    # for (its batch, which also stamps the event handled, would wait for our event lock).
+    armed_ids = list(
+        rows.filter(status__in=_REPLAY_REARMS)
+        .select_for_update()
+        .order_by("id")
+        .values_list("id", "raw_event_id")
+    )
+    Delivery.objects.filter(id__in=[delivery_id for delivery_id, _ in armed_ids]).update(
+        status=DeliveryStatus.PENDING,
+        attempts=0,
+        next_attempt_at=now,
+        claimed_at=None,
+        finished_at=None,
+    )
+    handled = {(event_id, handler) for event_id, handler, _ in existing}
+    new: list[Delivery] = []
+    for event in events:
+        specs = [
+            spec
+            for spec in handlers_for(event.provider, event.event_type)
+            if (event.id, spec.name) not in handled
+        ]
+        new += deliveries_for_event(event, specs, now)
+    # ignore_conflicts: a settle of the same event that created the row since our read wins
+    # (then it is pending and due already).
+    Delivery.objects.bulk_create(new, ignore_conflicts=True)
+    armed_by_event: dict[int, int] = {}
+    for _, raw_event_id in armed_ids:
+        armed_by_event[raw_event_id] = armed_by_event.get(raw_event_id, 0) + 1
+    for delivery in new:
+        armed_by_event[delivery.raw_event_id] = armed_by_event.get(delivery.raw_event_id, 0) + 1
+    return ReplayArming(armed_by_event, already_queued, 0)
+
+
+def deliveries_rearm_dead(delivery_ids: list[int], *, now: datetime) -> int:
+    """Dead deliveries back to `pending`, attempts reset; the others untouched. Returns how
+    many. Inside the caller's transaction."""
+    rows = list(
+        Delivery.objects.select_for_update()
+        .filter(id__in=delivery_ids, status=DeliveryStatus.DEAD)
+        .order_by("id")
+        .values_list("id", "raw_event_id")
+    )
+    Delivery.objects.filter(id__in=[delivery_id for delivery_id, _ in rows]).update(
+        status=DeliveryStatus.PENDING,
+        attempts=0,
+        next_attempt_at=now,
+        claimed_at=None,
+        finished_at=None,
+    )
+    # The event is no longer handled: its lag shows again until the delivery finishes.
+    RawEvent.objects.filter(id__in={raw_event_id for _, raw_event_id in rows}).update(
+        handled_at=None
+    )
+    return len(rows)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ ingress/inbox.py, running deliveries in ingress/deliveries.py.
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
@@ -19,10 +19,10 @@ from django.utils import timezone
 
 from eventdrop.db import database_deadline
 from eventdrop.errors import EventDropError
+from ingress.deliveries import deliveries_arm_for_replay, deliveries_rearm_dead
 from ingress.encryption import BodyUndecryptable, encrypt_request, keyring, reencrypt_request
-from ingress.handlers import handlers_for
 from ingress.inbox import raw_events_settle
-from ingress.models import Delivery, DeliveryStatus, DispatchStatus, RawEvent, SignatureStatus
+from ingress.models import Delivery, DispatchStatus, RawEvent, SignatureStatus
 from ingress.sources import Source
 
 logger = logging.getLogger(__name__)
@@ -181,41 +181,138 @@ def _write_bodies(updates: list[tuple[bytes, dict, str, RawEvent]]) -> None:
 # --- operator actions (console, API, commands) ---------------------------------------------
 
 
-@transaction.atomic
-def raw_event_replay(*, raw_event: RawEvent) -> int:
-    """Queue the event to its handlers again. Returns how many deliveries were (re)armed.
+@dataclass(frozen=True)
+class ReplayCounts:
+    """What one call of raw_events_replay_batch did, for the operator's record and a job's
+    progress. Every requested id lands in exactly one of replayed, nothing_to_arm, refused
+    and not_found."""
 
-    Handlers are idempotent, so a replay is always safe; deliveries that are running right
-    now are left alone (they will finish on their own).
+    requested: int
+    replayed: int  # events with at least one delivery (re)armed
+    nothing_to_arm: int  # verified events whose deliveries were all already queued or kept
+    not_found: int  # ids with no raw event (dropped past retention, or never existed)
+    deliveries_armed: int  # deliveries (re)armed, new ones for new handlers included
+    already_queued: int  # deliveries left as they were: running (or held by a pause)
+    superseded_kept: int  # superseded deliveries left alone (replay them with force=True)
+    refused: dict[int, str] = field(default_factory=dict)  # raw event id -> why
+
+
+def raw_events_replay_batch(*, raw_event_ids: Sequence[int], force: bool = False) -> ReplayCounts:
+    """Queue these raw events to their handlers again, in one transaction. Set-based: a few
+    statements for the whole batch, whose size the caller bounds (a console job's batch).
+
+    Only verified originals are replayed: a rejected or pending event, or a duplicate, is
+    refused with the reason. Handlers registered since an event arrived get a delivery: a
+    replay is how an event that had no handler reaches a new one. Idempotent: an event
+    keeps one delivery per handler (the unique index), so a re-run re-arms the same rows
+    and never queues a second one. `force` also re-arms deliveries superseded by a newer
+    event of their ordering key, and runs them despite it (ingress/deliveries.py).
     """
-    event = RawEvent.objects.select_for_update().get(pk=raw_event.pk)
-    if event.signature_status != SignatureStatus.VERIFIED:
-        raise ReplayRefused(REPLAY_NOT_VERIFIED.format(id=event.id, status=event.signature_status))
-    if event.dispatch_status == DispatchStatus.DUPLICATE:
-        raise ReplayRefused(REPLAY_DUPLICATE.format(id=event.id, original=event.duplicate_of_id))
+    ids = sorted(set(raw_event_ids))
     now = timezone.now()
-    # Handlers registered since the event arrived are included: a replay is how an event
-    # that had no handler reaches a new one.
-    for spec in handlers_for(event.provider, event.event_type):
-        Delivery.objects.get_or_create(
-            raw_event_id=event.id, handler=spec.name, defaults={"next_attempt_at": now}
+    refused: dict[int, str] = {}
+    with transaction.atomic():
+        # Locked, in id order, so two replays (or a replay and the inbox's settle of the
+        # same rows) never deadlock; only the columns decided on, not the bodies.
+        events = list(
+            RawEvent.objects.select_for_update()
+            .filter(id__in=ids)
+            .order_by("id")
+            .only(*_REPLAY_FIELDS)
         )
-    deliveries = Delivery.objects.filter(raw_event_id=event.id)
-    # A delivery running right now is left to finish; it is not counted as re-armed.
-    rearmed = deliveries.exclude(status=DeliveryStatus.PROCESSING).update(
-        status=DeliveryStatus.PENDING,
-        attempts=0,
-        next_attempt_at=now,
-        claimed_at=None,
-        finished_at=None,
+        replayable: list[RawEvent] = []
+        for event in events:
+            if event.signature_status != SignatureStatus.VERIFIED:
+                refused[event.id] = REPLAY_NOT_VERIFIED.format(
+                    id=event.id, status=event.signature_status
+                )
+            elif event.dispatch_status == DispatchStatus.DUPLICATE:
+                refused[event.id] = REPLAY_DUPLICATE.format(
+                    id=event.id, original=event.duplicate_of_id
+                )
+            else:
+                replayable.append(event)
+        arming = deliveries_arm_for_replay(replayable, force=force, now=now)
+        with_deliveries = set(
+            Delivery.objects.filter(raw_event_id__in=[e.id for e in replayable])
+            .values_list("raw_event_id", flat=True)
+            .distinct()
+        )
+        if replayable:
+            RawEvent.objects.filter(id__in=with_deliveries).update(
+                dispatch_status=DispatchStatus.DISPATCHED, handled_at=None
+            )
+            RawEvent.objects.filter(
+                id__in=[e.id for e in replayable if e.id not in with_deliveries]
+            ).update(dispatch_status=DispatchStatus.NO_HANDLER, handled_at=None)
+    replayed = sum(1 for e in replayable if arming.armed_by_event.get(e.id))
+    counts = ReplayCounts(
+        requested=len(ids),
+        replayed=replayed,
+        nothing_to_arm=len(replayable) - replayed,
+        not_found=len(ids) - len(events),
+        deliveries_armed=sum(arming.armed_by_event.values()),
+        already_queued=arming.already_queued,
+        superseded_kept=arming.superseded_kept,
+        refused=refused,
     )
-    event.dispatch_status = (
-        DispatchStatus.DISPATCHED if deliveries.exists() else DispatchStatus.NO_HANDLER
+    logger.info(
+        "ingress.replay",
+        extra={
+            "requested": counts.requested,
+            "replayed": counts.replayed,
+            "deliveries": counts.deliveries_armed,
+            "refused": len(refused),
+            "not_found": counts.not_found,
+            "force": force,
+        },
     )
-    event.handled_at = None
-    event.save(update_fields=["dispatch_status", "handled_at"])
-    logger.info("ingress.replay", extra={"raw_event_id": event.id, "deliveries": rearmed})
-    return rearmed
+    return counts
+
+
+_REPLAY_FIELDS = (
+    "id",
+    "received_at",
+    "source",
+    "provider",
+    "event_type",
+    "signature_status",
+    "dispatch_status",
+    "duplicate_of_id",
+    "body_encryption",
+)
+
+
+def raw_event_replay(*, raw_event: RawEvent) -> int:
+    """Queue one event to its handlers again (raw_events_replay_batch of one). Returns how
+    many deliveries were (re)armed; raises ReplayRefused with the reason if it cannot be."""
+    counts = raw_events_replay_batch(raw_event_ids=[raw_event.pk])
+    if counts.not_found:
+        raise RawEvent.DoesNotExist(f"raw event #{raw_event.pk} does not exist")
+    if counts.refused:
+        raise ReplayRefused(counts.refused[raw_event.pk])
+    return counts.deliveries_armed
+
+
+@dataclass(frozen=True)
+class RearmCounts:
+    requested: int
+    rearmed: int
+    not_dead: int  # ids that were not dead deliveries (already re-armed, done, gone)
+
+
+def deliveries_rearm_batch(*, delivery_ids: Sequence[int]) -> RearmCounts:
+    """Dead deliveries back to `pending` with their attempts reset, in one transaction.
+
+    Only `dead` ones: anything else is counted as not dead and left alone, so a re-run of
+    the same ids re-arms nothing twice. The history (DeliveryAttempt) is kept and goes on
+    numbering from total_attempts.
+    """
+    ids = sorted(set(delivery_ids))
+    with transaction.atomic():
+        rearmed = deliveries_rearm_dead(ids, now=timezone.now())
+    logger.info("ingress.deliveries.rearmed", extra={"requested": len(ids), "rearmed": rearmed})
+    return RearmCounts(requested=len(ids), rearmed=rearmed, not_dead=len(ids) - rearmed)
 
 
 @transaction.atomic
