@@ -23,9 +23,15 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from console.models import ItemOutcome, OperatorAction, OperatorActionOutcome
+from console.models import ItemOutcome, OperatorAction, OperatorActionOutcome, OperatorActionVia
 from console.selectors import operator_actions_on
-from console.services import BULK_LIMIT, NOTE_REQUIRED, TOO_MANY_SELECTED, OperatorActionError
+from console.services import (
+    BULK_LIMIT,
+    NOTE_REQUIRED,
+    OPERATOR_ACTIONS,
+    TOO_MANY_SELECTED,
+    OperatorActionError,
+)
 
 # At most this many selected rows are listed by name on the confirmation page; all of them
 # are counted and all of them are acted on.
@@ -73,12 +79,24 @@ class ReadOnlyInline(admin.TabularInline):
 
 @dataclass(frozen=True)
 class ConfirmSpec:
+    action: str  # the OperatorActionKind run, from console.services.OPERATOR_ACTIONS
     verb: str  # "Replay", "Re-verify", ... — the button and the result message
     description: str  # one sentence: what happens to each selected row
-    run: Callable[[HttpRequest, Sequence[int], str], OperatorAction]
     breakdown: Callable[[Sequence[int]], list[tuple[str, int]]] | None = None
     warnings: Sequence[str] = field(default_factory=tuple)
     note_label: str = ""  # non-empty: a reason is asked for, required, and recorded
+
+
+def operator_action(spec: ConfirmSpec, *, menu_label: str) -> Callable:
+    """A ModelAdmin action running `spec` through confirm_operator_action(), offered to users
+    holding console.operate (OperatorAdmin.has_operate_permission). Assign it in the class
+    body under the name listed in `actions`."""
+
+    def action(modeladmin, request, queryset):
+        return confirm_operator_action(modeladmin, request, queryset, spec)
+
+    action.confirm_spec = spec  # type: ignore[attr-defined]  # read by the registry tests
+    return admin.action(description=menu_label, permissions=["operate"])(action)
 
 
 @dataclass(frozen=True)
@@ -184,7 +202,9 @@ def confirm_operator_action(
             error = NOTE_REQUIRED
         else:
             try:
-                record = spec.run(request, ids, note)
+                record = OPERATOR_ACTIONS[spec.action](
+                    actor=request.user, ids=ids, via=OperatorActionVia.ADMIN, note=note
+                )
             except OperatorActionError as exc:
                 modeladmin.message_user(request, str(exc), messages.ERROR)
                 return None

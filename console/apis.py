@@ -12,7 +12,6 @@ its credentials.
 """
 
 import logging
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -27,8 +26,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView, exception_handler
 
-from console.models import OperatorAction, OperatorActionVia, PayloadAccessKind
-from console.presentation import body_for_api, error_for_viewer, seconds_between
+from console.models import (
+    OperatorAction,
+    OperatorActionKind,
+    OperatorActionVia,
+    PayloadAccessKind,
+)
+from console.presentation import body_for_api, error_for_viewer, may_read_payload, seconds_between
 from console.selectors import (
     BODY_SEARCH_ENCRYPTED,
     PAYLOAD_FIELDS,
@@ -40,13 +44,9 @@ from console.selectors import (
 )
 from console.services import (
     BULK_LIMIT,
+    OPERATOR_ACTIONS,
     OperatorActionError,
     payload_access_record,
-    raw_events_replay,
-    raw_events_reverify,
-    recaps_retry_render,
-    side_effects_mark_dead,
-    side_effects_rearm,
 )
 from ingress.encryption import BodyUndecryptable, bodies_may_be_encrypted
 from ingress.models import (
@@ -61,7 +61,6 @@ from ingress.payloads import raw_event_body, raw_event_headers
 
 logger = logging.getLogger(__name__)
 
-VIEW_PAYLOAD_PERMISSION = "ingress.view_raw_payload"
 DATABASE_UNAVAILABLE = "The database is unavailable; retry later."
 BODY_SEARCH_FORBIDDEN = "Searching body text needs the permission ingress.view_raw_payload."
 PAYLOAD_FORBIDDEN = "Including bodies and headers needs the permission ingress.view_raw_payload."
@@ -274,8 +273,8 @@ class ViewerErrorField(serializers.CharField):
     """A handler's error text, payload-free unless the serializer's `may_read_payload`."""
 
     def to_representation(self, value):
-        may_read_payload = self.context.get("may_read_payload", False)
-        return error_for_viewer(str(value), may_read_payload=may_read_payload)
+        allowed = self.context.get("may_read_payload", False)
+        return error_for_viewer(str(value), may_read_payload=allowed)
 
 
 class DeliveryAttemptOutputSerializer(serializers.ModelSerializer):
@@ -307,7 +306,7 @@ class DeliveryOutputSerializer(serializers.ModelSerializer):
 
 
 def _raw_event_serializer(request: Request) -> type[RawEventOutputSerializer]:
-    if request.user.has_perm(VIEW_PAYLOAD_PERMISSION):
+    if may_read_payload(request.user):
         return RawEventWithPayloadOutputSerializer
     return RawEventOutputSerializer
 
@@ -354,13 +353,13 @@ class RawEventListApi(ConsoleApi):
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
         params = dict(filters.validated_data)
-        may_read_payload = request.user.has_perm(VIEW_PAYLOAD_PERMISSION)
-        if params.get("body_contains") and not may_read_payload:
+        may_read = may_read_payload(request.user)
+        if params.get("body_contains") and not may_read:
             raise PermissionDenied(BODY_SEARCH_FORBIDDEN)
         if params.get("body_contains") and bodies_may_be_encrypted():
             raise serializers.ValidationError({"body_contains": [BODY_SEARCH_ENCRYPTED]})
         include_payload = params.pop("include_payload")
-        if include_payload and not may_read_payload:
+        if include_payload and not may_read:
             raise PermissionDenied(PAYLOAD_FORBIDDEN)
         query = params.pop("q", "")
         params["signature_status"] = params.pop("status", "")
@@ -371,10 +370,10 @@ class RawEventListApi(ConsoleApi):
             queryset = raw_event_search(
                 queryset=queryset,
                 query=query,
-                include_body=may_read_payload and not bodies_may_be_encrypted(),
+                include_body=may_read and not bodies_may_be_encrypted(),
             )
         # Each body search is audited with its term (q searches bodies for these users).
-        for term in (params.get("body_contains", ""), query if may_read_payload else ""):
+        for term in (params.get("body_contains", ""), query if may_read else ""):
             if term:
                 _audit(request, PayloadAccessKind.SEARCH, search_term=term)
 
@@ -393,35 +392,40 @@ class RawEventDetailApi(ConsoleApi):
 
     def get(self, request: Request, raw_event_id: int) -> Response:
         queryset = RawEvent.objects.all()
-        if not request.user.has_perm(VIEW_PAYLOAD_PERMISSION):
+        if not may_read_payload(request.user):
             queryset = queryset.defer(*PAYLOAD_FIELDS)
         event = get_object_or_404(queryset, pk=raw_event_id)
-        if request.user.has_perm(VIEW_PAYLOAD_PERMISSION):
+        if may_read_payload(request.user):
             _audit(request, PayloadAccessKind.VIEW, raw_event_ids=[event.pk])
         data = _raw_event_serializer(request)(event).data
         data["deliveries"] = DeliveryOutputSerializer(
             raw_event_deliveries(raw_event_id=event.pk),
             many=True,
-            context={"may_read_payload": request.user.has_perm(VIEW_PAYLOAD_PERMISSION)},
+            context={"may_read_payload": may_read_payload(request.user)},
         ).data
         return Response(data)
 
 
 class OperatorActionApi(ConsoleApi):
-    """POST {"ids": [...], ...}: one operator action, run and recorded by its service."""
+    """POST {"ids": [...], ...}: one operator action, run and recorded by its service (the
+    admin's confirmation page runs the same one from console.services.OPERATOR_ACTIONS)."""
 
     required_permission = "console.operate"
     input_serializer: type[serializers.Serializer] = IdsInputSerializer
-    service: Callable[..., OperatorAction]
-    ids_argument: str  # what the service calls the ids
+    action: str  # OperatorActionKind
 
     def post(self, request: Request) -> Response:
         serializer = self.input_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        arguments = dict(serializer.validated_data)
-        arguments[self.ids_argument] = arguments.pop("ids")
+        data = serializer.validated_data
         try:
-            record = self.service(actor=request.user, via=OperatorActionVia.API, **arguments)
+            record = OPERATOR_ACTIONS[self.action](
+                actor=request.user,
+                ids=data["ids"],
+                via=OperatorActionVia.API,
+                # The operator's note: mark dead's required reason.
+                note=data.get("reason", ""),
+            )
         except OperatorActionError as exc:
             # Unknown ids, too many, none: nothing was done and nothing recorded.
             raise serializers.ValidationError({"ids": [str(exc)]}) from exc
@@ -429,30 +433,25 @@ class OperatorActionApi(ConsoleApi):
 
 
 class RawEventReplayApi(OperatorActionApi):
-    service = staticmethod(raw_events_replay)
-    ids_argument = "raw_event_ids"
+    action = OperatorActionKind.RAW_EVENT_REPLAY
 
 
 class RawEventReverifyApi(OperatorActionApi):
-    service = staticmethod(raw_events_reverify)
-    ids_argument = "raw_event_ids"
+    action = OperatorActionKind.RAW_EVENT_REVERIFY
 
 
 class SideEffectRearmApi(OperatorActionApi):
-    service = staticmethod(side_effects_rearm)
-    ids_argument = "side_effect_ids"
+    action = OperatorActionKind.SIDE_EFFECT_REARM
 
 
 class SideEffectMarkDeadApi(OperatorActionApi):
     input_serializer = MarkDeadInputSerializer
-    service = staticmethod(side_effects_mark_dead)
-    ids_argument = "side_effect_ids"
+    action = OperatorActionKind.SIDE_EFFECT_MARK_DEAD
 
 
 class RecapRetryRenderApi(OperatorActionApi):
     input_serializer = RecapIdsInputSerializer
-    service = staticmethod(recaps_retry_render)
-    ids_argument = "recap_ids"
+    action = OperatorActionKind.RECAP_RETRY_RENDER
 
 
 class QueueDepthsApi(ConsoleApi):

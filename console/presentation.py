@@ -100,6 +100,15 @@ def format_seconds(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+# Bodies, headers, body search and handler messages (which may quote a body) are shown only
+# with this permission (ingress.models.RawEvent's Meta), in the admin and the API alike.
+VIEW_PAYLOAD_PERMISSION = "ingress.view_raw_payload"
+
+
+def may_read_payload(user) -> bool:
+    return user.has_perm(VIEW_PAYLOAD_PERMISSION)
+
+
 # A handler's exception message is free text, and handlers format payload values into it
 # (`recap id '<from the body>' not found`). Staff who may not read payloads see the class.
 ERROR_DETAIL_HIDDEN = (
@@ -121,6 +130,14 @@ def error_for_viewer(error: str, *, may_read_payload: bool) -> str:
     head, separator, _ = error.partition(":")
     error_class = head if separator and _ERROR_CLASS.fullmatch(head) else "error"
     return f"{error_class}: {ERROR_DETAIL_HIDDEN}"
+
+
+# A list column shows this much of an error or a failure reason; the row's page all of it.
+SHORT_TEXT_CHARS = 120
+
+
+def shortened(text: str, limit: int = SHORT_TEXT_CHARS) -> str:
+    return text[:limit] + ("…" if len(text) > limit else "")
 
 
 # --- Reading a row at a glance ------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Operator actions: every replay, re-verify, re-arm, mark-dead and retry goes through here.
 
-Each function wraps one domain service (ingress.inbox, outbox.services, recaps.services),
+Each action wraps one domain service (ingress.services, outbox.services, recaps.services),
 runs it once per selected object and records the whole action — who, when, what, on which
-objects, and each object's outcome — as one console.OperatorAction row.
+objects, and each object's outcome — as one console.OperatorAction row. OPERATOR_ACTIONS is
+the one table of them: the admin (console/admin_actions.py) and the API (console/apis.py)
+both run an action from it by its kind.
 
 Transaction boundaries, on purpose:
 - The audit row is committed *before* the first object is touched, so a worker killed half-way
@@ -15,6 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import models
@@ -187,7 +190,7 @@ def _raw_events() -> models.QuerySet[RawEvent]:
     return RawEvent.objects.defer(*PAYLOAD_FIELDS)
 
 
-def _replay(raw_event: RawEvent) -> ItemResult:
+def _replay(raw_event: RawEvent, note: str) -> ItemResult:
     queued = raw_event_replay(raw_event=raw_event)
     # Not a refusal (a handler deployed later makes the same replay useful), but the
     # operator must not read "succeeded" as "something will run".
@@ -201,7 +204,7 @@ def _replay(raw_event: RawEvent) -> ItemResult:
     return ItemResult(outcome=ItemOutcome.OK, detail=detail, data={"deliveries_queued": queued})
 
 
-def _reverify(raw_event: RawEvent) -> ItemResult:
+def _reverify(raw_event: RawEvent, note: str) -> ItemResult:
     event = raw_event_reverify(raw_event=raw_event)
     if event.signature_status == SignatureStatus.VERIFIED:
         detail = REVERIFY_VERIFIED.format(
@@ -221,32 +224,6 @@ def _reverify(raw_event: RawEvent) -> ItemResult:
     )
 
 
-def raw_events_replay(
-    *, actor: AbstractBaseUser, raw_event_ids: Sequence[int], via: str
-) -> OperatorAction:
-    """Queue each event to its handlers again; rejected, pending and duplicates are refused."""
-    return _run(
-        actor=actor,
-        via=via,
-        action=OperatorActionKind.RAW_EVENT_REPLAY,
-        objects=_load(_raw_events(), raw_event_ids),
-        perform=_replay,
-    )
-
-
-def raw_events_reverify(
-    *, actor: AbstractBaseUser, raw_event_ids: Sequence[int], via: str
-) -> OperatorAction:
-    """Verify rejected events again now (after a secret fix); others are refused."""
-    return _run(
-        actor=actor,
-        via=via,
-        action=OperatorActionKind.RAW_EVENT_REVERIFY,
-        objects=_load(_raw_events(), raw_event_ids),
-        perform=_reverify,
-    )
-
-
 # --- recap side effects and recaps -----------------------------------------------------------
 
 
@@ -258,41 +235,17 @@ def _side_effect_result(row: RecapSideEffect, detail: str) -> ItemResult:
     )
 
 
-def side_effects_rearm(
-    *, actor: AbstractBaseUser, side_effect_ids: Sequence[int], via: str
-) -> OperatorAction:
-    """Make each row due now with fresh attempts; a failed recap goes back to paid."""
-    return _run(
-        actor=actor,
-        via=via,
-        action=OperatorActionKind.SIDE_EFFECT_REARM,
-        objects=_load(RecapSideEffect.objects.all(), side_effect_ids),
-        perform=lambda row: _side_effect_result(
-            side_effect_rearm(side_effect=row), SIDE_EFFECT_REARMED
-        ),
+def _rearm(row: RecapSideEffect, note: str) -> ItemResult:
+    return _side_effect_result(side_effect_rearm(side_effect=row), SIDE_EFFECT_REARMED)
+
+
+def _mark_dead(row: RecapSideEffect, reason: str) -> ItemResult:
+    return _side_effect_result(
+        side_effect_mark_dead(side_effect=row, reason=reason), SIDE_EFFECT_MARKED_DEAD
     )
 
 
-def side_effects_mark_dead(
-    *, actor: AbstractBaseUser, side_effect_ids: Sequence[int], reason: str, via: str
-) -> OperatorAction:
-    """Give up on each row by hand; its recap is failed with the reason (recorded here too)."""
-    reason = reason.strip()
-    if not reason:
-        raise OperatorActionError(NOTE_REQUIRED)
-    return _run(
-        actor=actor,
-        via=via,
-        action=OperatorActionKind.SIDE_EFFECT_MARK_DEAD,
-        objects=_load(RecapSideEffect.objects.all(), side_effect_ids),
-        perform=lambda row: _side_effect_result(
-            side_effect_mark_dead(side_effect=row, reason=reason), SIDE_EFFECT_MARKED_DEAD
-        ),
-        note=reason,
-    )
-
-
-def _retry_render(recap: RecapVideo) -> ItemResult:
+def _retry_render(recap: RecapVideo, note: str) -> ItemResult:
     recap = recap_retry_render(recap=recap)
     return ItemResult(
         outcome=ItemOutcome.OK,
@@ -301,17 +254,97 @@ def _retry_render(recap: RecapVideo) -> ItemResult:
     )
 
 
+# --- the table the admin and the API both run from ------------------------------------------
+
+
+@dataclass(frozen=True)
+class OperatorActionService:
+    """One operator action: which rows it loads, what it does to each, whether it needs a
+    note. The admin's confirmation page and the API's endpoint both call it, so an action
+    one of them offers is the same action, with the same audit record, in the other."""
+
+    kind: str  # OperatorActionKind
+    objects: Callable[[], models.QuerySet]
+    # (row, the operator's note): the note is recorded with every action; mark dead also
+    # gives it to the domain service, as the recap's failure reason.
+    perform: Callable[[Any, str], ItemResult]
+    note_required: bool = False
+
+    def __call__(
+        self, *, actor: AbstractBaseUser, ids: Sequence[Any], via: str, note: str = ""
+    ) -> OperatorAction:
+        note = note.strip()
+        if self.note_required and not note:
+            raise OperatorActionError(NOTE_REQUIRED)
+        return _run(
+            actor=actor,
+            via=via,
+            action=self.kind,
+            objects=_load(self.objects(), ids),
+            perform=lambda obj: self.perform(obj, note),
+            note=note,
+        )
+
+
+OPERATOR_ACTIONS = {
+    service.kind: service
+    for service in (
+        OperatorActionService(OperatorActionKind.RAW_EVENT_REPLAY, _raw_events, _replay),
+        OperatorActionService(OperatorActionKind.RAW_EVENT_REVERIFY, _raw_events, _reverify),
+        OperatorActionService(
+            OperatorActionKind.SIDE_EFFECT_REARM, RecapSideEffect.objects.all, _rearm
+        ),
+        OperatorActionService(
+            OperatorActionKind.SIDE_EFFECT_MARK_DEAD,
+            RecapSideEffect.objects.all,
+            _mark_dead,
+            note_required=True,
+        ),
+        OperatorActionService(
+            OperatorActionKind.RECAP_RETRY_RENDER, RecapVideo.objects.all, _retry_render
+        ),
+    )
+}
+
+
+def raw_events_replay(
+    *, actor: AbstractBaseUser, raw_event_ids: Sequence[int], via: str
+) -> OperatorAction:
+    """Queue each event to its handlers again; rejected, pending and duplicates are refused."""
+    service = OPERATOR_ACTIONS[OperatorActionKind.RAW_EVENT_REPLAY]
+    return service(actor=actor, ids=raw_event_ids, via=via)
+
+
+def raw_events_reverify(
+    *, actor: AbstractBaseUser, raw_event_ids: Sequence[int], via: str
+) -> OperatorAction:
+    """Verify rejected events again now (after a secret fix); others are refused."""
+    service = OPERATOR_ACTIONS[OperatorActionKind.RAW_EVENT_REVERIFY]
+    return service(actor=actor, ids=raw_event_ids, via=via)
+
+
+def side_effects_rearm(
+    *, actor: AbstractBaseUser, side_effect_ids: Sequence[int], via: str
+) -> OperatorAction:
+    """Make each row due now with fresh attempts; a failed recap goes back to paid."""
+    service = OPERATOR_ACTIONS[OperatorActionKind.SIDE_EFFECT_REARM]
+    return service(actor=actor, ids=side_effect_ids, via=via)
+
+
+def side_effects_mark_dead(
+    *, actor: AbstractBaseUser, side_effect_ids: Sequence[int], reason: str, via: str
+) -> OperatorAction:
+    """Give up on each row by hand; its recap is failed with the reason (recorded here too)."""
+    service = OPERATOR_ACTIONS[OperatorActionKind.SIDE_EFFECT_MARK_DEAD]
+    return service(actor=actor, ids=side_effect_ids, via=via, note=reason)
+
+
 def recaps_retry_render(
     *, actor: AbstractBaseUser, recap_ids: Sequence[object], via: str
 ) -> OperatorAction:
     """Render each recap (again) through the outbox; ready and unpaid recaps are refused."""
-    return _run(
-        actor=actor,
-        via=via,
-        action=OperatorActionKind.RECAP_RETRY_RENDER,
-        objects=_load(RecapVideo.objects.all(), recap_ids),
-        perform=_retry_render,
-    )
+    service = OPERATOR_ACTIONS[OperatorActionKind.RECAP_RETRY_RENDER]
+    return service(actor=actor, ids=recap_ids, via=via)
 
 
 # --- API tokens for scripts ------------------------------------------------------------------

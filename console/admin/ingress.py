@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import DateFieldListFilter
-from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
@@ -20,16 +19,17 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
+from console.admin.display import LastErrorColumn, status_badge, tone_badge
 from console.admin_actions import (
     ConfirmSpec,
     ObjectAction,
     OperatorAdmin,
     ReadOnlyInline,
-    confirm_operator_action,
     object_actions_context,
+    operator_action,
     render_operator_actions,
 )
-from console.models import OperatorActionVia, PayloadAccessKind
+from console.models import OperatorActionKind, OperatorActionVia, PayloadAccessKind
 from console.presentation import (
     body_view,
     error_for_viewer,
@@ -37,6 +37,7 @@ from console.presentation import (
     format_seconds,
     format_time,
     headers_rows,
+    may_read_payload,
     seconds_between,
     status_tone,
 )
@@ -47,7 +48,7 @@ from console.selectors import (
     raw_event_search,
     raw_events_by_status,
 )
-from console.services import payload_access_record, raw_events_replay, raw_events_reverify
+from console.services import payload_access_record
 from ingress.encryption import BodyUndecryptable, bodies_may_be_encrypted
 from ingress.handlers import all_handlers
 from ingress.models import (
@@ -65,7 +66,6 @@ from ingress.payloads import raw_event_body, raw_event_headers
 from ingress.providers import PROVIDERS
 from ingress.sources import all_sources
 
-VIEW_PAYLOAD_PERMISSION = "ingress.view_raw_payload"
 PAYLOAD_HIDDEN = (
     "Body and headers are hidden: viewing them needs the permission "
     "“Can view raw webhook payloads (body and headers)”."
@@ -85,10 +85,6 @@ REVERIFY_DESCRIPTION = (
     "deduplicated and dispatched to their handlers."
 )
 REVERIFY_WARNING = "Events that are not rejected are refused and reported."
-
-
-def _can_view_payload(request: HttpRequest) -> bool:
-    return request.user.has_perm(VIEW_PAYLOAD_PERMISSION)
 
 
 def _audit_payload_access(request: HttpRequest, kind: str, **what) -> None:
@@ -260,15 +256,6 @@ def raw_event_state(event: RawEvent, delivery_statuses: list[str]) -> RawEventSt
     return RawEventState("verified, handled", "ok", NEXT_NONE)
 
 
-def tone_badge(tone: str, label: str) -> str:
-    # The word says it; the colour repeats it (console/admin/console_styles.html).
-    return format_html('<span class="console-badge console-tone-{}">{}</span>', tone, label)
-
-
-def status_badge(status: str, label: str = "") -> str:
-    return tone_badge(status_tone(status), label or status)
-
-
 @admin.register(RawEvent)
 class RawEventAdmin(OperatorAdmin):
     # What decides the next step comes first and fits 1,366 px (tests/console/test_browser.py):
@@ -280,7 +267,7 @@ class RawEventAdmin(OperatorAdmin):
         "dispatch_badge",
         "age",
         "source",
-        "event_type",
+        "event_type_link",
         "delivery_or_dedup",
         "duplicate_link",
         "verify_lag",
@@ -297,9 +284,12 @@ class RawEventAdmin(OperatorAdmin):
     )
     # The real search is get_search_results(); a non-empty search_fields shows the box.
     search_fields = ("delivery_id",)
+    # Not the event type: no index serves it, so matching it would turn every id lookup
+    # into a scan of the whole store. The list's event types link to a filter instead.
     search_help_text = (
-        "Event id, delivery id, dedup key or event type (exact); body text too (bytes, "
-        "case-sensitive) if you may view payloads. Add a date filter on a large store."
+        "Event id, delivery id or dedup key (exact); body text too (bytes, case-sensitive) "
+        "if you may view payloads. Click an event type to list every event of that type. "
+        "Add a date filter on a large store."
     )
     ordering = ("-received_at", "-id")
     list_per_page = 50
@@ -359,11 +349,11 @@ class RawEventAdmin(OperatorAdmin):
 
     def get_fieldsets(self, request, obj=None):
         # What an on-call engineer asks first comes first: what happened, then why.
-        may_read_payload = _can_view_payload(request)
-        payload = self.payload_fields if may_read_payload else ("payload_hidden",)
+        may_read = may_read_payload(request.user)
+        payload = self.payload_fields if may_read else ("payload_hidden",)
         # Handler errors may quote the payload: without the permission, their class only.
         summary = self.summary_fields
-        if not may_read_payload:
+        if not may_read:
             summary = tuple(
                 "deliveries_table_without_messages" if name == "deliveries_table" else name
                 for name in summary
@@ -395,7 +385,7 @@ class RawEventAdmin(OperatorAdmin):
     def get_search_results(self, request, queryset, search_term):
         if not search_term:
             return queryset, False
-        include_body = _can_view_payload(request)
+        include_body = may_read_payload(request.user)
         if include_body and bodies_may_be_encrypted():
             # Said, not silently skipped: the ids and keys are still searched.
             messages.warning(request, BODY_SEARCH_ENCRYPTED)
@@ -421,7 +411,7 @@ class RawEventAdmin(OperatorAdmin):
         Served as an attachment of type application/octet-stream (and nosniff), so a body
         that happens to be HTML is saved, never rendered in the admin's origin.
         """
-        if not (self.has_view_permission(request) and _can_view_payload(request)):
+        if not (self.has_view_permission(request) and may_read_payload(request.user)):
             raise Http404
         event = get_object_or_404(
             RawEvent.objects.only("id", "body", "body_encryption"), pk=object_id
@@ -447,7 +437,7 @@ class RawEventAdmin(OperatorAdmin):
             extra_context["raw_event_state"] = state
         response = super().changeform_view(request, object_id, form_url, extra_context)
         # 200: the page of an existing event is about to render, with its payload.
-        if object_id and response.status_code == 200 and _can_view_payload(request):
+        if object_id and response.status_code == 200 and may_read_payload(request.user):
             _audit_payload_access(request, PayloadAccessKind.VIEW, raw_event_ids=[int(object_id)])
         return response
 
@@ -466,39 +456,26 @@ class RawEventAdmin(OperatorAdmin):
             )
         return actions
 
-    @admin.action(description="Replay selected events to their handlers", permissions=["operate"])
-    def replay_selected(self, request, queryset: QuerySet[RawEvent]):
-        return confirm_operator_action(
-            self,
-            request,
-            queryset,
-            ConfirmSpec(
-                verb="Replay",
-                description=REPLAY_DESCRIPTION,
-                warnings=(REPLAY_WARNING,),
-                breakdown=_breakdown,
-                run=lambda request, ids, note: raw_events_replay(
-                    actor=request.user, raw_event_ids=ids, via=OperatorActionVia.ADMIN
-                ),
-            ),
-        )
-
-    @admin.action(description="Re-verify selected rejected events", permissions=["operate"])
-    def reverify_selected(self, request, queryset: QuerySet[RawEvent]):
-        return confirm_operator_action(
-            self,
-            request,
-            queryset,
-            ConfirmSpec(
-                verb="Re-verify",
-                description=REVERIFY_DESCRIPTION,
-                warnings=(REVERIFY_WARNING,),
-                breakdown=_breakdown,
-                run=lambda request, ids, note: raw_events_reverify(
-                    actor=request.user, raw_event_ids=ids, via=OperatorActionVia.ADMIN
-                ),
-            ),
-        )
+    replay_selected = operator_action(
+        ConfirmSpec(
+            action=OperatorActionKind.RAW_EVENT_REPLAY,
+            verb="Replay",
+            description=REPLAY_DESCRIPTION,
+            warnings=(REPLAY_WARNING,),
+            breakdown=_breakdown,
+        ),
+        menu_label="Replay selected events to their handlers",
+    )
+    reverify_selected = operator_action(
+        ConfirmSpec(
+            action=OperatorActionKind.RAW_EVENT_REVERIFY,
+            verb="Re-verify",
+            description=REVERIFY_DESCRIPTION,
+            warnings=(REVERIFY_WARNING,),
+            breakdown=_breakdown,
+        ),
+        menu_label="Re-verify selected rejected events",
+    )
 
     # --- columns and detail fields -------------------------------------------------------
 
@@ -569,6 +546,17 @@ class RawEventAdmin(OperatorAdmin):
             state.tone,
             state.next_step,
         )
+
+    @admin.display(description="event type", ordering="event_type")
+    def event_type_link(self, obj: RawEvent) -> str:
+        if not obj.event_type:
+            return "—"
+        url = (
+            reverse("admin:ingress_rawevent_changelist")
+            + "?"
+            + urlencode({"event_type": obj.event_type})
+        )
+        return format_html('<a href="{}">{}</a>', url, obj.event_type)
 
     @admin.display(description="delivery id / dedup key")
     def delivery_or_dedup(self, obj: RawEvent) -> str:
@@ -728,7 +716,7 @@ class RawEventAdmin(OperatorAdmin):
 def _without_messages(request: HttpRequest, names, field: str, replacement: str) -> tuple:
     """Swap the field showing a handler's error text for its payload-free twin, unless the
     user may read payloads (the text may quote one)."""
-    if _can_view_payload(request):
+    if may_read_payload(request.user):
         return tuple(names)
     return tuple(replacement if name == field else name for name in names)
 
@@ -748,7 +736,7 @@ class DeliveryAttemptInline(ReadOnlyInline):
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(OperatorAdmin):
+class DeliveryAdmin(LastErrorColumn, OperatorAdmin):
     list_display = (
         "id",
         "event_link",
@@ -774,7 +762,8 @@ class DeliveryAdmin(OperatorAdmin):
         "next_attempt",
         "claimed_at",
         "created_at",
-        "updated_at",
+        # Not updated_at: every delivery write is a QuerySet.update(), which leaves it at
+        # the creation time; the attempts below say when each thing happened.
         "finished_at",
         "last_error",
     )
@@ -813,10 +802,6 @@ class DeliveryAdmin(OperatorAdmin):
     @admin.display(description="raw event", ordering="raw_event_id")
     def event_link(self, obj: Delivery) -> str:
         return _raw_event_link(obj.raw_event_id)
-
-    @admin.display(description="last error")
-    def short_error(self, obj: Delivery) -> str:
-        return obj.last_error[:120] + ("…" if len(obj.last_error) > 120 else "")
 
     @admin.display(description="last error")
     def short_error_without_message(self, obj: Delivery) -> str:

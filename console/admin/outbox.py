@@ -10,24 +10,23 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib import admin
-from django.db.models import QuerySet
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from console.admin.display import LastErrorColumn, status_badge
 from console.admin_actions import (
     ConfirmSpec,
     ObjectAction,
     OperatorAdmin,
     ReadOnlyInline,
-    confirm_operator_action,
     object_actions_context,
+    operator_action,
     render_operator_actions,
 )
-from console.models import OperatorActionVia
-from console.presentation import format_seconds, format_time, status_tone
+from console.models import OperatorActionKind
+from console.presentation import format_seconds, format_time
 from console.selectors import side_effects_by_status
-from console.services import side_effects_mark_dead, side_effects_rearm
 from outbox.models import (
     CircuitBreaker,
     RecapSideEffect,
@@ -85,6 +84,10 @@ class AgeFilter(admin.SimpleListFilter):
         return queryset.filter(updated_at__lt=timezone.now() - age)
 
 
+def _status_breakdown(ids) -> list[tuple[str, int]]:
+    return [(row["status"], row["count"]) for row in side_effects_by_status(ids=ids)]
+
+
 class AttemptInline(ReadOnlyInline):
     model = RecapSideEffectAttempt
     fields = ("number", "outcome", "error_class", "error", "started_at", "finished_at")
@@ -95,7 +98,7 @@ class AttemptInline(ReadOnlyInline):
 
 
 @admin.register(RecapSideEffect)
-class RecapSideEffectAdmin(OperatorAdmin):
+class RecapSideEffectAdmin(LastErrorColumn, OperatorAdmin):
     list_display = (
         "id",
         "recap_link",
@@ -161,43 +164,27 @@ class RecapSideEffectAdmin(OperatorAdmin):
         except ValueError:
             return queryset.none(), False
 
-    @admin.action(description="Re-arm selected side effects", permissions=["operate"])
-    def rearm_selected(self, request, queryset: QuerySet[RecapSideEffect]):
-        return confirm_operator_action(
-            self,
-            request,
-            queryset,
-            ConfirmSpec(
-                verb="Re-arm",
-                description=REARM_DESCRIPTION,
-                warnings=(REARM_WARNING,),
-                breakdown=_status_breakdown,
-                run=lambda request, ids, note: side_effects_rearm(
-                    actor=request.user, side_effect_ids=ids, via=OperatorActionVia.ADMIN
-                ),
-            ),
-        )
-
-    @admin.action(description="Mark selected side effects dead", permissions=["operate"])
-    def mark_dead_selected(self, request, queryset: QuerySet[RecapSideEffect]):
-        return confirm_operator_action(
-            self,
-            request,
-            queryset,
-            ConfirmSpec(
-                verb="Mark dead",
-                description=MARK_DEAD_DESCRIPTION,
-                warnings=(MARK_DEAD_WARNING,),
-                breakdown=_status_breakdown,
-                note_label="Reason (kept as the recap's failure reason):",
-                run=lambda request, ids, note: side_effects_mark_dead(
-                    actor=request.user,
-                    side_effect_ids=ids,
-                    reason=note,
-                    via=OperatorActionVia.ADMIN,
-                ),
-            ),
-        )
+    rearm_selected = operator_action(
+        ConfirmSpec(
+            action=OperatorActionKind.SIDE_EFFECT_REARM,
+            verb="Re-arm",
+            description=REARM_DESCRIPTION,
+            warnings=(REARM_WARNING,),
+            breakdown=_status_breakdown,
+        ),
+        menu_label="Re-arm selected side effects",
+    )
+    mark_dead_selected = operator_action(
+        ConfirmSpec(
+            action=OperatorActionKind.SIDE_EFFECT_MARK_DEAD,
+            verb="Mark dead",
+            description=MARK_DEAD_DESCRIPTION,
+            warnings=(MARK_DEAD_WARNING,),
+            breakdown=_status_breakdown,
+            note_label="Reason (kept as the recap's failure reason):",
+        ),
+        menu_label="Mark selected side effects dead",
+    )
 
     @admin.display(description="operator actions")
     def operator_actions(self, obj) -> str:
@@ -205,12 +192,7 @@ class RecapSideEffectAdmin(OperatorAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: RecapSideEffect) -> str:
-        # The word is the status; the colour repeats it (console/admin/console_styles.html).
-        return format_html(
-            '<span class="console-badge console-tone-{}">{}</span>',
-            status_tone(obj.status),
-            obj.status,
-        )
+        return status_badge(obj.status)
 
     @admin.display(description="next attempt", ordering="next_attempt_at")
     def next_attempt(self, obj: RecapSideEffect) -> str:
@@ -227,10 +209,6 @@ class RecapSideEffectAdmin(OperatorAdmin):
         if recap.failure_reason:
             return f"{recap.status}: {recap.failure_reason}"
         return recap.status
-
-    @admin.display(description="last error")
-    def short_error(self, obj: RecapSideEffect) -> str:
-        return obj.last_error[:120] + ("…" if len(obj.last_error) > 120 else "")
 
     @admin.display(description="in this state for", ordering="updated_at")
     def state_age(self, obj: RecapSideEffect) -> str:
@@ -276,10 +254,6 @@ def _side_effect_actions(row: RecapSideEffect) -> list[ObjectAction]:
             )
         )
     return actions
-
-
-def _status_breakdown(ids) -> list[tuple[str, int]]:
-    return [(row["status"], row["count"]) for row in side_effects_by_status(ids=ids)]
 
 
 @admin.register(CircuitBreaker)

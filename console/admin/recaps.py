@@ -20,12 +20,12 @@ from console.admin_actions import (
     ConfirmSpec,
     OperatorAdmin,
     ReadOnlyInline,
-    confirm_operator_action,
+    operator_action,
     render_operator_actions,
 )
-from console.models import OperatorActionVia
+from console.models import OperatorActionKind
+from console.presentation import shortened
 from console.selectors import recaps_by_status
-from console.services import recaps_retry_render
 from eventdrop.errors import EventDropError
 from outbox.models import EffectType, RecapSideEffect
 from recaps.models import Event, Photo, RecapVideo
@@ -209,24 +209,18 @@ class RecapVideoAdmin(OperatorAdmin):
         matches = Q(payment_reference=term) | Q(checkout_session_id=term) | Q(render_id=term)
         return queryset.filter(matches), False
 
-    @admin.action(description="Retry render of selected recaps", permissions=["operate"])
-    def retry_render_selected(self, request, queryset: QuerySet[RecapVideo]):
-        return confirm_operator_action(
-            self,
-            request,
-            queryset,
-            ConfirmSpec(
-                verb="Retry render",
-                description=RETRY_DESCRIPTION,
-                warnings=(RETRY_WARNING,),
-                breakdown=lambda ids: [
-                    (row["status"], row["count"]) for row in recaps_by_status(ids=ids)
-                ],
-                run=lambda request, ids, note: recaps_retry_render(
-                    actor=request.user, recap_ids=ids, via=OperatorActionVia.ADMIN
-                ),
-            ),
-        )
+    retry_render_selected = operator_action(
+        ConfirmSpec(
+            action=OperatorActionKind.RECAP_RETRY_RENDER,
+            verb="Retry render",
+            description=RETRY_DESCRIPTION,
+            warnings=(RETRY_WARNING,),
+            breakdown=lambda ids: [
+                (row["status"], row["count"]) for row in recaps_by_status(ids=ids)
+            ],
+        ),
+        menu_label="Retry render of selected recaps",
+    )
 
     @admin.display(description="operator actions")
     def operator_actions(self, obj) -> str:
@@ -238,4 +232,4 @@ class RecapVideoAdmin(OperatorAdmin):
 
     @admin.display(description="failure reason")
     def short_failure(self, obj: RecapVideo) -> str:
-        return obj.failure_reason[:120] + ("…" if len(obj.failure_reason) > 120 else "")
+        return shortened(obj.failure_reason)
