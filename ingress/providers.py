@@ -1,29 +1,126 @@
-"""What the receive path needs to know about each provider type, and nothing more.
+"""The provider table: every provider type a webhook source can have, declared once.
 
-The receive path only checks that the signature header is *present* and copies the
-delivery id header; all signature math happens later in ingress/verifiers/.
-Header names are lower-case: that is how RawEvent.headers stores them.
+One row per provider says all the project knows about it:
+
+- `signature_header` — the header the receive path requires before it stores anything (it only
+  checks that the header is there; all signature math happens later, in the verifier);
+- `delivery_id_header` — the header carrying the sender's id of this delivery attempt, copied
+  by the receive path onto RawEvent.delivery_id ("" when the provider sends none);
+- `verify` — the provider's verifier (ingress/verifiers/<name>.py), called on the stored
+  request by the inbox; it reads both headers from the Source, which ingress/sources.py fills
+  from this table (only `hmac` sources may name their own);
+- `dedup_key` — how a verified event's dedup key is made (ingress.models.DedupKey decides
+  the winner).
+
+Look a provider up by name with `PROVIDERS[name]`; `verify` and `dedup_key_for` below are the
+two entry points the inbox calls. Header names are lower-case: that is how RawEvent.headers
+stores them. The verifiers are imported here, statically: there is no other registry.
 """
 
+import hashlib
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ingress.models import RawEvent, RejectionReason
+from ingress.payloads import raw_event_body, raw_event_headers
+from ingress.verifiers import github, hmac, slack, standard, stripe
+from ingress.verifiers.base import StoredRequest, Verdict
+
+if TYPE_CHECKING:
+    # ingress.sources builds each Source from this table, so it imports this module; the
+    # verifiers' signature names Source for the type checker only.
+    from ingress.sources import Source
+
+logger = logging.getLogger(__name__)
+
+Verifier = Callable[["Source", StoredRequest], Verdict]
+DedupRule = Callable[[RawEvent, Verdict], str]
+
+# Headers that identify *what* was sent rather than *this attempt* at sending it; signature
+# and timestamp headers change on every provider retry and would defeat the fallback key.
+_FALLBACK_KEY_HEADERS = ("content-type",)
+
+
+def provider_event_id_or_content_hash(event: RawEvent, verdict: Verdict) -> str:
+    """The provider's own event id when its verifier found one, else a hash of what was sent.
+
+    The id is what makes a provider's retry of the same event a duplicate (Stripe's `evt_…`,
+    Slack's `event_id`, the delivery id GitHub and Standard Webhooks send). Without one, two
+    deliveries are the same event when source, path, event type, content type and body bytes
+    all match.
+    """
+    if verdict.provider_event_id:
+        return f"id:{verdict.provider_event_id}"[:300]
+    digest = hashlib.sha256()
+    for part in (event.source, event.path, verdict.event_type):
+        digest.update(part.encode("utf-8") + b"\0")
+    headers = raw_event_headers(event)
+    for name in _FALLBACK_KEY_HEADERS:
+        digest.update(f"{name}:{headers.get(name, '')}".encode() + b"\0")
+    digest.update(raw_event_body(event))  # the plaintext: ciphertexts differ every time
+    return f"sha256:{digest.hexdigest()}"
 
 
 @dataclass(frozen=True)
-class ProviderSpec:
+class Provider:
     name: str
+    verify: Verifier
     signature_header: str
     delivery_id_header: str = ""
+    dedup_key: DedupRule = provider_event_id_or_content_hash
+    # Only generic senders name their own headers per source (signature_header,
+    # signature_prefix, delivery_id_header in ingress/sources.py); a named provider's
+    # verifier reads the provider's own, so a source may not point it elsewhere.
+    source_names_headers: bool = False
 
 
-PROVIDERS: dict[str, ProviderSpec] = {
-    "stripe": ProviderSpec("stripe", signature_header="stripe-signature"),
-    "github": ProviderSpec(
-        "github", signature_header="x-hub-signature-256", delivery_id_header="x-github-delivery"
-    ),
-    "slack": ProviderSpec("slack", signature_header="x-slack-signature"),
-    "standard": ProviderSpec(
-        "standard", signature_header="webhook-signature", delivery_id_header="webhook-id"
-    ),
-    # Generic HMAC senders name their headers per source (see ingress/sources.py).
-    "hmac": ProviderSpec("hmac", signature_header="x-signature"),
+PROVIDERS: dict[str, Provider] = {
+    provider.name: provider
+    for provider in (
+        # Event id: the body's `id` (evt_…); no delivery id header.
+        Provider("stripe", stripe.verify, signature_header="stripe-signature"),
+        # Event id: X-GitHub-Delivery (GitHub's body has no event id).
+        Provider(
+            "github",
+            github.verify,
+            signature_header="x-hub-signature-256",
+            delivery_id_header="x-github-delivery",
+        ),
+        # Event id: the body's `event_id` (Events API); slash commands and interactivity
+        # have none and fall back to the content hash.
+        Provider("slack", slack.verify, signature_header="x-slack-signature"),
+        # Event id: webhook-id, which is also part of the signed content.
+        Provider(
+            "standard",
+            standard.verify,
+            signature_header="webhook-signature",
+            delivery_id_header="webhook-id",
+        ),
+        # Event id: the source's delivery id header, else the body's `id`.
+        Provider("hmac", hmac.verify, signature_header="x-signature", source_names_headers=True),
+    )
 }
+
+
+def verify(source: "Source", request: StoredRequest) -> Verdict:
+    """Verify one stored request with its source's provider verifier.
+
+    Verifiers return reasons for every bad input they know of; the catch-all below exists so
+    that a verifier *bug* marks one row `verifier_error` (re-verifiable once fixed) instead of
+    stalling the worker on the same row forever.
+    """
+    if not source.secrets:
+        return Verdict(reason=RejectionReason.NO_SECRET_CONFIGURED)
+    verifier = PROVIDERS[source.provider].verify
+    try:
+        return verifier(source, request)
+    except Exception:
+        logger.exception("ingress.verify.verifier_error", extra={"source": source.name})
+        return Verdict(reason=RejectionReason.VERIFIER_ERROR)
+
+
+def dedup_key_for(event: RawEvent, verdict: Verdict) -> str:
+    """The dedup key of a verified event, by the rule of the provider that sent it."""
+    return PROVIDERS[event.provider].dedup_key(event, verdict)

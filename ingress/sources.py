@@ -9,9 +9,11 @@ Per-source options (all optional except `provider`):
     max_body_bytes      default WEBHOOK_MAX_BODY_BYTES (1 MiB)
     max_header_bytes    total size of the request's header fields, default 32 KiB (431 past it)
     tolerance_seconds   signature timestamp tolerance, default WEBHOOK_TOLERANCE_SECONDS (300)
-    signature_header    `hmac` only: the header carrying the signature (named providers use theirs)
+    signature_header    `hmac` only: the header carrying the signature (named providers use theirs,
+                        from the provider table in ingress/providers.py)
     signature_prefix    `hmac` only: text before the hex digest, e.g. "sha256="
-    delivery_id_header  override/add the header carrying the sender's delivery id
+    delivery_id_header  `hmac`, or a provider that sends none (stripe, slack): the header carrying
+                        the sender's delivery id; github and standard use theirs
 
 Each option can also be set from the environment as WEBHOOK_<SOURCE>_<OPTION>, e.g.
 WEBHOOK_STRIPE_MAX_BODY_BYTES=262144 or WEBHOOK_SLACK_ENABLED=false.
@@ -26,7 +28,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-from ingress.providers import PROVIDERS
+from ingress.providers import PROVIDERS, Provider
 
 
 @dataclass(frozen=True)
@@ -98,16 +100,9 @@ def _build_source(name: str, declared: dict) -> Source:
             f"webhook source {name!r}: provider must be one of {sorted(PROVIDERS)}, "
             f"got {provider!r}"
         )
-    spec = PROVIDERS[provider]  # type: ignore[index]
-    # The named providers' verifiers read their provider's own header; a different one here
-    # would make the receive path demand a header the verifier never looks at.
-    if provider != "hmac" and str(
-        options.get("signature_header", spec.signature_header)
-    ).lower() != (spec.signature_header):
-        raise ImproperlyConfigured(
-            f"webhook source {name!r}: signature_header can only be set for hmac sources "
-            f"({provider} signs with {spec.signature_header})"
-        )
+    spec = PROVIDERS[str(provider)]
+    if not spec.source_names_headers:
+        _check_own_headers(name, spec, options)
     options.setdefault("secrets_env", f"WEBHOOK_{name.upper()}_SECRET")
     options.setdefault("signature_header", spec.signature_header)
     options.setdefault("delivery_id_header", spec.delivery_id_header)
@@ -116,6 +111,28 @@ def _build_source(name: str, declared: dict) -> Source:
     raw_secrets = os.environ.get(str(options["secrets_env"]), "")
     secrets = tuple(part.strip() for part in raw_secrets.split(",") if part.strip())
     return Source(name=name, secrets=secrets, **options)  # type: ignore[arg-type]
+
+
+def _check_own_headers(name: str, spec: Provider, options: dict[str, object]) -> None:
+    """A named provider's verifier reads the provider's own headers (ingress/providers.py).
+
+    A different signature header here would make the receive path demand a header the
+    verifier never looks at, and a different delivery id header would change what the
+    verifier keys the event by (and, for Standard Webhooks, the signed content). A source of
+    a provider that sends no delivery id may still name one to record.
+    """
+    signature_header = str(options.get("signature_header", spec.signature_header)).lower()
+    if signature_header != spec.signature_header:
+        raise ImproperlyConfigured(
+            f"webhook source {name!r}: signature_header can only be set for hmac sources "
+            f"({spec.name} signs with {spec.signature_header})"
+        )
+    delivery_id_header = str(options.get("delivery_id_header", spec.delivery_id_header)).lower()
+    if spec.delivery_id_header and delivery_id_header != spec.delivery_id_header:
+        raise ImproperlyConfigured(
+            f"webhook source {name!r}: delivery_id_header can only be set for hmac sources "
+            f"and providers without one ({spec.name} sends {spec.delivery_id_header})"
+        )
 
 
 @cache

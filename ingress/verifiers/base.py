@@ -1,4 +1,4 @@
-"""The one small interface every provider verifier implements.
+"""What every provider verifier takes and returns: `verify(source, request) -> Verdict`.
 
 A verifier gets the *stored* request (lower-case header names, exact body bytes, the row's
 received_at) and the source's configuration, and returns a Verdict. It never raises for bad
@@ -10,9 +10,6 @@ a backlog or a re-verification after a secret fix gives the same answer as at ar
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
-
-from ingress.sources import Source
 
 
 @dataclass(frozen=True)
@@ -41,7 +38,3 @@ class Verdict:
     @property
     def ok(self) -> bool:
         return self.reason == ""
-
-
-class Verifier(Protocol):
-    def __call__(self, source: Source, request: StoredRequest) -> Verdict: ...

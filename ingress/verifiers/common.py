@@ -5,6 +5,8 @@ Every helper either returns what it was asked for or raises `Reject(reason)`. Ea
 verifier reads as the provider's rules in order and still never raises for bad input.
 """
 
+from __future__ import annotations
+
 import hashlib
 import hmac
 import json
@@ -13,12 +15,16 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from functools import wraps
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl
 
 from ingress.models import RejectionReason
-from ingress.sources import Source
 from ingress.verifiers.base import StoredRequest, Verdict
+
+if TYPE_CHECKING:
+    # The provider table (ingress/providers.py) imports the verifiers and ingress.sources
+    # imports the table, so Source is imported for the type checker only.
+    from ingress.sources import Source
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,11 @@ delivery id is what stops an identical redelivery from running twice. The legacy
 `X-Hub-Signature` header is deliberately ignored.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from ingress.models import RejectionReason
-from ingress.sources import Source
 from ingress.verifiers.base import StoredRequest, Verdict
 from ingress.verifiers.common import (
     body_text,
@@ -23,21 +26,25 @@ from ingress.verifiers.common import (
     utf8_secret,
 )
 
-SIGNATURE_HEADER = "x-hub-signature-256"
+if TYPE_CHECKING:
+    # The provider table (ingress/providers.py) imports the verifiers and ingress.sources
+    # imports the table, so Source is imported for the type checker only.
+    from ingress.sources import Source
+
 SCHEME = "sha256"
 
 
 @returns_verdict
 def verify(source: Source, request: StoredRequest) -> Verdict:
     keys = usable_secrets(source, utf8_secret)
-    header = required_header(request, SIGNATURE_HEADER, RejectionReason.MISSING_SIGNATURE)
+    header = required_header(request, source.signature_header, RejectionReason.MISSING_SIGNATURE)
     signature = scheme_hex_signature(header, SCHEME)
     secret_index = match_hex_hmac(keys, request.body, [signature])
     _check_payload(request)
     return Verdict(
         secret_index=secret_index,
         event_type=request.headers.get("x-github-event", ""),
-        provider_event_id=request.headers.get("x-github-delivery", ""),
+        provider_event_id=request.headers.get(source.delivery_id_header, ""),
     )
 
 

@@ -5,8 +5,11 @@ a replay in time; dedup on the delivery id or the body is the only guard). The h
 prefix come from the source's configuration.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from ingress.models import RejectionReason
-from ingress.sources import Source
 from ingress.verifiers.base import StoredRequest, Verdict
 from ingress.verifiers.common import (
     Reject,
@@ -20,6 +23,11 @@ from ingress.verifiers.common import (
     usable_secrets,
     utf8_secret,
 )
+
+if TYPE_CHECKING:
+    # The provider table (ingress/providers.py) imports the verifiers and ingress.sources
+    # imports the table, so Source is imported for the type checker only.
+    from ingress.sources import Source
 
 
 @returns_verdict

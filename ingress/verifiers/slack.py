@@ -7,12 +7,13 @@ in `payload=`. Slack retries an Events API delivery it thinks failed and says so
 (dedup on `event_id` does that job).
 """
 
+from __future__ import annotations
+
 import re
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ingress.models import RejectionReason
-from ingress.sources import Source
 from ingress.verifiers.base import StoredRequest, Verdict
 from ingress.verifiers.common import (
     Reject,
@@ -32,7 +33,11 @@ from ingress.verifiers.common import (
     utf8_secret,
 )
 
-SIGNATURE_HEADER = "x-slack-signature"
+if TYPE_CHECKING:
+    # The provider table (ingress/providers.py) imports the verifiers and ingress.sources
+    # imports the table, so Source is imported for the type checker only.
+    from ingress.sources import Source
+
 TIMESTAMP_HEADER = "x-slack-request-timestamp"
 VERSION = "v0"
 
@@ -44,7 +49,7 @@ _RETRY_NUM = re.compile(r"[0-9]{1,4}")
 @returns_verdict
 def verify(source: Source, request: StoredRequest) -> Verdict:
     keys = usable_secrets(source, utf8_secret)
-    header = required_header(request, SIGNATURE_HEADER, RejectionReason.MISSING_SIGNATURE)
+    header = required_header(request, source.signature_header, RejectionReason.MISSING_SIGNATURE)
     # A signature without its timestamp cannot be checked: the header set is malformed.
     timestamp = required_header(request, TIMESTAMP_HEADER, RejectionReason.MALFORMED_HEADER)
     signed_at = unix_timestamp(timestamp)

@@ -10,14 +10,16 @@ Several `v1` entries are allowed (the sender rolling its secret); other schemes,
 asymmetric `v1a`, are not checked.
 """
 
+from __future__ import annotations
+
 import base64
 import hmac
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from standardwebhooks.webhooks import Webhook
 
 from ingress.models import RejectionReason
-from ingress.sources import Source
 from ingress.verifiers.base import StoredRequest, Verdict
 from ingress.verifiers.common import (
     Reject,
@@ -31,8 +33,11 @@ from ingress.verifiers.common import (
     usable_secrets,
 )
 
-SIGNATURE_HEADER = "webhook-signature"
-ID_HEADER = "webhook-id"
+if TYPE_CHECKING:
+    # The provider table (ingress/providers.py) imports the verifiers and ingress.sources
+    # imports the table, so Source is imported for the type checker only.
+    from ingress.sources import Source
+
 TIMESTAMP_HEADER = "webhook-timestamp"
 SCHEME = "v1"
 KEY_PREFIX = "whsec_"
@@ -41,8 +46,8 @@ KEY_PREFIX = "whsec_"
 @returns_verdict
 def verify(source: Source, request: StoredRequest) -> Verdict:
     webhooks = usable_secrets(source, _webhook)
-    header = required_header(request, SIGNATURE_HEADER, RejectionReason.MISSING_SIGNATURE)
-    msg_id = _message_id(request)
+    header = required_header(request, source.signature_header, RejectionReason.MISSING_SIGNATURE)
+    msg_id = _message_id(source, request)
     signed_at = unix_timestamp(
         required_header(request, TIMESTAMP_HEADER, RejectionReason.MALFORMED_HEADER)
     )
@@ -69,8 +74,9 @@ def _webhook(secret: str) -> Webhook:
     return Webhook(decoded)
 
 
-def _message_id(request: StoredRequest) -> str:
-    msg_id = required_header(request, ID_HEADER, RejectionReason.MALFORMED_HEADER)
+def _message_id(source: Source, request: StoredRequest) -> str:
+    # webhook-id, the provider's delivery id header: it is part of the signed content.
+    msg_id = required_header(request, source.delivery_id_header, RejectionReason.MALFORMED_HEADER)
     try:
         msg_id.encode("utf-8")  # it is part of the signed content
     except UnicodeEncodeError as exc:

@@ -15,12 +15,14 @@ on Stripe's side arrives with an SDK upgrade. Its quirks, and what we do about t
 - `whsec_…` secrets are HMAC keys as they stand (unlike Standard Webhooks, not base64).
 """
 
+from __future__ import annotations
+
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import stripe
 
 from ingress.models import RejectionReason
-from ingress.sources import Source
 from ingress.verifiers.base import StoredRequest, Verdict
 from ingress.verifiers.common import (
     Reject,
@@ -36,13 +38,16 @@ from ingress.verifiers.common import (
     utf8_secret,
 )
 
-SIGNATURE_HEADER = "stripe-signature"
+if TYPE_CHECKING:
+    # The provider table (ingress/providers.py) imports the verifiers and ingress.sources
+    # imports the table, so Source is imported for the type checker only.
+    from ingress.sources import Source
 
 
 @returns_verdict
 def verify(source: Source, request: StoredRequest) -> Verdict:
     keys = usable_secrets(source, _stripe_secret)
-    header = required_header(request, SIGNATURE_HEADER, RejectionReason.MISSING_SIGNATURE)
+    header = required_header(request, source.signature_header, RejectionReason.MISSING_SIGNATURE)
     signed_at = _parse_header(header)
     # The SDK signs the body's text, so bytes that are not UTF-8 cannot carry a Stripe
     # signature at all: they are reported as an unparseable body before any signature check.

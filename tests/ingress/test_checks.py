@@ -5,7 +5,7 @@ import json
 import pytest
 from django.core import checks
 
-from ingress.sources import reset_sources_cache
+from ingress.sources import all_sources, reset_sources_cache
 
 ACME = {"acme": {"provider": "hmac", "signature_header": "X-Acme-Signature"}}
 
@@ -36,7 +36,7 @@ def test_source_without_a_secret_is_warned_about(environ):
 
     assert [(m.id, m.level) for m in messages] == [("ingress.W001", checks.WARNING)]
     assert "'stripe'" in messages[0].msg
-    assert "STRIPE_WEBHOOK_SECRET" in messages[0].hint
+    assert "STRIPE_WEBHOOK_SECRET" in (messages[0].hint or "")
 
 
 def test_extra_source_without_a_secret_names_its_env_var(environ, settings):
@@ -46,7 +46,7 @@ def test_extra_source_without_a_secret_names_its_env_var(environ, settings):
     messages = ingress_messages()
 
     assert [m.id for m in messages] == ["ingress.W001"]
-    assert "'acme'" in messages[0].msg and "WEBHOOK_ACME_SECRET" in messages[0].hint
+    assert "'acme'" in messages[0].msg and "WEBHOOK_ACME_SECRET" in (messages[0].hint or "")
 
 
 def test_a_secret_is_never_printed(environ, settings):
@@ -77,6 +77,10 @@ def test_disabled_source_without_a_secret_is_not_reported(environ):
         ('{"acme": {"provider": "carrier-pigeon"}}', "provider must be one of"),
         ('{"acme": {"provider": "hmac", "max_body_bytes": "lots"}}', "must be an integer"),
         ('{"gh2": {"provider": "github", "signature_header": "X-Other"}}', "only be set for hmac"),
+        # The verifier keys GitHub events by X-GitHub-Delivery and signs Standard Webhooks'
+        # webhook-id: a source may not point either elsewhere (ingress/providers.py).
+        ('{"gh2": {"provider": "github", "delivery_id_header": "X-Other"}}', "sends x-github"),
+        ('{"std": {"provider": "standard", "delivery_id_header": "X-Id"}}', "sends webhook-id"),
     ],
 )
 def test_invalid_extra_sources_are_an_error(environ, settings, extra, fragment):
@@ -106,3 +110,14 @@ def test_reconciliation_budget_that_cannot_fit_one_call_fails_the_check(settings
     errors = check_reconcile_budgets()
     assert {error.id for error in errors} == {"ingress.E002"}
     assert any("12.5 s" in error.msg for error in errors)  # the arithmetic is shown
+
+
+def test_a_provider_that_sends_no_delivery_id_may_record_one(environ, settings):
+    environ.setenv("WEBHOOK_STRIPE2_SECRET", "whsec_second")
+    settings.WEBHOOK_EXTRA_SOURCES = json.dumps(
+        {"stripe2": {"provider": "stripe", "delivery_id_header": "X-Req"}}
+    )
+
+    assert ingress_messages() == []
+    source = all_sources()["stripe2"]
+    assert (source.signature_header, source.delivery_id_header) == ("stripe-signature", "x-req")

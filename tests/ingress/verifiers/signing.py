@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import stripe
 from standardwebhooks.webhooks import Webhook
 
+from ingress.providers import PROVIDERS as PROVIDERS_TABLE
 from ingress.sources import Source
 from ingress.verifiers.base import StoredRequest
 
@@ -54,16 +55,17 @@ PROVIDERS = tuple(SECRETS)
 
 
 def make_source(provider: str, *secrets: str, tolerance_seconds: int = TOLERANCE) -> Source:
-    options: dict[str, str] = {}
-    if provider == "hmac":
-        options = {"signature_header": "x-signature", "signature_prefix": "sha256="}
+    """A Source as ingress/sources.py builds one: the provider table's headers filled in."""
+    spec = PROVIDERS_TABLE[provider]
     return Source(
         name=f"test-{provider}",
         provider=provider,
         secrets_env="X",
         secrets=secrets,
         tolerance_seconds=tolerance_seconds,
-        **options,
+        signature_header=spec.signature_header,
+        delivery_id_header=spec.delivery_id_header,
+        signature_prefix="sha256=" if provider == "hmac" else "",
     )
 
 

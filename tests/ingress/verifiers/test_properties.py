@@ -1,12 +1,11 @@
 """No input makes a verifier raise: arbitrary headers and bodies always end in a Verdict.
 
-The verifiers are called directly, not through ingress.verifiers.verify, whose catch-all
-would hide an exception as `verifier_error`.
+The verifiers are called directly (the provider table's `verify` field), not through
+ingress.providers.verify, whose catch-all would hide an exception as `verifier_error`.
 """
 
 import json
 from datetime import UTC, datetime
-from importlib import import_module
 from urllib.parse import urlencode
 
 import pytest
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 
 from ingress.models import RejectionReason
 from ingress.payloads import parse_payload
+from ingress.providers import PROVIDERS as PROVIDERS_TABLE
 from ingress.verifiers.base import StoredRequest, Verdict
 from tests.ingress.verifiers.signing import (
     PROVIDERS,
@@ -90,7 +90,7 @@ received_at = st.datetimes(
 def test_arbitrary_input_ends_in_a_known_verdict(
     provider, headers, body, source_secrets, received_at
 ):
-    verify = import_module(f"ingress.verifiers.{provider}").verify
+    verify = PROVIDERS_TABLE[provider].verify
     source = make_source(provider, *source_secrets)
     verdict = verify(source, StoredRequest(headers=headers, body=body, received_at=received_at))
     assert isinstance(verdict, Verdict)
@@ -123,7 +123,7 @@ def test_every_verified_body_is_one_the_handlers_can_parse(provider, text, form)
     body = text.encode()
     headers = SIGNERS[provider](body, SECRETS[provider][0])
     headers["content-type"] = "application/x-www-form-urlencoded" if form else "application/json"
-    verify = import_module(f"ingress.verifiers.{provider}").verify
+    verify = PROVIDERS_TABLE[provider].verify
     verdict = verify(make_source(provider, SECRETS[provider][0]), make_request(headers, body))
     if verdict.ok:
         assert isinstance(parse_payload(headers, body), dict)

@@ -2,10 +2,10 @@
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from importlib import import_module
 
 import pytest
 
+from ingress.providers import PROVIDERS as PROVIDERS_TABLE
 from tests.ingress.verifiers.signing import (
     EXPECTED,
     PROVIDERS,
@@ -20,7 +20,7 @@ from tests.ingress.verifiers.signing import (
 
 
 def verify(provider, source, request):
-    return import_module(f"ingress.verifiers.{provider}").verify(source, request)
+    return PROVIDERS_TABLE[provider].verify(source, request)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
