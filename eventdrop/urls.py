@@ -1,8 +1,8 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from console.views_landing import home
 from console.views_ops import metrics, ops_page
-from eventdrop.views import home
 
 urlpatterns = [
     path("", home, name="home"),

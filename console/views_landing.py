@@ -1,7 +1,9 @@
-"""The landing page at `/` (also where the admin's "View site" goes).
+"""The landing page at `/` (also where the admin's "View site" goes): the console's front door.
 
-Signed-in staff see what runs and where to go; everyone else a plain page that says what
-this host is and names nothing else (no versions, no configuration, no counts).
+Signed-in staff see what runs (queue depths) and where to go; everyone else a plain page
+that says what this host is and names nothing else (no versions, no configuration, no
+counts). It lives in the console, which reads every app, rather than in eventdrop, which the
+apps import (eventdrop/urls.py only mounts it).
 """
 
 import logging
