@@ -28,7 +28,6 @@ designed not to pay. Until then such a row shows as a worker in a crash loop wit
 `raw_events_oldest_pending_age_seconds`, and no tool sets it aside yet (an open limit).
 """
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -63,9 +62,10 @@ from ingress.payloads import (
     raw_event_headers,
     storable_text,
 )
+from ingress.providers import dedup_key_for, verify
 from ingress.reconcile.verdict import backfilled_verdict
 from ingress.sources import all_sources
-from ingress.verifiers import StoredRequest, Verdict, verify
+from ingress.verifiers import StoredRequest, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -73,25 +73,6 @@ SETTLE_FAILED = "{error} in verify/dedup/dispatch"
 
 
 # --- verify, dedup, fan out ----------------------------------------------------------------
-
-# Headers that identify *what* was sent rather than *this attempt* at sending it; signature
-# and timestamp headers change on every provider retry and would defeat the fallback key.
-_FALLBACK_KEY_HEADERS = ("content-type",)
-
-
-def dedup_key_for(event: RawEvent, verdict: Verdict) -> str:
-    """The provider's own event id when it has one, else a content hash."""
-    if verdict.provider_event_id:
-        return f"id:{verdict.provider_event_id}"[:300]
-    digest = hashlib.sha256()
-    for part in (event.source, event.path, verdict.event_type):
-        digest.update(part.encode("utf-8") + b"\0")
-    headers = raw_event_headers(event)
-    for name in _FALLBACK_KEY_HEADERS:
-        digest.update(f"{name}:{headers.get(name, '')}".encode() + b"\0")
-    digest.update(raw_event_body(event))  # the plaintext: ciphertexts differ every time
-    return f"sha256:{digest.hexdigest()}"
-
 
 def _verdict_for(event: RawEvent) -> Verdict:
     source = all_sources().get(event.source)

@@ -132,7 +132,8 @@ def _header_bytes(meta: dict) -> int:
 def _slack_handshake(source: Source, headers: dict[str, str], body: bytes) -> str | None:
     if source.provider != "slack" or b"url_verification" not in body:
         return None
-    from ingress.verifiers import StoredRequest, verify
+    from ingress.providers import verify
+    from ingress.verifiers import StoredRequest
 
     verdict = verify(source, StoredRequest(headers=headers, body=body, received_at=timezone.now()))
     return verdict.handshake_challenge if verdict.ok else None

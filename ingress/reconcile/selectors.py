@@ -7,7 +7,6 @@ from datetime import datetime
 from django.db.models import OuterRef, QuerySet, Subquery
 
 from ingress.encryption import BodyUndecryptable
-from ingress.inbox import dedup_key_for
 from ingress.models import (
     DedupKey,
     RawEvent,
@@ -16,12 +15,16 @@ from ingress.models import (
     SignatureStatus,
 )
 from ingress.payloads import UnparseablePayload, parse_payload, raw_event_body
+from ingress.providers import dedup_key_for
+from ingress.sources import all_sources
 from ingress.verifiers import Verdict
 
 
 def _dedup_key(source: str, provider_event_id: str) -> str:
-    # The very function the inbox keys verified events with, so the two cannot disagree.
-    return dedup_key_for(RawEvent(source=source), Verdict(provider_event_id=provider_event_id))
+    # The very rule the inbox keys verified events with (the provider table's), so the two
+    # cannot disagree.
+    event = RawEvent(source=source, provider=all_sources()[source].provider)
+    return dedup_key_for(event, Verdict(provider_event_id=provider_event_id))
 
 
 def dedup_known_ids(*, source: str, provider_ids: Collection[str]) -> set[str]:

@@ -11,12 +11,3 @@ from ingress.verifiers.base import StoredRequest, Verdict
 __all__ = ["StoredRequest", "Verdict"]
 
 
-
-def verify(source, request):  # type: ignore[no-untyped-def]
-    # Until the inbox and the receive path import ingress.providers.verify (next commit).
-    from ingress.providers import verify as provider_verify
-
-    return provider_verify(source, request)
-
-
-__all__ += ["verify"]
