@@ -30,7 +30,7 @@ from django.db import InterfaceError, OperationalError
 
 from ingress.handlers import PermanentHandlerError
 from ingress.payloads import UnparseablePayload
-from recaps.errors import (
+from outbox.errors import (
     EventNotFound,
     RenderCircuitOpen,
     RenderConnectionFailed,

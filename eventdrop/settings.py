@@ -366,7 +366,7 @@ RAW_EVENT_ARCHIVE_PREFIX = os.environ.get("RAW_EVENT_ARCHIVE_PREFIX", "raw-event
 AWS_S3_ENDPOINT_URL = os.environ.get("AWS_S3_ENDPOINT_URL", "").strip() or None
 AWS_S3_REGION_NAME = os.environ.get("AWS_S3_REGION_NAME", "").strip() or None
 # Every S3 call: connect and read timeouts, and attempts in all (botocore's standard retry
-# mode); outbox/budgets.py holds their worst case against RAW_EVENT_PARTITIONS_BUDGET_SECONDS.
+# mode); eventdrop/budgets.py holds their worst case against RAW_EVENT_PARTITIONS_BUDGET_SECONDS.
 # Defaults: 2 x (2 s + 5 s) + 6 s = 20 s a call, 10 calls a day with four sources: 200 s.
 RAW_EVENT_ARCHIVE_CONNECT_TIMEOUT_SECONDS = env_float(
     "RAW_EVENT_ARCHIVE_CONNECT_TIMEOUT_SECONDS", 2.0
@@ -401,6 +401,12 @@ DELIVERY_BACKOFF_CAP_SECONDS = env_float("DELIVERY_BACKOFF_CAP_SECONDS", 3600.0)
 DELIVERY_STALE_AFTER_SECONDS = env_int("DELIVERY_STALE_AFTER_SECONDS", 600)
 # Time a scheduled (django-q2) inbox pass may use before it yields; below Q_TIMEOUT.
 INBOX_SCHEDULED_PASS_BUDGET_SECONDS = env_float("INBOX_SCHEDULED_PASS_BUDGET_SECONDS", 50.0)
+# Resuming a paused handler releases its held deliveries at this rate, in received order
+# (ingress.deliveries.deliveries_release): a fifth of what one inbox worker drains
+# (docs/benchmarks.md, ~500 events/s), so a resumed backlog runs beside the live traffic
+# instead of ahead of it, and the downstream that was the reason for the pause is not hit
+# with the whole backlog at once. 10,000 held deliveries take 100 s.
+INBOX_RESUME_RELEASE_PER_SECOND = env_float("INBOX_RESUME_RELEASE_PER_SECOND", 100.0)
 
 # --- django-q2 -----------------------------------------------------------------------------
 # The ORM broker (default) keeps everything in the one database; `retry` must exceed
@@ -445,7 +451,7 @@ else:
     raise ImproperlyConfigured(f"Q_BROKER must be orm or redis, got {Q_BROKER!r}")
 
 # --- Recaps, render service and outbox (see recaps/ and outbox/) ---------------------------
-# Every duration below is in seconds. outbox/budgets.py turns them into worst cases, and the
+# Every duration below is in seconds. eventdrop/budgets.py turns them into worst cases, and the
 # `outbox.E001` system check refuses to start when one exceeds the budget of a caller.
 
 # Stripe (recap purchase). The SDK's HTTP client gets explicit (connect, read) timeouts and

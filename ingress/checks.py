@@ -2,6 +2,11 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
+from eventdrop.budgets import (
+    RECONCILE_CALL_WORST_CASES,
+    raw_event_store_worst_case,
+    reconcile_budget_problem,
+)
 from ingress.sources import all_sources
 
 
@@ -28,16 +33,11 @@ def check_webhook_sources(app_configs=None, **kwargs) -> list[checks.CheckMessag
 @checks.register()
 def check_reconcile_budgets(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """A nightly reconciliation run must fit one call's worst case, and django-q2's timeout."""
-    from ingress.reconcile.budgets import CALL_WORST_CASES, budget_fit_check
-    from ingress.reconcile.errors import ReconcileFailed
-
-    messages: list[checks.CheckMessage] = []
-    for provider in CALL_WORST_CASES:
-        try:
-            budget_fit_check(provider=provider, scheduled=True)
-        except ReconcileFailed as exc:
-            messages.append(checks.Error(str(exc), id="ingress.E002"))
-    return messages
+    problems = (
+        reconcile_budget_problem(provider=provider, scheduled=True)
+        for provider in RECONCILE_CALL_WORST_CASES
+    )
+    return [checks.Error(problem, id="ingress.E002") for problem in problems if problem]
 
 
 @checks.register()
@@ -46,7 +46,6 @@ def check_web_server_limits(app_configs=None, **kwargs) -> list[checks.CheckMess
     the sources' limits: a request may spend the header read timeout, then the body read
     deadline, then the store's worst case, and all of it must fit the route's budget."""
     from eventdrop.web import WebServerConfig
-    from outbox.budgets import OPERATIONS
 
     try:
         server = WebServerConfig.from_environ()
@@ -55,16 +54,15 @@ def check_web_server_limits(app_configs=None, **kwargs) -> list[checks.CheckMess
     messages: list[checks.CheckMessage] = []
     header = server.header_read_timeout_seconds
     body = float(settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS)
-    store = OPERATIONS["ingress.raw_event_store"]()
+    store = raw_event_store_worst_case()
     total = header + body + store.seconds
-    store_terms = store.arithmetic.rsplit(" = ", 1)[0]  # its own total would read twice
     budget = float(settings.WEBHOOK_REQUEST_BUDGET_SECONDS)
     if total > budget:
         messages.append(
             checks.Error(
                 f"webhook receive worst case headers {header:.1f} s "
                 f"(WEB_HEADER_READ_TIMEOUT_SECONDS) + body {body:.1f} s "
-                f"(WEBHOOK_BODY_READ_TIMEOUT_SECONDS) + {store_terms} = {total:.1f} s "
+                f"(WEBHOOK_BODY_READ_TIMEOUT_SECONDS) + {store.terms} = {total:.1f} s "
                 f"exceeds the {budget:.1f} s budget of the webhook receive request "
                 "(WEBHOOK_REQUEST_BUDGET_SECONDS).",
                 id="ingress.E003",
@@ -111,7 +109,7 @@ def check_raw_event_encryption_keys(app_configs=None, **kwargs) -> list[checks.C
 def check_raw_event_archive(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """With RAW_EVENT_ARCHIVE_ENABLED, partitions are dropped only after their archive is
     verified: settings that cannot reach a bucket would keep every partition forever, and
-    unbounded S3 calls could outlast the maintenance task (its budget: outbox/budgets.py)."""
+    unbounded S3 calls could outlast the maintenance task (its budget: eventdrop/budgets.py)."""
     if not settings.RAW_EVENT_ARCHIVE_ENABLED:
         return []
     problems = []

@@ -7,3 +7,7 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         from outbox import checks  # noqa: F401  (registers the system checks)
+        from outbox.receivers import enqueue_render_for_paid_recap
+        from recaps.signals import recap_paid
+
+        recap_paid.connect(enqueue_render_for_paid_recap, dispatch_uid="outbox.enqueue_render")

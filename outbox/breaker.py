@@ -47,7 +47,9 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from eventdrop.budgets import render_dispatch_worst_case
 from outbox.models import BreakerState, CircuitBreaker
+from outbox.render_client import RenderClientConfig
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +72,12 @@ class BreakerConfig:
 
     @classmethod
     def from_settings(cls) -> "BreakerConfig":
-        from outbox.budgets import render_dispatch_worst_case
-
         return cls(
             failure_threshold=settings.RENDER_BREAKER_FAILURE_THRESHOLD,
             cooldown=timedelta(seconds=settings.RENDER_BREAKER_COOLDOWN_SECONDS),
-            probe_timeout=timedelta(seconds=render_dispatch_worst_case().seconds),
+            probe_timeout=timedelta(
+                seconds=render_dispatch_worst_case(RenderClientConfig.from_settings()).seconds
+            ),
             refresh_seconds=settings.RENDER_BREAKER_REFRESH_MS / 1000,
             lock_timeout_ms=settings.RENDER_BREAKER_LOCK_TIMEOUT_MS,
         )

@@ -1,6 +1,7 @@
 """System checks of the outbox. `manage.py check` fails on every Error here.
 
-- outbox.E001  a worst case exceeds the budget of a caller (arithmetic in outbox/budgets.py)
+- outbox.E001  a worst case exceeds the budget of a caller (the table below, `CALLERS`; the
+  arithmetic is eventdrop/budgets.py)
 - outbox.E002  django-q2's task timeout does not cover one scheduled run
 - outbox.E003  the stale threshold would re-arm a live dispatch
 - outbox.E004  the dispatcher's configuration is incomplete (a deployment: DEBUG off);
@@ -10,11 +11,77 @@
   shorter than the backoff alone (it extends nothing). Both show the give-up arithmetic.
 """
 
+from collections.abc import Callable
+
 from django.conf import settings
 from django.core import checks
 
-from outbox.budgets import budget_violations, render_status_worst_case, side_effect_give_up
+from eventdrop.budgets import (
+    BudgetViolation,
+    Caller,
+    GiveUp,
+    WorstCase,
+    archive_day_worst_case,
+    budget_violations,
+    database_statement_worst_case,
+    give_up_arithmetic,
+    q_task_timeout,
+    raw_event_store_worst_case,
+    render_dispatch_worst_case,
+    render_status_worst_case,
+    stripe_call_worst_case,
+)
+from ingress.archive import ArchiveClientConfig, archive_enabled, calls_per_day
+from ingress.sources import all_sources
 from outbox.configuration import dispatch_configuration_problems
+from outbox.render_client import RenderClientConfig
+from outbox.services import outbox_retry_strategy
+
+
+def _archive_day() -> WorstCase:
+    """One day's archive (ingress/archive.py) with the sources configured now."""
+    if not archive_enabled():
+        return archive_day_worst_case(None, calls=0)
+    sources = sum(1 for source in all_sources().values() if source.enabled)
+    return archive_day_worst_case(
+        ArchiveClientConfig.from_settings(), calls=calls_per_day(sources)
+    )
+
+
+# Each operation's worst case, computed from the configuration its client runs with now.
+OPERATIONS: dict[str, Callable[[], WorstCase]] = {
+    "render.dispatch": lambda: render_dispatch_worst_case(RenderClientConfig.from_settings()),
+    "render.status": lambda: render_status_worst_case(RenderClientConfig.from_settings()),
+    "stripe.checkout_session": stripe_call_worst_case,
+    "database.statement": database_statement_worst_case,
+    "ingress.raw_event_store": raw_event_store_worst_case,
+    "ingress.archive_day": _archive_day,
+}
+
+# Who waits for what. A new synchronous use of a slow operation is added here, and the
+# check then holds it against its caller's budget before the code can ship.
+CALLERS: list[Caller] = [
+    # A run claims a row only while what is left covers one worst-case dispatch.
+    Caller("outbox dispatcher run", "OUTBOX_DISPATCH_BUDGET_SECONDS", "render.dispatch"),
+    # Likewise a render-check run (outbox/render_checks.py) asks only while one check fits.
+    Caller("render check run", "RENDER_CHECK_BUDGET_SECONDS", "render.status"),
+    Caller("recap purchase request", "RECAP_PURCHASE_BUDGET_SECONDS", "stripe.checkout_session"),
+    # The receive path is one INSERT; nothing slow may ever join it.
+    Caller("webhook receive request", "WEBHOOK_REQUEST_BUDGET_SECONDS", "ingress.raw_event_store"),
+    # A maintenance run starts a day's archive only while its worst case fits what is left.
+    Caller(
+        "partition maintenance run", "RAW_EVENT_PARTITIONS_BUDGET_SECONDS", "ingress.archive_day"
+    ),
+]
+
+
+def time_budget_violations() -> list[BudgetViolation]:
+    return budget_violations(CALLERS, OPERATIONS)
+
+
+def side_effect_give_up() -> GiveUp:
+    """ValueError on a retry setting that cannot work."""
+    return give_up_arithmetic(outbox_retry_strategy())
 
 
 @checks.register()
@@ -28,18 +95,18 @@ def check_time_budgets(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
             ),
             id="outbox.E001",
         )
-        for violation in budget_violations()
+        for violation in time_budget_violations()
     ]
     budget = settings.OUTBOX_DISPATCH_BUDGET_SECONDS
     check_budget = settings.RENDER_CHECK_BUDGET_SECONDS
     # One scheduled dispatcher task is a dispatch run followed by a render-check run
     # (outbox/tasks.py); the nightly recovery spends one render-check run.
     task = budget + check_budget
-    q_timeout = settings.Q_CLUSTER.get("timeout")
+    q_timeout = q_task_timeout()
     if q_timeout is not None and q_timeout <= task:
         messages.append(
             checks.Error(
-                f"django-q2 kills a task after {q_timeout} s (Q_CLUSTER timeout), inside the "
+                f"django-q2 kills a task after {q_timeout:g} s (Q_CLUSTER timeout), inside the "
                 f"dispatcher task's {budget:.1f} s dispatch + {check_budget:.1f} s render "
                 f"checks = {task:.1f} s: runs would die mid-dispatch and leave rows "
                 "processing until they go stale.",
@@ -100,7 +167,7 @@ def check_rendering_deadline(app_configs=None, **kwargs) -> list[checks.CheckMes
         errors.append(f"RENDER_CALLBACK_MARGIN_SECONDS must not be negative, got {margin}")
     if interval <= 0:
         errors.append(f"RENDER_CHECK_INTERVAL_SECONDS must be positive, got {interval}")
-    worst = render_status_worst_case()
+    worst = render_status_worst_case(RenderClientConfig.from_settings())
     if 0 < interval <= worst.seconds:
         # A claim schedules the next check one interval ahead; a check still running then
         # would be asked about a second time, in parallel.

@@ -1,7 +1,7 @@
 """The dispatcher: claims due render rows and asks the render service, within a budget.
 
 One run (`dispatch_run`) has a budget, OUTBOX_DISPATCH_BUDGET_SECONDS (60 s), and keeps
-claiming while what is left still covers one worst-case dispatch (outbox/budgets.py): not
+claiming while what is left still covers one worst-case dispatch (eventdrop/budgets.py): not
 one recap per run, as in the seed, but never a dispatch that could outlive the run either.
 At most RENDER_MAX_CONCURRENCY render calls are in flight at once (a bulkhead: a slow render
 service ties up that many threads and connections, not all of them).
@@ -33,10 +33,12 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
+from eventdrop.budgets import BudgetClock, render_dispatch_worst_case
 from eventdrop.retry import classify
 from outbox.breaker import RENDER_SERVICE_BREAKER, Breaker, BreakerConfig
-from outbox.budgets import render_dispatch_worst_case
+from outbox.errors import EventNotFound, RenderCircuitOpen, TooFewPhotos
 from outbox.models import AttemptOutcome, BreakerState
+from outbox.render_client import RenderClient, RenderClientConfig
 from outbox.services import (
     Claim,
     side_effect_complete,
@@ -45,9 +47,7 @@ from outbox.services import (
     side_effects_rearm_stale,
     side_effects_refund,
 )
-from recaps.errors import EventNotFound, RenderCircuitOpen, TooFewPhotos
 from recaps.models import RecapStatus, RecapVideo
-from recaps.render_client import RenderClient, RenderClientConfig
 from recaps.selectors import event_photo_keys, photo_keys_by_event, recap_get, recaps_by_id
 
 logger = logging.getLogger(__name__)
@@ -293,15 +293,14 @@ def dispatch_run(
     """One budgeted run. `now` freezes the database clock (tests simulate time with it)."""
     budget = settings.OUTBOX_DISPATCH_BUDGET_SECONDS if budget_seconds is None else budget_seconds
     concurrency = max_concurrency or settings.RENDER_MAX_CONCURRENCY
-    worst = render_dispatch_worst_case().seconds
+    worst = render_dispatch_worst_case(RenderClientConfig.from_settings()).seconds
     breaker = Breaker(name=RENDER_SERVICE_BREAKER, config=BreakerConfig.from_settings())
 
     def current() -> datetime:
         return now or timezone.now()
 
     report = DispatchReport(budget_seconds=budget, worst_case_seconds=worst)
-    start = clock()
-    run_deadline = start + budget
+    run = BudgetClock(budget, setting="OUTBOX_DISPATCH_BUDGET_SECONDS", clock=clock)
     report.rearmed_stale = side_effects_rearm_stale(now=current())
 
     bulkhead = _Bulkhead(concurrency)
@@ -317,8 +316,8 @@ def dispatch_run(
     try:
         while True:
             free = concurrency - len(in_flight)
-            if not ahead and not exhausted and free > 0 and run_deadline - clock() >= worst:
-                extra = concurrency if run_deadline - clock() >= 2 * worst else 0
+            if not ahead and not exhausted and free > 0 and run.fits(worst):
+                extra = concurrency if run.fits(worst, times=2) else 0
                 # Closed: every free slot (and the ahead-claims); cool-down over: one row,
                 # the half-open probe; open: none.
                 limit = breaker.claim_limit(free + extra, now=current())
@@ -335,7 +334,7 @@ def dispatch_run(
                 future = bulkhead.submit(
                     dispatch_one,
                     claim,
-                    deadline=min(clock() + worst, run_deadline),
+                    deadline=run.call_deadline(worst),
                     breaker=breaker,
                     now=current,
                     client_factory=client_factory,
@@ -359,7 +358,7 @@ def dispatch_run(
     finally:
         bulkhead.shutdown()
     report.breaker = breaker.view(fresh=True).state
-    report.elapsed_seconds = clock() - start
+    report.elapsed_seconds = run.elapsed()
     logger.info(
         "outbox.dispatch.run",
         extra={

@@ -16,7 +16,7 @@ render under another idempotency key — and:
     permanent error (4xx: the service does not know the render) → failed, with the reason
 
 Budget: one run has RENDER_CHECK_BUDGET_SECONDS and starts a check only while what is left
-covers one check's worst case (outbox/budgets.py, `render.status`; `manage.py check` holds
+covers one check's worst case (eventdrop/budgets.py, `render.status`; `manage.py check` holds
 it against the budget, outbox.E001). The scheduled dispatcher task runs one after each
 dispatch run, the nightly recovery one more (outbox/tasks.py). After the first failure that
 speaks about the service as a whole (refused, timed out, 5xx, 429) the run stops: the others
@@ -33,14 +33,15 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
+from eventdrop.budgets import BudgetClock, render_status_worst_case
 from eventdrop.retry import Disposition, classify
-from outbox.budgets import render_status_worst_case
-from recaps.errors import RecapNotFound, RenderError
-from recaps.render_client import RenderClient, RenderClientConfig
+from outbox.errors import RenderError
+from outbox.render_client import RenderClient, RenderClientConfig
+from outbox.services import render_status_record
+from recaps.errors import RecapNotFound
 from recaps.services import (
     RenderCheckClaim,
     recap_fail_render_check,
-    recap_record_render_status,
     recaps_claim_render_checks,
 )
 
@@ -113,7 +114,7 @@ def _ask_and_record(
             extra={"recap_id": str(claim.recap_id), "error_class": failure.error_class},
         )
         return RETRY_LATER, failure.service_failure
-    outcome = recap_record_render_status(recap_id=claim.recap_id, status=status, now=now)
+    outcome = render_status_record(recap_id=claim.recap_id, status=status, now=now)
     return str(outcome), False
 
 
@@ -129,12 +130,11 @@ def render_checks_run(
     config = RenderClientConfig.from_settings()
     worst = render_status_worst_case(config).seconds
     report = RenderCheckReport(budget_seconds=budget, worst_case_seconds=worst)
-    start = clock()
-    run_deadline = start + budget
+    run = BudgetClock(budget, setting="RENDER_CHECK_BUDGET_SECONDS", clock=clock)
     client: RenderClient | None = None
     try:
         while not report.stopped_early:
-            fits = int((run_deadline - clock()) // worst) if worst > 0 else 0
+            fits = run.how_many(worst)
             if fits < 1:
                 break
             # Claim no more than this run can still ask about: a claimed recap waits one
@@ -151,7 +151,7 @@ def render_checks_run(
                     outcome, service_failing = _check_one(
                         claim,
                         client=client,
-                        deadline=min(clock() + worst, run_deadline),
+                        deadline=run.call_deadline(worst),
                         now=now(),
                     )
                 except DatabaseError:
@@ -170,7 +170,7 @@ def render_checks_run(
     finally:
         if client is not None:
             client.close()
-    report.elapsed_seconds = clock() - start
+    report.elapsed_seconds = run.elapsed()
     logger.info(
         "outbox.render_check.run",
         extra={

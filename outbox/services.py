@@ -50,12 +50,22 @@ from outbox.models import (
     SideEffectStatus,
     WaitReason,
 )
-from recaps.models import RecapVideo
+from outbox.render_client import RenderStatus
+from recaps.errors import RECAP_NOT_RENDERED, RECAP_NOT_RETRYABLE, RecapStateConflict
+from recaps.models import RecapStatus, RecapVideo
 from recaps.selectors import recaps_paid_without_side_effect, recaps_stuck_rendering
-from recaps.services import recap_mark_failed, recap_mark_rendering, recap_reopen
+from recaps.services import (
+    recap_lock,
+    recap_lock_if_rendering,
+    recap_mark_failed,
+    recap_mark_ready,
+    recap_mark_rendering,
+    recap_reopen,
+)
 
 logger = logging.getLogger(__name__)
 
+RENDER_STATUS_FAILED_REASON = "render failed (reported on a status check): {code}: {message}"
 DEAD_REASON = "render request gave up after {attempts} attempt(s): {error_class}: {error}"
 OPERATOR_DEAD_REASON = "marked dead by an operator: {reason}"
 STALE_ERROR = "re-armed: processing since {claimed_at}, its worker died"
@@ -521,6 +531,94 @@ def side_effects_settle_for_ready(*, recap_id: object, now: datetime | None = No
     return RecapSideEffect.objects.filter(
         recap_id=recap_id, status__in=[SideEffectStatus.PENDING, SideEffectStatus.DEAD]
     ).update(status=SideEffectStatus.DONE, claimed_at=None, finished_at=now, updated_at=now)
+
+
+@transaction.atomic
+def recap_retry_render(*, recap: RecapVideo, now: datetime | None = None) -> RecapVideo:
+    """Operator retry: render this recap (again), through the same outbox the workers use.
+
+    - no render row (never enqueued): it is created;
+    - the row is pending, dead or stale: it is re-armed (same idempotency key: if an earlier
+      attempt did reach the service, the service returns that render instead of a new one);
+    - the row is done (the service accepted a render that then failed or got lost): it is
+      re-armed for a *new* render under a new idempotency key.
+    A `failed` recap goes back to `paid`; a ready or unpaid one is refused.
+    """
+    now = now or timezone.now()
+    locked = recap_lock(recap_id=recap.pk)
+    if locked.status not in (RecapStatus.PAID, RecapStatus.RENDERING, RecapStatus.FAILED):
+        raise RecapStateConflict(RECAP_NOT_RETRYABLE)
+    row = RecapSideEffect.objects.filter(recap=locked, effect_type=EffectType.RENDER).first()
+    if row is None:
+        recap_reopen(recap_id=locked.pk, now=now)
+        side_effect_enqueue(recap=locked, now=now)
+    else:
+        new_render = row.status == SideEffectStatus.DONE
+        side_effect_rearm(side_effect=row, new_render=new_render, now=now)
+        if new_render and locked.status == RecapStatus.RENDERING:
+            RecapVideo.objects.filter(pk=locked.pk).update(
+                status=RecapStatus.PAID, rendering_at=None, render_check_at=None, updated_at=now
+            )
+    logger.info("recaps.retry_render", extra={"recap_id": str(locked.pk)})
+    return RecapVideo.objects.get(pk=locked.pk)
+
+
+# --- the render service's answers: its callbacks (outbox/handlers.py) and status checks -----
+
+
+@transaction.atomic
+def render_completed_record(
+    *, recap_id: object, video_url: str, render_id: str = "", now: datetime | None = None
+) -> bool:
+    """The render service delivered the video: the recap `ready`, and its rows still waiting
+    settled in the same transaction. Idempotent: a ready recap stays as it is."""
+    now = now or timezone.now()
+    ready = recap_mark_ready(recap_id=recap_id, video_url=video_url, render_id=render_id, now=now)
+    if ready:
+        side_effects_settle_for_ready(recap_id=recap_id, now=now)
+    return ready
+
+
+@transaction.atomic
+def render_failed_record(
+    *, recap_id: object, idempotency_key: str, reason: str, now: datetime | None = None
+) -> bool:
+    """The render service gave up on a render. Ignored when the recap is already ready or
+    failed, or when the failure belongs to an older render than the one we asked for last
+    (an operator retried in between: the row's idempotency key moved on)."""
+    recap = recap_lock(recap_id=recap_id)
+    if recap.status == RecapStatus.PENDING_PAYMENT:
+        raise RecapStateConflict(RECAP_NOT_RENDERED)
+    current = RecapSideEffect.objects.filter(recap=recap, effect_type=EffectType.RENDER).first()
+    if current is not None and current.idempotency_key != idempotency_key:
+        logger.info("recaps.render_failed.stale", extra={"recap_id": str(recap.id)})
+        return False
+    return recap_mark_failed(recap_id=recap.id, reason=reason, now=now)
+
+
+@transaction.atomic
+def render_status_record(
+    *, recap_id: object, status: RenderStatus, now: datetime | None = None
+) -> str:
+    """What the render service says about a render whose callback never arrived: `ready`,
+    `failed` (the service gave up on it, as a `render.failed` callback would have said) or
+    still `rendering` (asked again one interval later). Returns that, or "moved_on"."""
+    recap = recap_lock_if_rendering(recap_id=recap_id, render_id=status.render_id)
+    if recap is None:
+        return "moved_on"
+    if status.state == "completed":
+        render_completed_record(
+            recap_id=recap.id, video_url=status.video_url, render_id=status.render_id, now=now
+        )
+        logger.info("recaps.render_check.ready", extra={"recap_id": str(recap.id)})
+        return RecapStatus.READY
+    if status.state == "failed":
+        reason = RENDER_STATUS_FAILED_REASON.format(
+            code=status.error_code[:64] or "unknown", message=status.error_message[:500]
+        )
+        recap_mark_failed(recap_id=recap.id, reason=reason, now=now)
+        return RecapStatus.FAILED
+    return RecapStatus.RENDERING
 
 
 # --- nightly recovery (the seed's phase 4b, rebuilt) -----------------------------------------

@@ -10,9 +10,11 @@ The status machine (constraints in recaps/models.py hold the invariants):
 `rendering` ends by the service's callback or, when that callback is lost, by asking the
 service (outbox/render_checks.py) once `render_check_at` has passed.
 
-The outbox (outbox/) depends on recaps: its rows point at recaps and its outcomes move
-them. The few functions here that enqueue or re-arm import outbox.services when called,
-which keeps that dependency one-way while modules load.
+The outbox (outbox/) sits above recaps: its rows point at recaps, its outcomes call the
+functions here, and it owns the render service (client, callbacks, status checks, operator
+retry). Nothing here imports the outbox; the one thing recaps must tell it, "this recap is
+paid, render it", is the `recap_paid` signal (recaps/signals.py), sent inside the transaction
+that makes the recap paid.
 """
 
 import logging
@@ -31,7 +33,6 @@ from recaps.errors import (
     RECAP_NOT_FREE,
     RECAP_NOT_PAYABLE,
     RECAP_NOT_RENDERED,
-    RECAP_NOT_RETRYABLE,
     RECAP_NOT_YOURS,
     CheckoutNotConfigured,
     CheckoutUnavailable,
@@ -42,13 +43,12 @@ from recaps.errors import (
     RecapStateConflict,
 )
 from recaps.models import Event, Photo, RecapStatus, RecapVideo
-from recaps.render_client import RenderStatus
 from recaps.selectors import recaps_due_render_check
+from recaps.signals import recap_paid
 
 logger = logging.getLogger(__name__)
 
 _REASON_LIMIT = 2000
-RENDER_STATUS_FAILED_REASON = "render failed (reported on a status check): {code}: {message}"
 RENDER_CHECK_FAILED_REASON = "render status check failed: {error_class}: {error}"
 
 
@@ -59,7 +59,8 @@ def render_deadline() -> timedelta:
     )
 
 
-def _locked(recap_id: object) -> RecapVideo:
+def recap_lock(*, recap_id: object) -> RecapVideo:
+    """The recap, locked FOR UPDATE until the caller's transaction ends (RecapNotFound)."""
     try:
         return RecapVideo.objects.select_for_update().get(pk=recap_id)
     except (RecapVideo.DoesNotExist, ValueError) as exc:  # ValueError: not a UUID
@@ -144,7 +145,7 @@ def recap_checkout_create(*, recap: RecapVideo, buyer: AbstractBaseUser) -> Chec
 
 @transaction.atomic
 def _recap_for_checkout(*, recap_id: object, buyer: AbstractBaseUser) -> RecapVideo:
-    recap = _locked(recap_id)
+    recap = recap_lock(recap_id=recap_id)
     if recap.buyer_id != buyer.pk:
         raise RecapPermissionDenied(RECAP_NOT_YOURS)
     if recap.is_free:
@@ -168,17 +169,16 @@ def recap_checkout_attach(*, recap_id: object, session_id: str) -> None:
 def recap_mark_paid(
     *, recap_id: object, payment_reference: str = "", now: datetime | None = None
 ) -> tuple[RecapVideo, bool]:
-    """One transaction: the recap `paid`, its payment reference, and its outbox row.
+    """One transaction: the recap `paid`, its payment reference, and its outbox row (written
+    by the outbox's receiver of `recap_paid`, in this transaction).
 
     Returns (recap, changed). The same payment delivered again (Stripe retries, replays,
     `completed` followed by `async_payment_succeeded`) changes nothing and adds no row;
     a *different* payment for an already-paid recap is refused (RecapAlreadyPaid) so that
     someone can refund it. An empty payment reference means a free redemption.
     """
-    from outbox.services import side_effect_enqueue
-
     now = now or timezone.now()
-    recap = _locked(recap_id)
+    recap = recap_lock(recap_id=recap_id)
     if recap.status != RecapStatus.PENDING_PAYMENT:
         if payment_reference and recap.payment_reference == payment_reference:
             logger.info("recaps.paid.duplicate", extra={"recap_id": str(recap.id)})
@@ -192,7 +192,7 @@ def recap_mark_paid(
     recap.payment_reference = payment_reference
     recap.paid_at = now
     recap.save(update_fields=["status", "payment_reference", "paid_at", "updated_at"])
-    side_effect_enqueue(recap=recap, now=now)
+    recap_paid.send(sender=RecapVideo, recap=recap, now=now)
     logger.info("recaps.paid", extra={"recap_id": str(recap.id), "free": recap.is_free})
     return recap, True
 
@@ -202,7 +202,7 @@ def recap_redeem_free(
     *, recap_id: object, user: AbstractBaseUser, now: datetime | None = None
 ) -> RecapVideo:
     """The buyer redeems a free recap: the same path as a payment, without one."""
-    recap = _locked(recap_id)
+    recap = recap_lock(recap_id=recap_id)
     if recap.buyer_id != user.pk:
         raise RecapPermissionDenied(RECAP_NOT_YOURS)
     if not recap.is_free:
@@ -267,11 +267,10 @@ def recap_reopen(*, recap_id: object, now: datetime | None = None) -> bool:
 def recap_mark_ready(
     *, recap_id: object, video_url: str, render_id: str = "", now: datetime | None = None
 ) -> bool:
-    """The render service delivered the video. Idempotent: a ready recap stays as it is."""
-    from outbox.services import side_effects_settle_for_ready
-
+    """The render service delivered the video. Idempotent: a ready recap stays as it is.
+    Returns whether it changed (the outbox then settles the recap's waiting rows)."""
     now = now or timezone.now()
-    recap = _locked(recap_id)
+    recap = recap_lock(recap_id=recap_id)
     if recap.status == RecapStatus.READY:
         return False
     if recap.status == RecapStatus.PENDING_PAYMENT:
@@ -284,64 +283,11 @@ def recap_mark_ready(
     recap.failed_at = None
     recap.render_check_at = None
     recap.save()
-    side_effects_settle_for_ready(recap_id=recap.id, now=now)
     logger.info("recaps.ready", extra={"recap_id": str(recap.id), "render_id": render_id})
     return True
 
 
-@transaction.atomic
-def recap_mark_render_failed(
-    *, recap_id: object, idempotency_key: str, reason: str, now: datetime | None = None
-) -> bool:
-    """The render service gave up on a render. Ignored when the recap is already ready or
-    failed, or when the failure belongs to an older render than the one we asked for last
-    (an operator retried in between)."""
-    from outbox.models import EffectType, RecapSideEffect
-
-    recap = _locked(recap_id)
-    if recap.status == RecapStatus.PENDING_PAYMENT:
-        raise RecapStateConflict(RECAP_NOT_RENDERED)
-    current = RecapSideEffect.objects.filter(recap=recap, effect_type=EffectType.RENDER).first()
-    if current is not None and current.idempotency_key != idempotency_key:
-        logger.info("recaps.render_failed.stale", extra={"recap_id": str(recap.id)})
-        return False
-    return recap_mark_failed(recap_id=recap.id, reason=reason, now=now)
-
-
-@transaction.atomic
-def recap_retry_render(*, recap: RecapVideo, now: datetime | None = None) -> RecapVideo:
-    """Operator retry: render this recap (again), through the same outbox the workers use.
-
-    - no render row (never enqueued): it is created;
-    - the row is pending, dead or stale: it is re-armed (same idempotency key: if an earlier
-      attempt did reach the service, the service returns that render instead of a new one);
-    - the row is done (the service accepted a render that then failed or got lost): it is
-      re-armed for a *new* render under a new idempotency key.
-    A `failed` recap goes back to `paid`; a ready or unpaid one is refused.
-    """
-    from outbox.models import EffectType, RecapSideEffect, SideEffectStatus
-    from outbox.services import side_effect_enqueue, side_effect_rearm
-
-    now = now or timezone.now()
-    locked = _locked(recap.pk)
-    if locked.status not in (RecapStatus.PAID, RecapStatus.RENDERING, RecapStatus.FAILED):
-        raise RecapStateConflict(RECAP_NOT_RETRYABLE)
-    row = RecapSideEffect.objects.filter(recap=locked, effect_type=EffectType.RENDER).first()
-    if row is None:
-        recap_reopen(recap_id=locked.pk, now=now)
-        side_effect_enqueue(recap=locked, now=now)
-    else:
-        new_render = row.status == SideEffectStatus.DONE
-        side_effect_rearm(side_effect=row, new_render=new_render, now=now)
-        if new_render and locked.status == RecapStatus.RENDERING:
-            RecapVideo.objects.filter(pk=locked.pk).update(
-                status=RecapStatus.PAID, rendering_at=None, render_check_at=None, updated_at=now
-            )
-    logger.info("recaps.retry_render", extra={"recap_id": str(locked.pk)})
-    return RecapVideo.objects.get(pk=locked.pk)
-
-
-# --- a lost completion callback: asking the render service (outbox/render_checks.py) -------
+# --- a lost completion callback: the outbox asks the render service (outbox/render_checks.py)
 
 
 @dataclass(frozen=True)
@@ -375,38 +321,14 @@ def recaps_claim_render_checks(
     return [RenderCheckClaim(recap_id=recap_id, render_id=render_id) for recap_id, render_id in due]
 
 
-def _still_rendering(recap_id: object, render_id: str) -> RecapVideo | None:
+def recap_lock_if_rendering(*, recap_id: object, render_id: str) -> RecapVideo | None:
     """The locked recap if it is still waiting for exactly this render; None if it moved on
-    (its callback arrived meanwhile, or an operator asked for a new render)."""
-    recap = _locked(recap_id)
+    (its callback arrived meanwhile, or an operator asked for a new render). Call it inside
+    a transaction: the lock holds until the caller's write commits."""
+    recap = recap_lock(recap_id=recap_id)
     if recap.status != RecapStatus.RENDERING or recap.render_id != render_id:
         return None
     return recap
-
-
-@transaction.atomic
-def recap_record_render_status(
-    *, recap_id: object, status: RenderStatus, now: datetime | None = None
-) -> str:
-    """What the render service says about a render whose callback never arrived: `ready`,
-    `failed` (the service gave up on it, as a `render.failed` callback would have said) or
-    still `rendering` (asked again one interval later). Returns that, or "moved_on"."""
-    recap = _still_rendering(recap_id, status.render_id)
-    if recap is None:
-        return "moved_on"
-    if status.state == "completed":
-        recap_mark_ready(
-            recap_id=recap.id, video_url=status.video_url, render_id=status.render_id, now=now
-        )
-        logger.info("recaps.render_check.ready", extra={"recap_id": str(recap.id)})
-        return RecapStatus.READY
-    if status.state == "failed":
-        reason = RENDER_STATUS_FAILED_REASON.format(
-            code=status.error_code[:64] or "unknown", message=status.error_message[:500]
-        )
-        recap_mark_failed(recap_id=recap.id, reason=reason, now=now)
-        return RecapStatus.FAILED
-    return RecapStatus.RENDERING
 
 
 @transaction.atomic
@@ -416,7 +338,7 @@ def recap_fail_render_check(
     """The status call failed *permanently* (e.g. the service answers 404 for the render):
     the recap is `failed`, visibly, with the reason, and staff can retry it. Transient
     failures never come here."""
-    if _still_rendering(recap_id, render_id) is None:
+    if recap_lock_if_rendering(recap_id=recap_id, render_id=render_id) is None:
         return False
     return recap_mark_failed(
         recap_id=recap_id,

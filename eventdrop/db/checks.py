@@ -1,5 +1,5 @@
 """System check for the database bounds (eventdrop.E001); the arithmetic against the request
-budget is outbox.E001 (outbox/budgets.py, `ingress.raw_event_store`)."""
+budget is outbox.E001 (eventdrop/budgets.py, `ingress.raw_event_store`)."""
 
 from django.conf import settings
 from django.core import checks

@@ -28,14 +28,6 @@ TOO_MANY_TYPES = (
     "RECONCILE_STRIPE_EVENT_TYPES lists {count} event types; Stripe filters on at most 20."
 )
 BAD_HOOK = "GitHub hook spec {spec!r} is not owner/repo:HOOK_ID or org:HOOK_ID."
-BUDGET_UNFIT = (
-    "{operation} worst case {arithmetic} does not fit the run budget of {budget:.1f} s "
-    "(RECONCILE_RUN_BUDGET_SECONDS): no call could ever be made."
-)
-BUDGET_OVER_Q_TIMEOUT = (
-    "RECONCILE_RUN_BUDGET_SECONDS ({budget:.1f} s) must stay below django-q2's task timeout "
-    "({timeout} s), or the nightly run is killed mid-way and left `running`."
-)
 
 AUTH_REFUSED = "{provider} refused our credentials (HTTP {status}): check {setting}."
 PERMISSION_DENIED = (
@@ -47,11 +39,6 @@ UNAVAILABLE = "{provider} unavailable ({detail}): stopped after {pages} page(s).
 PAGE_LIMIT = (
     "Stopped at the page limit ({pages} pages, RECONCILE_MAX_PAGES) before the window was "
     "covered: run again with a narrower window or a higher limit."
-)
-BUDGET_USED = (
-    "Stopped: {remaining:.1f} s left of the {budget:.1f} s run budget "
-    "(RECONCILE_RUN_BUDGET_SECONDS) cannot cover another {operation} call (worst case "
-    "{worst:.1f} s)."
 )
 FOREIGN_NEXT_LINK = (
     "GitHub's next-page link points outside {base!r}: not following it (the token would go "

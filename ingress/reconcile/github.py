@@ -33,7 +33,12 @@ import requests
 from django.conf import settings
 from django.utils import timezone
 
-from ingress.reconcile.budgets import RunClock, budget_fit_check, github_retry_policy
+from eventdrop.budgets import (
+    BudgetClock,
+    github_retry_policy,
+    reconcile_budget_problem,
+    reconcile_call_worst_case,
+)
 from ingress.reconcile.config import reconcile_source, require_tls
 from ingress.reconcile.errors import (
     AUTH_REFUSED,
@@ -139,7 +144,7 @@ def _rate_limit_wait(response: requests.Response) -> str | None:
 class GitHubAPI:
     """The two calls a run makes, with explicit timeouts, bounded retries and the budget."""
 
-    def __init__(self, *, clock: RunClock) -> None:
+    def __init__(self, *, clock: BudgetClock) -> None:
         if not settings.GITHUB_API_TOKEN:
             raise ReconcileFailed(
                 NOT_CONFIGURED.format(setting="GITHUB_API_TOKEN", provider="GitHub")
@@ -192,7 +197,7 @@ class GitHubAPI:
         Not retried: the endpoint is not idempotent (a retry after a lost answer would ask
         twice), and whatever is still missing is asked for again by the next run.
         """
-        self.clock.require("github")
+        self.clock.require("github", reconcile_call_worst_case("github"))
         url = f"{self.base}{hook.path}/deliveries/{delivery_id}/attempts"
         try:
             response = self.session.post(url, timeout=self.timeout, allow_redirects=False)
@@ -207,7 +212,7 @@ class GitHubAPI:
 
     def _get(self, url: str) -> requests.Response:
         # The budget is checked once for the whole call: its worst case includes the retries.
-        self.clock.require("github")
+        self.clock.require("github", reconcile_call_worst_case("github"))
         policy = github_retry_policy()
         attempt = 1
         while True:
@@ -374,8 +379,14 @@ def github_reconcile(
     configured = reconcile_source(name=source, provider="github")
 
     def compare(state: RunState) -> None:
-        budget_fit_check(provider="github", scheduled=scheduled)
-        api = GitHubAPI(clock=RunClock(settings.RECONCILE_RUN_BUDGET_SECONDS))
+        if problem := reconcile_budget_problem(provider="github", scheduled=scheduled):
+            raise ReconcileFailed(problem)
+        clock = BudgetClock(
+            settings.RECONCILE_RUN_BUDGET_SECONDS,
+            setting="RECONCILE_RUN_BUDGET_SECONDS",
+            exhausted=ReconcileStopped,
+        )
+        api = GitHubAPI(clock=clock)
         try:
             _compare_pages(state, api=api, source=configured, hook=hook, window=window)
         finally:

@@ -32,9 +32,9 @@ import stripe
 from django.conf import settings
 from django.utils import timezone
 
+from eventdrop.budgets import BudgetClock, reconcile_budget_problem, reconcile_call_worst_case
 from eventdrop.stripe_api import stripe_client
 from ingress.handlers import all_handlers
-from ingress.reconcile.budgets import RunClock, budget_fit_check
 from ingress.reconcile.config import reconcile_source, require_tls
 from ingress.reconcile.errors import (
     AUTH_REFUSED,
@@ -96,7 +96,7 @@ class _Page:
 
 
 def _event_pages(
-    client: stripe.StripeClient, window: Window, types: list[str] | None, clock: RunClock
+    client: stripe.StripeClient, window: Window, types: list[str] | None, clock: BudgetClock
 ) -> Iterator[_Page]:
     params: dict[str, Any] = {
         "limit": PAGE_SIZE,
@@ -108,7 +108,7 @@ def _event_pages(
     while True:
         if pages >= settings.RECONCILE_MAX_PAGES:
             raise ReconcileStopped(PAGE_LIMIT.format(pages=pages))
-        clock.require("stripe")
+        clock.require("stripe", reconcile_call_worst_case("stripe"))
         try:
             listing = client.v1.events.list(params=params)  # type: ignore[arg-type]
         except stripe.StripeError as exc:
@@ -189,7 +189,8 @@ def _describe(event: dict[str, Any]) -> str:
 
 
 def _compare(state: RunState, *, source: Source, window: Window, scheduled: bool) -> None:
-    budget_fit_check(provider="stripe", scheduled=scheduled)
+    if problem := reconcile_budget_problem(provider="stripe", scheduled=scheduled):
+        raise ReconcileFailed(problem)
     types = stripe_event_types()
     with _stripe_client_checked() as client:
         _compare_pages(state, client=client, source=source, window=window, types=types)
@@ -203,7 +204,11 @@ def _compare_pages(
     window: Window,
     types: list[str] | None,
 ) -> None:
-    clock = RunClock(settings.RECONCILE_RUN_BUDGET_SECONDS)
+    clock = BudgetClock(
+        settings.RECONCILE_RUN_BUDGET_SECONDS,
+        setting="RECONCILE_RUN_BUDGET_SECONDS",
+        exhausted=ReconcileStopped,
+    )
     pending = _PendingBodies(source.name, window.since)
     tally = state.tally
     for page in _event_pages(client, window, types, clock):

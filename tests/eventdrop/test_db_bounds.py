@@ -20,7 +20,7 @@ from eventdrop.db.postgresql.base import BoundedConnection, DatabaseWrapper
 from ingress.models import RawEvent
 from ingress.services import raw_event_store
 from ingress.sources import get_source
-from outbox.budgets import budget_violations
+from outbox.checks import time_budget_violations
 from tests.support.pg_cluster import throwaway_cluster
 
 # What a bounded wait may overrun its bound by on a busy 2-core CI machine.
@@ -252,7 +252,7 @@ def test_raw_event_store_does_not_retry_on_a_refused_connection(transactional_db
 
 def test_the_webhook_store_deadline_is_held_to_the_request_budget(settings):
     settings.WEBHOOK_STORE_TIMEOUT_SECONDS = 31.0
-    (violation,) = budget_violations()
+    (violation,) = time_budget_violations()
     assert violation.message == (
         "ingress.raw_event_store worst case store deadline 31.0 s (connect, INSERT and one "
         "reconnect all inside it) = 31.0 s exceeds the 30.0 s budget of the webhook receive "
@@ -261,7 +261,7 @@ def test_the_webhook_store_deadline_is_held_to_the_request_budget(settings):
 
 
 def test_the_default_webhook_store_deadline_fits():
-    assert budget_violations() == []
+    assert time_budget_violations() == []
 
 
 def test_a_store_deadline_too_short_to_connect_is_refused_at_check(settings):

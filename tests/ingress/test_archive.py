@@ -214,7 +214,7 @@ def test_the_archive_worst_case_is_held_against_the_maintenance_budget(settings)
 
 
 def test_the_archive_is_off_by_default_and_costs_the_budget_nothing(settings):
-    from outbox.budgets import OPERATIONS
+    from outbox.checks import OPERATIONS
 
     assert settings.RAW_EVENT_ARCHIVE_ENABLED is False
     assert OPERATIONS["ingress.archive_day"]().seconds == 0

@@ -7,15 +7,16 @@ from django.core.checks import Error
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from outbox import budgets
-from outbox.budgets import (
+from eventdrop.budgets import (
     Caller,
-    budget_violations,
+    WorstCase,
     database_statement_worst_case,
     render_dispatch_worst_case,
     stripe_call_worst_case,
 )
-from outbox.checks import check_time_budgets
+from outbox import checks
+from outbox.checks import check_time_budgets, side_effect_give_up, time_budget_violations
+from outbox.render_client import RenderClientConfig
 
 SEED_WEBHOOK_CALLER = Caller(
     "stripe webhook awaiting the render (the seed's triggerRecapRender)",
@@ -37,17 +38,17 @@ def seed_numbers(settings):
 @pytest.fixture
 def seed_wiring(monkeypatch):
     """The seed's wiring: the Stripe webhook awaited the render inside its 30 s budget."""
-    monkeypatch.setattr(budgets, "CALLERS", [*budgets.CALLERS, SEED_WEBHOOK_CALLER])
+    monkeypatch.setattr(checks, "CALLERS", [*checks.CALLERS, SEED_WEBHOOK_CALLER])
 
 
 def test_default_render_dispatch_worst_case():
-    worst = render_dispatch_worst_case()
+    worst = render_dispatch_worst_case(RenderClientConfig.from_settings())
     assert worst.seconds == 13.0
     assert worst.arithmetic == "health 3.0 s + 1 x render 10.0 s = 13.0 s"
 
 
 def test_seed_render_worst_case_arithmetic(seed_numbers):
-    worst = render_dispatch_worst_case()
+    worst = render_dispatch_worst_case(RenderClientConfig.from_settings())
     assert worst.seconds == 59.0
     assert worst.arithmetic == "health 5.0 s + 4 x render 10.0 s + backoff 2.0+4.0+8.0 s = 59.0 s"
 
@@ -79,9 +80,9 @@ def test_check_fails_on_the_seeds_numbers_against_the_webhook_budget(seed_number
 def test_the_seeds_numbers_barely_fit_one_dispatch_per_dispatcher_run(seed_numbers, settings):
     # Moved to the outbox, 59 s of worst case fits a 60 s run exactly once (the seed's
     # "one recap per run"); a shorter run budget is refused outright.
-    assert budget_violations() == []
+    assert time_budget_violations() == []
     settings.OUTBOX_DISPATCH_BUDGET_SECONDS = 50.0
-    (violation,) = budget_violations()
+    (violation,) = time_budget_violations()
     assert violation.caller.budget_setting == "OUTBOX_DISPATCH_BUDGET_SECONDS"
     assert "59.0 s exceeds the 50.0 s budget of the outbox dispatcher run" in violation.message
 
@@ -89,7 +90,7 @@ def test_the_seeds_numbers_barely_fit_one_dispatch_per_dispatcher_run(seed_numbe
 def test_stripe_sdk_timeouts_and_retries_are_checked_against_the_purchase_budget(settings):
     settings.STRIPE_READ_TIMEOUT_SECONDS = 10.0
     settings.STRIPE_MAX_NETWORK_RETRIES = 2
-    (violation,) = budget_violations()
+    (violation,) = time_budget_violations()
     assert violation.message == (
         "stripe.checkout_session worst case 3 x (connect 2.0 s + read 10.0 s) + SDK retry "
         "sleep 0.5+1.0 s = 37.5 s exceeds the 15.0 s budget of the recap purchase request "
@@ -126,9 +127,9 @@ def test_database_statement_worst_case(database, seconds, arithmetic):
 
 
 def test_the_webhook_receive_path_is_held_to_its_budget(monkeypatch, settings):
-    slow = budgets.WorstCase(48.0, "connect 3.0 s + statement 45.0 s = 48.0 s")
-    monkeypatch.setitem(budgets.OPERATIONS, "ingress.raw_event_store", lambda: slow)
-    (violation,) = budget_violations()
+    slow = WorstCase(48.0, "connect 3.0 s + statement 45.0 s = 48.0 s")
+    monkeypatch.setitem(checks.OPERATIONS, "ingress.raw_event_store", lambda: slow)
+    (violation,) = time_budget_violations()
     assert violation.message == (
         "ingress.raw_event_store worst case connect 3.0 s + statement 45.0 s = 48.0 s exceeds the "
         "30.0 s budget of the webhook receive request (WEBHOOK_REQUEST_BUDGET_SECONDS)."
@@ -142,8 +143,6 @@ def test_dispatcher_budget_must_fit_inside_the_task_timeout_and_the_stale_thresh
 
 
 def test_the_give_up_arithmetic_reports_the_horizon_next_to_the_attempts():
-    from outbox.budgets import side_effect_give_up
-
     give_up = side_effect_give_up()
     assert (give_up.attempts, give_up.backoff_seconds, give_up.min_life_seconds) == (
         5,

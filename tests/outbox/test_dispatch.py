@@ -9,8 +9,9 @@ from django.test.utils import CaptureQueriesContext
 
 from outbox.dispatcher import dispatch_run
 from outbox.models import AttemptOutcome, RecapSideEffect
+from outbox.render_client import RenderClient
+from outbox.services import render_completed_record
 from recaps.models import Photo, RecapStatus, RecapVideo
-from recaps.render_client import RenderClient
 from tests.recaps.fixtures import T0
 
 pytestmark = pytest.mark.django_db
@@ -251,12 +252,12 @@ def test_an_ambiguous_timeout_then_a_retry_renders_once(fake_renderer, paid_reca
 
 
 def test_a_recap_already_ready_is_not_sent_again(fake_renderer, paid_recap):
-    from recaps.services import recap_mark_ready
-
     recap, side_effect = paid_recap()
     # The callback of an earlier (ambiguous) attempt arrived while the row waited.
     RecapSideEffect.objects.filter(pk=side_effect.pk).update(status="pending")
-    recap_mark_ready(recap_id=recap.id, video_url="https://v.example/x.mp4", render_id="r1")
+    render_completed_record(
+        recap_id=recap.id, video_url="https://v.example/x.mp4", render_id="r1"
+    )
     RecapSideEffect.objects.filter(pk=side_effect.pk).update(status="pending")
     run()
     reload(recap, side_effect)

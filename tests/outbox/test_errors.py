@@ -8,7 +8,7 @@ from django.db import InterfaceError, OperationalError
 from eventdrop.retry import Disposition, classify
 from ingress.handlers import PermanentHandlerError
 from ingress.payloads import UnparseablePayload
-from recaps.errors import (
+from outbox.errors import (
     EventNotFound,
     RenderBadResponse,
     RenderCircuitOpen,

@@ -16,6 +16,8 @@ from outbox.models import RecapSideEffect
 from outbox.selectors import side_effect_depths
 from outbox.services import (
     outbox_recover,
+    recap_retry_render,
+    render_completed_record,
     side_effect_mark_dead,
     side_effect_rearm,
     side_effects_claim,
@@ -23,7 +25,6 @@ from outbox.services import (
 )
 from recaps.errors import RECAP_NOT_RETRYABLE, RecapStateConflict
 from recaps.models import RecapStatus
-from recaps.services import recap_mark_ready, recap_retry_render
 from tests.recaps.factories import RecapFactory
 from tests.recaps.fixtures import T0
 
@@ -198,7 +199,7 @@ def test_retry_render_recreates_a_missing_row(paid_recap):
 def test_retry_render_refuses_unpaid_and_ready_recaps(paid_recap, status):
     if status == "ready":
         recap, _ = paid_recap()
-        recap_mark_ready(recap_id=recap.id, video_url="https://v.example/1.mp4")
+        render_completed_record(recap_id=recap.id, video_url="https://v.example/1.mp4")
     else:
         recap = RecapFactory()
     with pytest.raises(RecapStateConflict) as exc:

@@ -201,19 +201,15 @@ def test_a_render_the_service_does_not_know_is_a_classified_permanent_error(
 def test_an_answer_for_a_render_that_moved_on_changes_nothing(compressed, paid_recap):
     """Between the claim and the answer the callback arrived, or an operator asked for a
     new render: the late answer must not overwrite that."""
-    from recaps.render_client import RenderStatus
-    from recaps.services import (
-        recap_fail_render_check,
-        recap_mark_ready,
-        recap_record_render_status,
-        recap_retry_render,
-    )
+    from outbox.render_client import RenderStatus
+    from outbox.services import recap_retry_render, render_completed_record, render_status_record
+    from recaps.services import recap_fail_render_check
 
     recap, _ = rendering(paid_recap)
     old_render = recap.render_id
     recap_retry_render(recap=recap)  # operator: a new render, under a new key
     failed = RenderStatus(render_id=old_render, state="failed", error_code="x")
-    assert recap_record_render_status(recap_id=recap.id, status=failed) == "moved_on"
+    assert render_status_record(recap_id=recap.id, status=failed) == "moved_on"
     assert not recap_fail_render_check(
         recap_id=recap.id, render_id=old_render, error_class="http_404", error="gone"
     )
@@ -221,9 +217,9 @@ def test_an_answer_for_a_render_that_moved_on_changes_nothing(compressed, paid_r
     assert recap.status == RecapStatus.PAID
 
     other, _ = rendering(paid_recap)
-    recap_mark_ready(recap_id=other.id, video_url="https://v.invalid/1.mp4")
+    render_completed_record(recap_id=other.id, video_url="https://v.invalid/1.mp4")
     done = RenderStatus(render_id=other.render_id, state="failed")
-    assert recap_record_render_status(recap_id=other.id, status=done) == "moved_on"
+    assert render_status_record(recap_id=other.id, status=done) == "moved_on"
     other.refresh_from_db()
     assert other.status == RecapStatus.READY
 
@@ -321,7 +317,7 @@ def test_a_recap_deleted_while_its_render_is_asked_about_ends_the_check_quietly(
     compressed, paid_recap
 ):
     from outbox.render_checks import render_checks_run
-    from recaps.render_client import RenderClient
+    from outbox.render_client import RenderClient
 
     recap, _ = rendering(paid_recap)
     wait_until_due(recap)

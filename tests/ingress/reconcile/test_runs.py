@@ -7,14 +7,19 @@ from django.core.management import CommandError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from eventdrop.budgets import (
+    BUDGET_USED,
+    RECONCILE_BUDGET_OVER_Q_TIMEOUT,
+    RECONCILE_BUDGET_UNFIT,
+    BudgetClock,
+    github_call_worst_case,
+    reconcile_budget_problem,
+    reconcile_call_worst_case,
+)
 from eventdrop.schedules import SCHEDULES
 from ingress.models import ReconciliationRun
-from ingress.reconcile.budgets import RunClock, budget_fit_check, github_call_worst_case
 from ingress.reconcile.config import require_tls
 from ingress.reconcile.errors import (
-    BUDGET_OVER_Q_TIMEOUT,
-    BUDGET_UNFIT,
-    BUDGET_USED,
     RUN_BUSY,
     ReconcileFailed,
     ReconcileStopped,
@@ -92,14 +97,23 @@ def test_the_latest_finished_run_per_thing_reconciled(stripe_api):
 
 def test_the_clock_only_starts_a_call_its_worst_case_still_fits():
     now = [0.0]
-    clock = RunClock(30.0, clock=lambda: now[0])
-    worst = github_call_worst_case().seconds  # 26.5 s with the defaults
-    clock.require("github")
-    now[0] = 30.0 - worst + 0.1
+    clock = BudgetClock(
+        30.0,
+        setting="RECONCILE_RUN_BUDGET_SECONDS",
+        clock=lambda: now[0],
+        exhausted=ReconcileStopped,
+    )
+    worst = reconcile_call_worst_case("github")  # 26.5 s with the defaults
+    clock.require("github", worst)
+    now[0] = 30.0 - worst.seconds + 0.1
     with pytest.raises(ReconcileStopped) as stopped:
-        clock.require("github")
+        clock.require("github", worst)
     assert str(stopped.value) == BUDGET_USED.format(
-        remaining=worst - 0.1, budget=30.0, operation="github", worst=worst
+        remaining=worst.seconds - 0.1,
+        budget=30.0,
+        setting="RECONCILE_RUN_BUDGET_SECONDS",
+        operation="github",
+        worst=worst.seconds,
     )
 
 
@@ -142,7 +156,7 @@ def test_a_budget_no_call_fits_in_fails_the_run(stripe_api, settings):
     settings.RECONCILE_RUN_BUDGET_SECONDS = 2.0
     with pytest.raises(CommandError) as failed:
         run("reconcile_stripe")
-    assert str(failed.value) == BUDGET_UNFIT.format(
+    assert str(failed.value) == RECONCILE_BUDGET_UNFIT.format(
         operation="stripe",
         arithmetic="1 x (connect 1.0 s + read 2.0 s) = 3.0 s",
         budget=2.0,
@@ -152,17 +166,16 @@ def test_a_budget_no_call_fits_in_fails_the_run(stripe_api, settings):
 
 def test_the_nightly_run_must_end_before_django_q_kills_it(settings):
     settings.RECONCILE_RUN_BUDGET_SECONDS = 400.0
-    budget_fit_check(provider="stripe", scheduled=False)  # a command has no such limit
-    with pytest.raises(ReconcileFailed) as failed:
-        budget_fit_check(provider="stripe", scheduled=True)
-    assert str(failed.value) == BUDGET_OVER_Q_TIMEOUT.format(
-        budget=400.0, timeout=settings.Q_CLUSTER["timeout"]
-    )
+    # a command has no such limit
+    assert reconcile_budget_problem(provider="stripe", scheduled=False) is None
+    assert reconcile_budget_problem(
+        provider="stripe", scheduled=True
+    ) == RECONCILE_BUDGET_OVER_Q_TIMEOUT.format(budget=400.0, timeout=settings.Q_CLUSTER["timeout"])
 
 
 def test_the_defaults_fit(settings):
     for provider in ("stripe", "github"):
-        budget_fit_check(provider=provider, scheduled=True)
+        assert reconcile_budget_problem(provider=provider, scheduled=True) is None
 
 
 @pytest.mark.parametrize(

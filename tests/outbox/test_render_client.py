@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from eventdrop.retry import RetryPolicy
-from recaps.errors import (
+from outbox.errors import (
     RenderConnectionFailed,
     RenderDeadlineExceeded,
     RenderHTTPError,
@@ -15,7 +15,7 @@ from recaps.errors import (
     RenderTimedOut,
     RenderUnhealthy,
 )
-from recaps.render_client import CallLimits, RenderClient, RenderClientConfig, parse_retry_after
+from outbox.render_client import CallLimits, RenderClient, RenderClientConfig, parse_retry_after
 
 KEY = "recap-test-render-g0"
 BODY = {"recap_id": "r1", "event_id": 1, "photos": ["a.jpg"]}

@@ -17,7 +17,7 @@ The render request carries
 - `X-Request-Deadline-Ms`: what is left of this call's deadline, so the service can stop
   working on a request whose caller has already given up (gRPC-style deadline propagation).
 
-The worst case of one dispatch is computed from these limits in outbox/budgets.py, and a
+The worst case of one dispatch is computed from these limits in eventdrop/budgets.py, and a
 system check holds it against the budget of every caller.
 """
 
@@ -38,7 +38,7 @@ from urllib3 import exceptions as urllib3_exceptions
 from urllib3.util import Timeout
 
 from eventdrop.retry import RetryPolicy, classify
-from recaps.errors import (
+from outbox.errors import (
     RenderBadResponse,
     RenderConnectionFailed,
     RenderDeadlineExceeded,
@@ -219,7 +219,7 @@ class RenderClient:
                 if self._clock() + pause >= deadline:
                     raise
                 logger.info(
-                    "recaps.render_client.retry",
+                    "outbox.render_client.retry",
                     extra={"idempotency_key": idempotency_key, "attempt": attempt},
                 )
                 self._sleep(pause)

@@ -1,0 +1,58 @@
+"""The render service's callbacks (source `renderer`, Standard Webhooks), which we define:
+
+    {"type": "render.completed", "timestamp": "<ISO 8601>",
+     "data": {"recap_id": "<uuid>", "render_id": "…", "idempotency_key": "…",
+              "video_url": "https://…"}}
+    {"type": "render.failed", "timestamp": "<ISO 8601>",
+     "data": {"recap_id": "<uuid>", "render_id": "…", "idempotency_key": "…",
+              "error": {"code": "…", "message": "…"}}}
+
+Here, beside the render client and the status checks (outbox/render_checks.py), because the
+outbox owns the render service: it asks for the render, and it hears the answer, whether
+pushed (this callback) or pulled (a status check), through the same services.
+
+`render.failed` means the service gave up on the render for good (it retries its own
+transient problems); the recap becomes `failed`, visibly, and staff can retry it. The
+handler runs inside the delivery's transaction (ingress/inbox.py).
+"""
+
+from django.conf import settings
+
+from ingress.handlers import PermanentHandlerError, webhook_handler
+from ingress.models import RawEvent
+from outbox.services import render_completed_record, render_failed_record
+from recaps.errors import RecapNotFound, RecapStateConflict
+from recaps.handlers import recap_id_from_payload
+
+NO_VIDEO_URL = "render.completed without data.video_url"
+RENDER_FAILED_REASON = "render failed: {code}: {message}"
+
+
+@webhook_handler(provider="standard", event_types=["render.completed", "render.failed"])
+def record_render_result(event: RawEvent, payload: dict) -> None:
+    if event.source != settings.RENDER_WEBHOOK_SOURCE:
+        return  # another Standard Webhooks sender using the same event names
+    data = payload.get("data") or {}
+    recap_id = recap_id_from_payload(data.get("recap_id"))
+    try:
+        if payload.get("type") == "render.completed":
+            video_url = data.get("video_url")
+            if not video_url:
+                raise PermanentHandlerError(NO_VIDEO_URL)
+            render_completed_record(
+                recap_id=recap_id,
+                video_url=str(video_url),
+                render_id=str(data.get("render_id", "")),
+            )
+        else:
+            error = data.get("error") or {}
+            render_failed_record(
+                recap_id=recap_id,
+                idempotency_key=str(data.get("idempotency_key", "")),
+                reason=RENDER_FAILED_REASON.format(
+                    code=str(error.get("code", "unknown"))[:64],
+                    message=str(error.get("message", ""))[:500],
+                ),
+            )
+    except (RecapNotFound, RecapStateConflict) as exc:
+        raise PermanentHandlerError(str(exc)) from exc

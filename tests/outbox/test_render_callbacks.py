@@ -1,0 +1,125 @@
+"""The render service's callbacks (outbox/handlers.py), called directly."""
+
+import uuid
+
+import pytest
+
+from ingress.handlers import PermanentHandlerError, handlers_for
+from ingress.models import RawEvent
+from outbox.handlers import NO_VIDEO_URL, record_render_result
+from outbox.models import RecapSideEffect
+from outbox.services import render_completed_record
+from recaps.errors import RECAP_NOT_FOUND
+from recaps.models import RecapStatus
+from recaps.services import recap_mark_rendering
+from tests.recaps.factories import RecapFactory
+from tests.recaps.fixtures import T0, pay
+
+pytestmark = pytest.mark.django_db
+
+RENDERER = RawEvent(id=2, source="renderer", provider="standard")
+
+
+def test_the_handler_is_registered_for_its_events():
+    for event_type in ("render.completed", "render.failed"):
+        assert [s.name for s in handlers_for("standard", event_type)] == [
+            "outbox.handlers.record_render_result"
+        ]
+
+
+def render_event(recap, kind="completed", **data):
+    side_effect = RecapSideEffect.objects.filter(recap=recap).first()
+    body = {
+        "recap_id": str(recap.id),
+        "render_id": "rnd_1",
+        "idempotency_key": side_effect.idempotency_key if side_effect else "",
+        **data,
+    }
+    if kind == "completed":
+        body.setdefault("video_url", "https://videos.example/rnd_1.mp4")
+    else:
+        body.setdefault("error", {"code": "photos_unreadable", "message": "no photo decoded"})
+    return {"type": f"render.{kind}", "timestamp": "2026-06-01T12:00:00Z", "data": body}
+
+
+def rendering_recap():
+    recap = RecapFactory()
+    pay(recap, now=T0)
+    recap_mark_rendering(recap_id=recap.id, render_id="rnd_1", now=T0)
+    return recap
+
+
+def test_completed_marks_the_recap_ready_with_its_video():
+    recap = rendering_recap()
+    record_render_result(RENDERER, render_event(recap))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.READY
+    assert recap.video_url == "https://videos.example/rnd_1.mp4"
+
+
+def test_duplicate_and_late_callbacks_are_harmless():
+    recap = rendering_recap()
+    record_render_result(RENDERER, render_event(recap))
+    recap.refresh_from_db()
+    ready_at = recap.ready_at
+    record_render_result(RENDERER, render_event(recap, video_url="https://other/x.mp4"))
+    record_render_result(RENDERER, render_event(recap, kind="failed"))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.READY and recap.ready_at == ready_at
+    assert recap.video_url == "https://videos.example/rnd_1.mp4"
+
+
+def test_failed_marks_the_recap_failed_with_the_services_reason():
+    recap = rendering_recap()
+    record_render_result(RENDERER, render_event(recap, kind="failed"))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.FAILED
+    assert recap.failure_reason == "render failed: photos_unreadable: no photo decoded"
+
+
+def test_a_failure_of_an_older_render_is_ignored():
+    recap = rendering_recap()
+    record_render_result(RENDERER, render_event(recap, kind="failed", idempotency_key="old"))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.RENDERING
+
+
+def test_a_late_completion_rescues_a_failed_recap():
+    recap = rendering_recap()
+    record_render_result(RENDERER, render_event(recap, kind="failed"))
+    record_render_result(RENDERER, render_event(recap))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.READY and recap.failure_reason == ""
+
+
+def test_a_callback_for_an_unknown_recap_is_permanent():
+    payload = {
+        "type": "render.completed",
+        "data": {"recap_id": str(uuid.uuid4()), "video_url": "https://v/x.mp4"},
+    }
+    with pytest.raises(PermanentHandlerError) as exc:
+        record_render_result(RENDERER, payload)
+    assert str(exc.value) == RECAP_NOT_FOUND
+
+
+def test_a_completion_without_a_video_is_permanent():
+    recap = rendering_recap()
+    with pytest.raises(PermanentHandlerError) as exc:
+        record_render_result(RENDERER, render_event(recap, video_url=""))
+    assert str(exc.value) == NO_VIDEO_URL
+
+
+def test_another_standard_webhooks_source_is_ignored():
+    recap = rendering_recap()
+    other = RawEvent(id=3, source="acme", provider="standard")
+    record_render_result(other, render_event(recap))
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.RENDERING
+
+
+def test_ready_settles_a_row_still_waiting():
+    recap = RecapFactory()
+    side_effect = pay(recap, now=T0)
+    render_completed_record(recap_id=recap.id, video_url="https://v/x.mp4")
+    side_effect.refresh_from_db()
+    assert side_effect.status == "done"
