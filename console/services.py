@@ -37,9 +37,8 @@ from eventdrop.errors import EventDropError
 from ingress.models import RawEvent, SignatureStatus
 from ingress.services import raw_event_replay, raw_event_reverify
 from outbox.models import RecapSideEffect
-from outbox.services import side_effect_mark_dead, side_effect_rearm
+from outbox.services import recap_retry_render, side_effect_mark_dead, side_effect_rearm
 from recaps.models import RecapVideo
-from recaps.services import recap_retry_render
 
 logger = logging.getLogger(__name__)
 
