@@ -255,9 +255,9 @@ def application():
     from django.conf import settings
     from django.core.wsgi import get_wsgi_application
 
-    from ingress.sources import all_sources
+    django_app = get_wsgi_application()  # sets Django up: only then may models be imported
 
-    django_app = get_wsgi_application()
+    from ingress.sources import all_sources
 
     def complete_body_wsgi(environ, start_response):
         # BufferedBody let this request through with its whole body: a body without a
