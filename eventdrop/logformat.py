@@ -37,6 +37,10 @@ _STANDARD_ATTRS = frozenset(
 class _SummaryWithoutTraceback:
     """Both formatters: a RepeatedIncidentFilter summary line carries no traceback."""
 
+    def _line(self, record: logging.LogRecord) -> str:
+        """The formatter's own line for `record` (each formatter defines it)."""
+        raise NotImplementedError
+
     def format(self, record: logging.LogRecord) -> str:
         if not getattr(record, "suppressed", None):
             return self._line(record)

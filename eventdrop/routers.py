@@ -129,9 +129,11 @@ def replica_status(*, fresh: bool = False) -> ReplicaStatus:
     stale = current is None or time.monotonic() - current.checked_at > (
         REPLICA_CHECK_INTERVAL_SECONDS
     )
-    if not (stale or fresh):
+    if current is not None and not (stale or fresh):
         return current
     if not _status_lock.acquire(blocking=current is None or fresh):
+        # Only a non-blocking acquire can fail, and it is tried only with a measurement.
+        assert current is not None
         return current
     try:
         _status = _probe()

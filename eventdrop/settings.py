@@ -13,6 +13,7 @@ start set it, so a developer's `.env` never changes what the suite runs.
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -136,8 +137,8 @@ if DATABASE_POOLER not in {"", "pgbouncer"}:
     )
 
 
-def _database(url: str) -> dict:
-    database = dj_database_url.parse(
+def _database(url: str) -> dict[str, Any]:
+    parsed = dj_database_url.parse(
         url,
         conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60),
         # Django checks a persistent connection once per request before its first query. On
@@ -146,6 +147,8 @@ def _database(url: str) -> dict:
         # restart) is replaced before use instead of failing one request each.
         conn_health_checks=True,
     )
+    # A plain dict: OPTIONS gains keys that dj_database_url's DBConfig does not declare.
+    database: dict[str, Any] = dict(parsed)
     if database["ENGINE"] != "django.db.backends.postgresql":
         return database
     # A statement that hangs must not hold a web worker past the provider's patience:

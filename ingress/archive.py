@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as time_of_day
 from tempfile import SpooledTemporaryFile
+from typing import Any
 
 from django.conf import settings
 from django.core.files import File
@@ -178,7 +179,7 @@ def _encode_row(event: RawEvent) -> dict:
 
 
 def _decode_row(line: dict) -> RawEvent:
-    values = {}
+    values: dict[str, Any] = {}
     for f in _FIELDS:
         if f.attname not in line and f"{f.attname}_base64" not in line:
             continue  # a column newer than the archive: the model's default

@@ -137,9 +137,10 @@ def encrypt_body(body: bytes) -> tuple[bytes, str]:
 def encrypt_request(body: bytes, headers: dict) -> tuple[bytes, dict, str]:
     """(body, headers, body_encryption) to store: both under the first key, or as they are."""
     stored_body, scheme = encrypt_body(body)
-    if scheme == PLAINTEXT:
+    fernet = keyring().fernet
+    if scheme == PLAINTEXT or fernet is None:
         return body, headers, PLAINTEXT
-    token = keyring().fernet.encrypt(json.dumps(headers).encode("ascii"))
+    token = fernet.encrypt(json.dumps(headers).encode("ascii"))
     return stored_body, {ENCRYPTED_HEADERS: token.decode("ascii")}, scheme
 
 

@@ -6,6 +6,7 @@ or could not start; 3 with --fail-on-drift when the drift exceeds RECONCILE_DRIF
 """
 
 from datetime import datetime
+from typing import TypedDict
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -18,6 +19,11 @@ from ingress.reconcile.runs import ReconcileOutcome
 DRIFT_EXIT_CODE = 3
 OVER_SLO = "Drift {drift:.4f} % exceeds the SLO of {slo:.4f} % (RECONCILE_DRIFT_SLO)."
 MORE_MISSING = "… and {count} more (the run record keeps the first ids)."
+
+
+class Window(TypedDict):
+    since: datetime | None
+    until: datetime | None
 
 
 class ReconcileCommand(BaseCommand):
@@ -35,8 +41,10 @@ class ReconcileCommand(BaseCommand):
             help=f"exit {DRIFT_EXIT_CODE} when the drift exceeds RECONCILE_DRIFT_SLO",
         )
 
-    def window_options(self, options) -> dict[str, datetime | None]:
-        return {name: _moment(f"--{name}", options[name]) for name in ("since", "until")}
+    def window_options(self, options) -> Window:
+        return Window(
+            since=_moment("--since", options["since"]), until=_moment("--until", options["until"])
+        )
 
     def run_reconciliation(self, start, *, fail_on_drift: bool) -> None:
         try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
-from ingress.models import ReconciliationStatus
+from ingress.models import ReconciliationRun, ReconciliationStatus
 from ingress.reconcile.errors import INTERRUPTED, ReconcileFailed, ReconcileStopped
 from ingress.reconcile.services import (
     Tally,
@@ -163,7 +163,9 @@ def reconcile_run(
     )
 
 
-def _finish_quietly(run, state: RunState, *, status: str, error: str) -> None:
+def _finish_quietly(
+    run: ReconciliationRun, state: RunState, *, status: ReconciliationStatus, error: str
+) -> None:
     """Record how a run ended on the way out of an exception that must propagate."""
     try:
         reconciliation_run_finish(

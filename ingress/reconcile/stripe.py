@@ -117,7 +117,8 @@ def _event_pages(
         # The raw JSON of the page rather than the SDK's objects: the body we store is what
         # Stripe sent, not what the SDK made of it.
         response = listing.last_response
-        events = list(response.data.get("data") or []) if response else []
+        page = response.data if response else None
+        events = list(page.get("data") or []) if isinstance(page, dict) else []
         yield _Page(events=events, request_id=(response.request_id or "") if response else "")
         if not listing.has_more or not events:
             return

@@ -9,6 +9,8 @@ from eventdrop.schedules import SCHEDULES, Recurring
 
 
 def next_daily_run(recurring: Recurring, now: datetime) -> datetime:
+    if recurring.daily_at is None:
+        raise ValueError(f"schedule {recurring.name} has no daily_at")
     today = datetime.combine(now.astimezone(UTC).date(), recurring.daily_at, tzinfo=UTC)
     return today if today > now else today + timedelta(days=1)
 
