@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
 
 from ingress.sources import all_sources
 
@@ -78,3 +79,15 @@ def require_dispatch_configuration(*, who: str) -> None:
     problems = dispatch_configuration_problems()
     if problems:
         raise DispatchNotConfigured(who=who, problems=problems)
+
+
+def dispatch_command_start(command: BaseCommand, *, who: str, skip_checks: bool) -> None:
+    """How a command that dispatches or recovers starts: it refuses at once, as one line and
+    touching no row, when the configuration above is incomplete; then the system checks run
+    (unless skipped: `make run` checks once for every process it starts)."""
+    try:
+        require_dispatch_configuration(who=who)
+    except DispatchNotConfigured as exc:
+        raise CommandError(str(exc)) from exc
+    if not skip_checks:
+        command.check()

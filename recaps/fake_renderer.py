@@ -13,7 +13,7 @@
 
 After accepting a render it POSTs the completion to the request's callback_url, signed
 with the `renderer` secret through the `standardwebhooks` library (the payload is the one
-recaps/handlers.py documents); `callbacks: false` drops every callback (a lost completion,
+outbox/handlers.py documents); `callbacks: false` drops every callback (a lost completion,
 which GET /renders/<id> still answers). Failure modes, switchable at runtime, apply to
 POST /renders and GET /renders/<id> alike (error_4xx to POST only):
 

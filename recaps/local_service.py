@@ -1,4 +1,5 @@
-"""The HTTP server lifecycle the local fakes share (recaps/fake_stripe.py, fake_renderer.py).
+"""What the local fakes share (recaps/fake_stripe.py, fake_renderer.py): the HTTP server
+lifecycle, and the secret a fake signs its webhooks with.
 
 A real server on 127.0.0.1: on a daemon thread for tests (`start`/`stop`, or `with`), or in
 the foreground for a management command (`serve_until_interrupted`). `stopping` is set on
@@ -8,6 +9,28 @@ the way out so every bounded wait a fake is in ends early.
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import CommandError
+
+from ingress.sources import all_sources
+
+
+def sender_secret(source_name: str) -> str:
+    """The secret a sender signs with: the first of the source's secrets.
+
+    During a rotation the variable holds "new,old": the ingress accepts either, a sender
+    signs with the current one. Parsed by the ingress's own source configuration, so both
+    sides read the variable the same way. CommandError when there is none.
+    """
+    try:
+        source = all_sources().get(source_name)
+    except ImproperlyConfigured as exc:
+        raise CommandError(f"webhook sources are misconfigured: {exc}") from exc
+    if source is None or not source.secrets:
+        env = source.secrets_env if source else f"{source_name.upper()}_WEBHOOK_SECRET"
+        raise CommandError(f"{env} is not set: its webhooks cannot be signed.")
+    return source.secrets[0]
 
 
 class LocalHTTPService:

@@ -1,8 +1,8 @@
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
 from eventdrop.worker_loop import run_until_stopped
-from outbox.configuration import DispatchNotConfigured, require_dispatch_configuration
+from outbox.configuration import dispatch_command_start
 from outbox.dispatcher import DispatchReport, dispatch_run
 from outbox.render_checks import RenderCheckReport, render_checks_run
 
@@ -29,12 +29,9 @@ class Command(BaseCommand):
         parser.add_argument("--skip-checks", action="store_true", help="skip system checks")
 
     def handle(self, *args, once: bool, **options):
-        try:
-            require_dispatch_configuration(who="dispatch_side_effects")
-        except DispatchNotConfigured as exc:
-            raise CommandError(str(exc)) from exc
-        if not options.get("skip_checks"):
-            self.check()
+        dispatch_command_start(
+            self, who="dispatch_side_effects", skip_checks=bool(options.get("skip_checks"))
+        )
         if once:
             dispatched, checked = _dispatch_pass()
             self.stdout.write(f"dispatch_side_effects: {dispatched.summary()}; {checked.summary()}")

@@ -1,6 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
-from outbox.configuration import DispatchNotConfigured, require_dispatch_configuration
+from outbox.configuration import dispatch_command_start
 from outbox.render_checks import render_checks_run
 from outbox.services import outbox_recover
 
@@ -14,11 +14,8 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
 
     def handle(self, *args, **options):
-        try:
-            require_dispatch_configuration(who="recover_recaps")
-        except DispatchNotConfigured as exc:
-            raise CommandError(str(exc)) from exc
-        if not options.get("skip_checks"):
-            self.check()
+        dispatch_command_start(
+            self, who="recover_recaps", skip_checks=bool(options.get("skip_checks"))
+        )
         checks = render_checks_run()
         self.stdout.write(f"recover_recaps: {outbox_recover().summary()}; {checks.summary()}")

@@ -1,26 +1,8 @@
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
-from ingress.sources import all_sources
 from recaps.fake_renderer import MODES, FakeRenderer
-
-
-def current_renderer_secret() -> str:
-    """The secret a sender signs with: the first of the renderer source's secrets.
-
-    During a rotation RENDERER_WEBHOOK_SECRET holds "new,old": the ingress accepts either,
-    a sender signs with the current one. Parsed by the ingress's own source configuration,
-    so both sides read the variable the same way.
-    """
-    try:
-        source = all_sources().get(settings.RENDER_WEBHOOK_SOURCE)
-    except ImproperlyConfigured as exc:
-        raise CommandError(f"webhook sources are misconfigured: {exc}") from exc
-    if source is None or not source.secrets:
-        env = source.secrets_env if source else "RENDERER_WEBHOOK_SECRET"
-        raise CommandError(f"{env} is not set: callbacks cannot be signed.")
-    return source.secrets[0]
+from recaps.local_service import sender_secret
 
 
 class Command(BaseCommand):
@@ -43,7 +25,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, port, mode, complete_after, delay, no_callbacks, **options):
         fake = FakeRenderer(
-            secret=current_renderer_secret(),
+            secret=sender_secret(settings.RENDER_WEBHOOK_SOURCE),
             port=port,
             complete_after=complete_after,
             callbacks=not no_callbacks,

@@ -1,23 +1,10 @@
 import os
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
-from ingress.sources import all_sources
 from recaps.fake_stripe import FakeStripe
-
-
-def current_stripe_webhook_secret() -> str:
-    """The secret Stripe signs with: the first of the stripe source's secrets (during a
-    rotation STRIPE_WEBHOOK_SECRET is "new,old"), parsed as the ingress parses it."""
-    try:
-        source = all_sources().get("stripe")
-    except ImproperlyConfigured as exc:
-        raise CommandError(f"webhook sources are misconfigured: {exc}") from exc
-    if source is None or not source.secrets:
-        raise CommandError("STRIPE_WEBHOOK_SECRET is not set: webhooks cannot be signed.")
-    return source.secrets[0]
+from recaps.local_service import sender_secret
 
 
 class Command(BaseCommand):
@@ -45,7 +32,7 @@ class Command(BaseCommand):
             or f"http://127.0.0.1:{os.environ.get('PORT') or 8000}/webhooks/stripe/"
         )
         fake = FakeStripe(
-            port=port, webhook_url=webhook_url, webhook_secret=current_stripe_webhook_secret()
+            port=port, webhook_url=webhook_url, webhook_secret=sender_secret("stripe")
         )
         if settings.STRIPE_API_BASE.rstrip("/") != fake.url:
             self.stderr.write(
