@@ -43,38 +43,38 @@ ACTION_RECORDED = "{verb}: {succeeded} succeeded, {refused} refused, {failed} fa
 OPERATE_PERMISSION = "console.operate"
 
 
-class OperatorAdmin(admin.ModelAdmin):
+class NoWrites:
+    """No add, change or delete through the admin: the rows are written by services only."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class OperatorAdmin(NoWrites, admin.ModelAdmin):
     """Rows written only by services: no add, change or delete (so no "delete selected").
 
     Actions declared with `permissions=["operate"]` are offered to users holding
     `console.operate`, and every one of them goes through confirm_operator_action().
     """
 
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
     def has_operate_permission(self, request):
         return request.user.has_perm(OPERATE_PERMISSION)
 
+    @admin.display(description="operator actions")
+    def operator_actions(self, obj) -> str:
+        """A detail field: who acted on this row from the console, and how it went."""
+        return render_operator_actions(obj)
 
-class ReadOnlyInline(admin.TabularInline):
+
+class ReadOnlyInline(NoWrites, admin.TabularInline):
     extra = 0
     can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,8 @@ class ConfirmSpec:
     action: str  # the OperatorActionKind run, from console.services.OPERATOR_ACTIONS
     verb: str  # "Replay", "Re-verify", ... — the button and the result message
     description: str  # one sentence: what happens to each selected row
-    breakdown: Callable[[Sequence[int]], list[tuple[str, int]]] | None = None
+    # (label, how many) of the selection, e.g. by status: called as breakdown(ids=...).
+    breakdown: Callable[..., list[tuple[str, int]]] | None = None
     warnings: Sequence[str] = field(default_factory=tuple)
     note_label: str = ""  # non-empty: a reason is asked for, required, and recorded
 
@@ -228,7 +229,7 @@ def confirm_operator_action(
             for obj in listed
         ],
         "unlisted": max(len(ids) - len(listed), 0),
-        "breakdown": spec.breakdown(ids) if spec.breakdown else [],
+        "breakdown": spec.breakdown(ids=ids) if spec.breakdown else [],
         "action_name": request.POST.get("action", ""),
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         "next": _safe_next(request) or "",

@@ -176,22 +176,24 @@ def raw_events_by_status(*, ids: Iterable[int]) -> list[dict]:
     )
 
 
-def side_effects_by_status(*, ids: Iterable[int]) -> list[dict]:
-    return list(
-        RecapSideEffect.objects.filter(id__in=list(ids))
+def _by_status(queryset: QuerySet, ids: Iterable[object]) -> list[tuple[str, int]]:
+    rows = (
+        queryset.filter(id__in=list(ids))
         .values("status")
         .annotate(count=Count("id"))
         .order_by("status")
     )
+    return [(row["status"], row["count"]) for row in rows]
 
 
-def recaps_by_status(*, ids: Iterable[object]) -> list[dict]:
-    return list(
-        RecapVideo.objects.filter(id__in=list(ids))
-        .values("status")
-        .annotate(count=Count("id"))
-        .order_by("status")
-    )
+def side_effects_by_status(*, ids: Iterable[int]) -> list[tuple[str, int]]:
+    """(status, how many) of a selection of side effects (for confirmation pages)."""
+    return _by_status(RecapSideEffect.objects.all(), ids)
+
+
+def recaps_by_status(*, ids: Iterable[object]) -> list[tuple[str, int]]:
+    """(status, how many) of a selection of recaps (for confirmation pages)."""
+    return _by_status(RecapVideo.objects.all(), ids)
 
 
 def operator_action_list() -> QuerySet[OperatorAction]:

@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from console.admin.display import LastErrorColumn, status_badge, tone_badge
+from console.admin.display import LastErrorColumn, status_badge, time_field, tone_badge
 from console.admin_actions import (
     ConfirmSpec,
     ObjectAction,
@@ -27,7 +27,6 @@ from console.admin_actions import (
     ReadOnlyInline,
     object_actions_context,
     operator_action,
-    render_operator_actions,
 )
 from console.models import OperatorActionKind, OperatorActionVia, PayloadAccessKind
 from console.presentation import (
@@ -126,7 +125,7 @@ class HandlerFilter(admin.SimpleListFilter):
         return queryset.filter(handler=self.value()) if self.value() else queryset
 
 
-def _breakdown(ids) -> list[tuple[str, int]]:
+def _breakdown(*, ids) -> list[tuple[str, int]]:
     return [
         (f"{row['signature_status']} / {row['dispatch_status']}", row["count"])
         for row in raw_events_by_status(ids=ids)
@@ -514,29 +513,15 @@ class RawEventAdmin(OperatorAdmin):
             format_age(obj.received_at, timezone.now()),
         )
 
-    @admin.display(description="received at")
-    def received_at_display(self, obj: RawEvent) -> str:
-        return format_time(obj.received_at, timezone.now())
-
-    @admin.display(description="verified at")
-    def verified_at_display(self, obj: RawEvent) -> str:
-        return format_time(obj.verified_at, timezone.now())
-
-    @admin.display(description="rejected at")
-    def rejected_at(self, obj: RawEvent) -> str:
-        return format_time(obj.verified_at, timezone.now())
+    received_at_display = time_field("received_at", "received at")
+    verified_at_display = time_field("verified_at", "verified at")
+    rejected_at = time_field("verified_at", "rejected at")  # the verdict's time, a rejection
+    handled_at_display = time_field("handled_at", "handled at")
+    retry_not_before_display = time_field("retry_not_before", "tried again from")
 
     @admin.display(description="verdict at")
     def verdict_at(self, obj: RawEvent) -> str:
         return "not yet (waiting for verification)"
-
-    @admin.display(description="handled at")
-    def handled_at_display(self, obj: RawEvent) -> str:
-        return format_time(obj.handled_at, timezone.now())
-
-    @admin.display(description="tried again from")
-    def retry_not_before_display(self, obj: RawEvent) -> str:
-        return format_time(obj.retry_not_before, timezone.now())
 
     @admin.display(description="next step")
     def next_step(self, obj: RawEvent) -> str:
@@ -707,10 +692,6 @@ class RawEventAdmin(OperatorAdmin):
     @admin.display(description="deliveries")
     def deliveries_table_without_messages(self, obj: RawEvent) -> str:
         return self.deliveries_table(obj, may_read_payload=False)
-
-    @admin.display(description="operator actions")
-    def operator_actions(self, obj: RawEvent) -> str:
-        return render_operator_actions(obj)
 
 
 def _without_messages(request: HttpRequest, names, field: str, replacement: str) -> tuple:

@@ -22,7 +22,6 @@ from console.admin_actions import (
     ReadOnlyInline,
     object_actions_context,
     operator_action,
-    render_operator_actions,
 )
 from console.models import OperatorActionKind
 from console.presentation import format_seconds, format_time
@@ -82,10 +81,6 @@ class AgeFilter(admin.SimpleListFilter):
         if age is None:
             return queryset
         return queryset.filter(updated_at__lt=timezone.now() - age)
-
-
-def _status_breakdown(ids) -> list[tuple[str, int]]:
-    return [(row["status"], row["count"]) for row in side_effects_by_status(ids=ids)]
 
 
 class AttemptInline(ReadOnlyInline):
@@ -170,7 +165,7 @@ class RecapSideEffectAdmin(LastErrorColumn, OperatorAdmin):
             verb="Re-arm",
             description=REARM_DESCRIPTION,
             warnings=(REARM_WARNING,),
-            breakdown=_status_breakdown,
+            breakdown=side_effects_by_status,
         ),
         menu_label="Re-arm selected side effects",
     )
@@ -180,15 +175,11 @@ class RecapSideEffectAdmin(LastErrorColumn, OperatorAdmin):
             verb="Mark dead",
             description=MARK_DEAD_DESCRIPTION,
             warnings=(MARK_DEAD_WARNING,),
-            breakdown=_status_breakdown,
+            breakdown=side_effects_by_status,
             note_label="Reason (kept as the recap's failure reason):",
         ),
         menu_label="Mark selected side effects dead",
     )
-
-    @admin.display(description="operator actions")
-    def operator_actions(self, obj) -> str:
-        return render_operator_actions(obj)
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: RecapSideEffect) -> str:

@@ -21,7 +21,6 @@ from console.admin_actions import (
     OperatorAdmin,
     ReadOnlyInline,
     operator_action,
-    render_operator_actions,
 )
 from console.models import OperatorActionKind
 from console.presentation import shortened
@@ -102,8 +101,9 @@ class EventAdmin(admin.ModelAdmin):
             url = reverse("admin:recaps_recapvideo_change", args=[recap.pk])
             self.message_user(
                 request,
-                format_html('{}: free recap <a href="{}">{}</a> queued for rendering', event, url,
-                            recap.pk),
+                format_html(
+                    '{}: free recap <a href="{}">{}</a> queued for rendering', event, url, recap.pk
+                ),
                 messages.SUCCESS,
             )
 
@@ -215,16 +215,10 @@ class RecapVideoAdmin(OperatorAdmin):
             verb="Retry render",
             description=RETRY_DESCRIPTION,
             warnings=(RETRY_WARNING,),
-            breakdown=lambda ids: [
-                (row["status"], row["count"]) for row in recaps_by_status(ids=ids)
-            ],
+            breakdown=recaps_by_status,
         ),
         menu_label="Retry render of selected recaps",
     )
-
-    @admin.display(description="operator actions")
-    def operator_actions(self, obj) -> str:
-        return render_operator_actions(obj)
 
     @admin.display(description="render side effect", ordering="render_status")
     def render_state(self, obj: RecapVideo) -> str:
