@@ -100,6 +100,8 @@ ROLES: tuple[RoleSpec, ...] = (
         grants=(
             Grant(("ingress.RawEvent",), ("SELECT", "UPDATE")),
             Grant(INGRESS_PIPELINE, WRITE),
+            # Which handlers are paused: their due deliveries are held, not claimed.
+            Grant(("ingress.HandlerPause",), READ),
         ),
         may_become=("handler",),
     ),
@@ -128,9 +130,11 @@ ROLES: tuple[RoleSpec, ...] = (
             Grant(("admin.LogEntry",), APPEND),
             Grant(("console.OperatorAction",), WRITE),
             Grant(("console.PayloadAccess",), APPEND),
-            # The operator services: replay, re-verify, re-arm, mark dead, retry render.
+            # The operator services: replay, re-verify, re-arm, mark dead, retry render,
+            # pause and resume.
             Grant(("ingress.RawEvent",), ("UPDATE",)),
             Grant(INGRESS_PIPELINE, WRITE),
+            Grant(("ingress.HandlerPause",), WRITE),
             # Recap purchase and redemption (the buyer API) and the operator services.
             Grant(("recaps.RecapVideo",), WRITE),
             Grant(RECAP_BUSINESS[1:], WRITE),

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
@@ -38,7 +38,14 @@ from eventdrop.retry import (
 )
 from ingress.encryption import keyring
 from ingress.handlers import HandlerSpec, PermanentHandlerError, get_handler, handlers_for
-from ingress.models import Delivery, DeliveryAttempt, DeliveryStatus, RawEvent
+from ingress.models import (
+    UNFINISHED_DELIVERY_STATUSES,
+    Delivery,
+    DeliveryAttempt,
+    DeliveryStatus,
+    HandlerPause,
+    RawEvent,
+)
 from ingress.payloads import parse_payload, raw_event_body, raw_event_headers, storable_text
 
 logger = logging.getLogger(__name__)
@@ -73,7 +80,48 @@ def deliveries_for_event(
     ]
 
 
-# --- operator re-arms (called by ingress/services.py) --------------------------------------
+# --- operator re-arms, holds and releases (called by ingress/services.py) ------------------
+
+
+def _in_scope(rows, *, handler: str, source: str):
+    """A pause's deliveries: one handler's, or every handler's for one source's events."""
+    if handler:
+        return rows.filter(handler=handler)
+    return rows.filter(Exists(RawEvent.objects.filter(id=OuterRef("raw_event_id"), source=source)))
+
+
+def deliveries_hold(*, handler: str = "", source: str = "") -> int:
+    """Pending deliveries in a new pause's scope become `held` (the claim holds any that
+    turn pending later). Returns how many. Inside the caller's transaction."""
+    return _in_scope(
+        Delivery.objects.filter(status=DeliveryStatus.PENDING), handler=handler, source=source
+    ).update(status=DeliveryStatus.HELD)
+
+
+def deliveries_release(
+    *, handler: str = "", source: str = "", now: datetime, per_second: float
+) -> int:
+    """Held deliveries in a pause's scope back to `pending`, due one after another in
+    received order (raw event id, the order of the store's INSERTs), `per_second` of them
+    per second: the claim takes due deliveries oldest first, so the backlog runs in that
+    order at that rate beside the live traffic. One UPDATE. Returns how many."""
+    scoped = _in_scope(
+        Delivery.objects.filter(status=DeliveryStatus.HELD), handler=handler, source=source
+    )
+    ids = list(scoped.order_by("raw_event_id", "id").values_list("id", flat=True))
+    if not ids:
+        return 0
+    table = connection.ops.quote_name(Delivery._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} AS d SET status = %s, "  # noqa: S608 (constant identifiers)
+            "next_attempt_at = %s + (r.n - 1) * (interval '1 second' / %s) "
+            "FROM unnest(%s::bigint[]) WITH ORDINALITY AS r(id, n) "
+            "WHERE d.id = r.id AND d.status = %s",
+            [DeliveryStatus.PENDING, now, float(per_second), ids, DeliveryStatus.HELD],
+        )
+        return cursor.rowcount
+
 
 # What a replay arms again. `pending` is re-armed too (attempts reset, due now): a replay is
 # the operator's "try it now", and it stays one row, so a second replay queues nothing twice.
@@ -185,6 +233,13 @@ def _claim_due_deliveries(limit: int, now: datetime) -> list[_Claimed]:
             .order_by("next_attempt_at")
             .values_list("id", "raw_event_id", "handler", "attempts", "total_attempts")[:limit]
         )
+        # Deliveries of a paused handler or source are held here, before the attempt is
+        # charged: whatever made them pending (created before the pause was seen, a retry,
+        # a replay, a stale re-arm), a paused handler is never run.
+        held = _paused_among([(row[0], row[1], row[2]) for row in due])
+        if held:
+            Delivery.objects.filter(id__in=held).update(status=DeliveryStatus.HELD)
+            due = [row for row in due if row[0] not in held]
         if due:
             Delivery.objects.filter(id__in=[row[0] for row in due]).update(
                 status=DeliveryStatus.PROCESSING,
@@ -198,11 +253,35 @@ def _claim_due_deliveries(limit: int, now: datetime) -> list[_Claimed]:
     ]
 
 
+def _paused_among(rows: list[tuple[int, int, str]]) -> set[int]:
+    """The ids among (delivery id, raw event id, handler) that an active pause covers."""
+    if not rows:
+        return set()
+    pauses = list(
+        HandlerPause.objects.filter(resumed_at__isnull=True).values_list("handler", "source")
+    )
+    if not pauses:
+        return set()
+    handlers = {handler for handler, _ in pauses if handler}
+    sources = {source for _, source in pauses if source}
+    paused_events: set[int] = set()
+    if sources:
+        paused_events = set(
+            RawEvent.objects.filter(
+                id__in={row[1] for row in rows}, source__in=sources
+            ).values_list("id", flat=True)
+        )
+    return {
+        delivery_id
+        for delivery_id, raw_event_id, handler in rows
+        if handler in handlers or raw_event_id in paused_events
+    }
+
+
 def _mark_events_handled(raw_event_ids: set[int], now: datetime) -> None:
     """Stamp handled_at on events whose deliveries have all finished (done or dead)."""
     unfinished = Delivery.objects.filter(
-        raw_event_id=OuterRef("id"),
-        status__in=[DeliveryStatus.PENDING, DeliveryStatus.PROCESSING],
+        raw_event_id=OuterRef("id"), status__in=UNFINISHED_DELIVERY_STATUSES
     )
     RawEvent.objects.filter(id__in=raw_event_ids, handled_at__isnull=True).exclude(
         Exists(unfinished)

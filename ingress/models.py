@@ -199,6 +199,17 @@ class DeliveryStatus(models.TextChoices):
     PROCESSING = "processing", "processing"
     DONE = "done", "done"
     DEAD = "dead", "dead"
+    # Its handler (or its event's source) is paused (HandlerPause): never claimed, never
+    # charged an attempt; resuming turns it back to `pending`, in received order.
+    HELD = "held", "held (handler paused)"
+
+
+# Not finished: the event is not handled yet and its partition is kept past retention.
+UNFINISHED_DELIVERY_STATUSES = (
+    DeliveryStatus.PENDING,
+    DeliveryStatus.PROCESSING,
+    DeliveryStatus.HELD,
+)
 
 
 class Delivery(models.Model):
@@ -249,10 +260,57 @@ class Delivery(models.Model):
             ),
             # Dead deliveries are few and looked for often (ops page, metrics, console).
             models.Index(fields=["finished_at"], condition=Q(status="dead"), name="delivery_dead"),
+            # A pause's held count, and its release on resume in received order.
+            models.Index(
+                fields=["handler", "raw_event"], condition=Q(status="held"), name="delivery_held"
+            ),
         ]
 
     def __str__(self) -> str:
         return f"delivery #{self.pk} {self.handler} ({self.status})"
+
+
+class HandlerPause(models.Model):
+    """An operator's pause of one handler, or of every handler of one source (issue 13).
+
+    While a pause is active (resumed_at NULL) events keep being received, stored, verified
+    and deduplicated; the deliveries it covers are `held` instead of run (ingress/deliveries.py
+    holds any it finds due), and resuming releases them in received order at
+    INBOX_RESUME_RELEASE_PER_SECOND. Written by ingress.services.handler_pause/handler_resume
+    only; the console records who did it (an operator action). Rows are kept after resume: a
+    pause's history (how long, how many deliveries it held) stays readable.
+    """
+
+    handler = models.CharField(max_length=255, blank=True, default="")  # a handler's name
+    source = models.CharField(max_length=64, blank=True, default="")  # or a source's
+    paused_at = models.DateTimeField(default=timezone.now)
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    released = models.PositiveIntegerField(default=0)  # deliveries released on resume
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(handler="") & ~Q(source="")) | (~Q(handler="") & Q(source="")),
+                name="handlerpause_one_scope",
+            ),
+            models.UniqueConstraint(
+                fields=["handler", "source"],
+                condition=Q(resumed_at__isnull=True),
+                name="handlerpause_one_active_per_scope",
+            ),
+            models.CheckConstraint(
+                condition=Q(resumed_at__isnull=True) | Q(resumed_at__gte=models.F("paused_at")),
+                name="handlerpause_resumed_after_paused",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        state = "active" if self.resumed_at is None else "resumed"
+        return f"pause of {self.scope} ({state})"
+
+    @property
+    def scope(self) -> str:
+        return f"handler {self.handler}" if self.handler else f"source {self.source}"
 
 
 class DeliveryAttempt(models.Model):

@@ -77,9 +77,14 @@ _LOCK_NOT_AVAILABLE = "55P03"
 # still go with their partition at the full retention.
 REJECTED_SWEEP_WINDOW = timedelta(days=2)
 
-# Two equalities rather than `status IN (...)`: each matches the predicate of one partial
-# index (delivery_due, delivery_processing), so the planner can read only unfinished rows.
-_UNFINISHED_DELIVERY = Q(status=DeliveryStatus.PENDING) | Q(status=DeliveryStatus.PROCESSING)
+# Equalities rather than `status IN (...)`: each matches the predicate of one partial
+# index (delivery_due, delivery_processing, delivery_held), so the planner can read only
+# unfinished rows. A held delivery (its handler paused) is unfinished: its event is kept.
+_UNFINISHED_DELIVERY = (
+    Q(status=DeliveryStatus.PENDING)
+    | Q(status=DeliveryStatus.PROCESSING)
+    | Q(status=DeliveryStatus.HELD)
+)
 
 
 @dataclass

@@ -1,11 +1,13 @@
-"""Reads about the inbox: queue depths and lags, for the console, the API and /metrics."""
+"""Reads about the inbox: queue depths and lags, and the handlers' pauses, for the console,
+the API and /metrics."""
 
+from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, Min
+from django.db.models import Count, Exists, Min, OuterRef
 from django.utils import timezone
 
-from ingress.models import Delivery, DeliveryStatus, RawEvent, SignatureStatus
+from ingress.models import Delivery, DeliveryStatus, HandlerPause, RawEvent, SignatureStatus
 
 QUEUE_STATUSES = (DeliveryStatus.PENDING, DeliveryStatus.PROCESSING, DeliveryStatus.DEAD)
 
@@ -34,3 +36,52 @@ def inbox_depths(*, now: datetime | None = None) -> dict:
 
 def _age(now: datetime, since: datetime | None) -> float | None:
     return None if since is None else max((now - since).total_seconds(), 0.0)
+
+
+@dataclass(frozen=True)
+class ActivePause:
+    id: int
+    handler: str  # one of handler and source is set
+    source: str
+    paused_at: datetime
+    age_seconds: float
+    held: int  # deliveries it holds right now
+
+    @property
+    def scope(self) -> str:
+        return f"handler {self.handler}" if self.handler else f"source {self.source}"
+
+
+def handler_pauses_active(*, now: datetime | None = None) -> list[ActivePause]:
+    """The pauses in force, oldest first, with their age and how many deliveries each holds.
+
+    One count per pause (few: an operator's, during an incident), each read from the
+    delivery_held partial index; a source's count joins its events.
+    """
+    now = now or timezone.now()
+    pauses = HandlerPause.objects.filter(resumed_at__isnull=True).order_by("paused_at", "id")
+    return [
+        ActivePause(
+            id=pause.id,
+            handler=pause.handler,
+            source=pause.source,
+            paused_at=pause.paused_at,
+            age_seconds=_age(now, pause.paused_at) or 0.0,
+            held=_held_by(pause),
+        )
+        for pause in pauses
+    ]
+
+
+def deliveries_held_count() -> int:
+    """Every held delivery, whichever pause holds it (for the ops page and /metrics)."""
+    return Delivery.objects.filter(status=DeliveryStatus.HELD).count()
+
+
+def _held_by(pause: HandlerPause) -> int:
+    held = Delivery.objects.filter(status=DeliveryStatus.HELD)
+    if pause.handler:
+        return held.filter(handler=pause.handler).count()
+    return held.filter(
+        Exists(RawEvent.objects.filter(id=OuterRef("raw_event_id"), source=pause.source))
+    ).count()

@@ -19,11 +19,17 @@ from django.utils import timezone
 
 from eventdrop.db import database_deadline
 from eventdrop.errors import EventDropError
-from ingress.deliveries import deliveries_arm_for_replay, deliveries_rearm_dead
+from ingress.deliveries import (
+    deliveries_arm_for_replay,
+    deliveries_hold,
+    deliveries_rearm_dead,
+    deliveries_release,
+)
 from ingress.encryption import BodyUndecryptable, encrypt_request, keyring, reencrypt_request
+from ingress.handlers import get_handler
 from ingress.inbox import raw_events_settle
-from ingress.models import Delivery, DispatchStatus, RawEvent, SignatureStatus
-from ingress.sources import Source
+from ingress.models import Delivery, DispatchStatus, HandlerPause, RawEvent, SignatureStatus
+from ingress.sources import Source, all_sources
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +263,7 @@ def raw_events_replay_batch(*, raw_event_ids: Sequence[int], force: bool = False
         refused=refused,
     )
     logger.info(
-        "ingress.replay",
+        "ingress.replay.batch",
         extra={
             "requested": counts.requested,
             "replayed": counts.replayed,
@@ -291,6 +297,10 @@ def raw_event_replay(*, raw_event: RawEvent) -> int:
         raise RawEvent.DoesNotExist(f"raw event #{raw_event.pk} does not exist")
     if counts.refused:
         raise ReplayRefused(counts.refused[raw_event.pk])
+    logger.info(
+        "ingress.replay",
+        extra={"raw_event_id": raw_event.pk, "deliveries": counts.deliveries_armed},
+    )
     return counts.deliveries_armed
 
 
@@ -325,3 +335,83 @@ def raw_event_reverify(*, raw_event: RawEvent) -> RawEvent:
         )
     raw_events_settle([event], timezone.now())
     return event
+
+
+# --- pause and resume ----------------------------------------------------------------------
+
+PAUSE_NEEDS_ONE_SCOPE = "Pause one handler or one source, not {given}."
+PAUSE_UNKNOWN_HANDLER = "No handler named {name!r} is registered."
+PAUSE_UNKNOWN_SOURCE = "No source named {name!r} is configured."
+PAUSE_ALREADY = "The {scope} is already paused (since {since:%Y-%m-%d %H:%M:%S} UTC)."
+RESUME_NOT_PAUSED = "The {scope} is not paused."
+
+
+class PauseRefused(EventDropError):
+    pass
+
+
+@dataclass(frozen=True)
+class PauseChange:
+    pause: HandlerPause
+    deliveries: int  # held by the pause / released by the resume
+    release_seconds: float = 0.0  # resume: how long the release of the backlog is spread over
+
+
+def handler_pause(*, handler: str = "", source: str = "") -> PauseChange:
+    """Pause one handler (by its registered name) or every handler of one source.
+
+    Events keep being received, stored, verified and deduplicated; the deliveries the pause
+    covers are `held`: the pending ones now, and any that comes due while it lasts (a new
+    event, a retry, a replay), before its attempt is charged. Deliveries already running
+    finish. Refused (PauseRefused) for an unknown name or a scope already paused.
+    """
+    scope = _pause_scope(handler=handler, source=source)
+    with transaction.atomic():
+        active = HandlerPause.objects.filter(
+            handler=handler, source=source, resumed_at__isnull=True
+        ).first()
+        if active is not None:
+            raise PauseRefused(PAUSE_ALREADY.format(scope=scope, since=active.paused_at))
+        pause = HandlerPause.objects.create(handler=handler, source=source)
+        held = deliveries_hold(handler=handler, source=source)
+    logger.info("ingress.pause", extra={"handler": handler, "source": source, "held": held})
+    return PauseChange(pause=pause, deliveries=held)
+
+
+def handler_resume(*, handler: str = "", source: str = "") -> PauseChange:
+    """End the pause of this handler or source and release what it held: back to `pending`
+    in received order, INBOX_RESUME_RELEASE_PER_SECOND of them per second (see settings).
+    Deliveries that another active pause still covers are held again when they come due."""
+    scope = _pause_scope(handler=handler, source=source, known=False)
+    per_second = settings.INBOX_RESUME_RELEASE_PER_SECOND
+    with transaction.atomic():
+        pause = (
+            HandlerPause.objects.select_for_update()
+            .filter(handler=handler, source=source, resumed_at__isnull=True)
+            .first()
+        )
+        if pause is None:
+            raise PauseRefused(RESUME_NOT_PAUSED.format(scope=scope))
+        now = timezone.now()
+        released = deliveries_release(
+            handler=handler, source=source, now=now, per_second=per_second
+        )
+        pause.resumed_at = now
+        pause.released = released
+        pause.save(update_fields=["resumed_at", "released"])
+    logger.info(
+        "ingress.resume", extra={"handler": handler, "source": source, "released": released}
+    )
+    return PauseChange(pause=pause, deliveries=released, release_seconds=released / per_second)
+
+
+def _pause_scope(*, handler: str, source: str, known: bool = True) -> str:
+    if bool(handler) == bool(source):
+        given = "both" if handler else "neither"
+        raise PauseRefused(PAUSE_NEEDS_ONE_SCOPE.format(given=given))
+    # A resume needs no registered name: a handler removed while paused can still be resumed.
+    if known and handler and get_handler(handler) is None:
+        raise PauseRefused(PAUSE_UNKNOWN_HANDLER.format(name=handler))
+    if known and source and source not in all_sources():
+        raise PauseRefused(PAUSE_UNKNOWN_SOURCE.format(name=source))
+    return f"handler {handler}" if handler else f"source {source}"
