@@ -81,7 +81,7 @@ def main() -> None:
 
     from ingress.encryption import decrypt_body, decrypt_headers, encrypt_body, encrypt_request
     from ingress.services import raw_event_store
-    from ingress.sources import get_source
+    from ingress.sources import all_sources
 
     key = Fernet.generate_key().decode()
     settings.RAW_EVENT_ENCRYPTION_KEYS = [key]
@@ -108,7 +108,7 @@ def main() -> None:
                          decrypt_headers(stored_headers, scheme)), args.calls)
     print(f"  1 KiB + 8 headers: encrypt_request {summary(enc)}   decrypt both {summary(dec)}")
 
-    source = get_source("stripe")
+    source = all_sources()["stripe"]
     headers = {"content-type": "application/json", "stripe-signature": "t=1,v1=00"}
     body = b'{"id": "evt_bench", "type": "checkout.session.completed", "p": "' + b"x" * 950 + b'"}'
 

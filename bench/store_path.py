@@ -81,9 +81,9 @@ def child(variant: str, calls: int) -> None:
 
     from ingress.models import RawEvent
     from ingress.services import raw_event_store
-    from ingress.sources import get_source
+    from ingress.sources import all_sources
 
-    source = get_source("stripe")
+    source = all_sources()["stripe"]
     headers = {"content-type": "application/json", "stripe-signature": "t=1,v1=00"}
 
     def store_before() -> None:

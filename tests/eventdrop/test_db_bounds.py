@@ -19,7 +19,7 @@ from eventdrop.db import database_deadline
 from eventdrop.db.postgresql.base import BoundedConnection, DatabaseWrapper
 from ingress.models import RawEvent
 from ingress.services import raw_event_store
-from ingress.sources import get_source
+from ingress.sources import all_sources
 from outbox.checks import time_budget_violations
 from tests.support.pg_cluster import throwaway_cluster
 
@@ -209,11 +209,13 @@ def test_raw_event_store_reconnects_once_when_the_connection_broke(transactional
     """A dead connection the health check did not catch (it ran before the hang-up) breaks
     on the INSERT itself: the store reconnects once and inserts again."""
     RawEvent.objects.exists()
-    connection.health_check_done = True  # the check already passed for this request
+    # The check already passed for this request (an attribute since Django 4.1 that
+    # django-stubs does not declare).
+    connection.health_check_done = True  # type: ignore[attr-defined]
     _terminate_backend_and_wait_for_the_hangup(connection)
 
     event = raw_event_store(
-        source=get_source("stripe"),
+        source=all_sources()["stripe"],
         method="POST",
         path="/webhooks/stripe/",
         query_string="",
@@ -234,7 +236,7 @@ def test_raw_event_store_does_not_retry_on_a_refused_connection(transactional_db
     try:
         with pytest.raises(OperationalError):
             raw_event_store(
-                source=get_source("stripe"),
+                source=all_sources()["stripe"],
                 method="POST",
                 path="/webhooks/stripe/",
                 query_string="",

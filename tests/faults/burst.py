@@ -130,7 +130,8 @@ def main() -> None:
                 except (OSError, http.client.HTTPException):
                     status = None
                 finally:
-                    connection.close()
+                    if connection is not None:
+                        connection.close()
                 with lock:
                     summary["attempts"] += 1
                 if status == 202:

@@ -39,6 +39,7 @@ from tests.support.processes import (
     start_procfile,
 )
 from tests.support.signing import stripe_event
+from tests.support.sql import scalar
 
 pytestmark = pytest.mark.faults
 
@@ -174,15 +175,15 @@ def test_webhooks_and_the_inbox_run_through_pgbouncer(stack):
     manage("raw_event_partitions", env=env, timeout=120)
 
     with psycopg.connect(direct, connect_timeout=10) as conn:
-        statuses = dict(conn.execute(
+        statuses: dict[str, int] = dict(conn.execute(
             "SELECT signature_status, count(*) FROM ingress_rawevent GROUP BY 1"
         ).fetchall())
-        duplicates = conn.execute(
-            "SELECT count(*) FROM ingress_rawevent WHERE duplicate_of_id IS NOT NULL"
-        ).fetchone()[0]
-        unfinished = conn.execute(
-            "SELECT count(*) FROM ingress_delivery WHERE status NOT IN ('done', 'dead')"
-        ).fetchone()[0]
+        duplicates = scalar(
+            conn, "SELECT count(*) FROM ingress_rawevent WHERE duplicate_of_id IS NOT NULL"
+        )
+        unfinished = scalar(
+            conn, "SELECT count(*) FROM ingress_delivery WHERE status NOT IN ('done', 'dead')"
+        )
     assert statuses == {"verified": len(requests)}, statuses
     assert duplicates == 1
     assert unfinished == 0

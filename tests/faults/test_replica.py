@@ -24,6 +24,7 @@ import pytest
 
 from tests.support.pg_cluster import replica_of, throwaway_cluster
 from tests.support.processes import app_env, manage, migrate
+from tests.support.sql import scalar
 
 pytestmark = pytest.mark.faults
 
@@ -98,14 +99,15 @@ def test_reads_from_the_replica_writes_and_claims_on_the_primary_with_fallback()
             replica.psql("SELECT pg_wal_replay_pause()", db="eventdrop")
             store_events(env(), 100, 4)  # on the primary only
             with psycopg.connect(url) as conn:
-                newest = conn.execute("SELECT max(id) FROM ingress_rawevent").fetchone()[0]
+                newest = scalar(conn, "SELECT max(id) FROM ingress_rawevent")
 
             # Claims stay on the primary: the inbox verifies what the replica lacks.
             manage("process_inbox", "--once", env=env(), timeout=60)
             with psycopg.connect(url) as conn:
-                assert conn.execute(
+                verified = (
                     "SELECT count(*) FROM ingress_rawevent WHERE signature_status = 'verified'"
-                ).fetchone()[0] == 7
+                )
+                assert scalar(conn, verified) == 7
 
             seen = pages(env(), action=True, newest=newest)
             # Served by the replica: 3 events, not the 7 of the primary.
@@ -117,9 +119,7 @@ def test_reads_from_the_replica_writes_and_claims_on_the_primary_with_fallback()
             assert seen["action"] == 200, seen
             assert seen["after"]["listed"] == 7, seen
             with psycopg.connect(url) as conn:
-                assert conn.execute(
-                    "SELECT count(*) FROM console_operatoraction"
-                ).fetchone()[0] == 1
+                assert scalar(conn, "SELECT count(*) FROM console_operatoraction") == 1
 
             # Too far behind: a limit below the replica's lag sends reads to the primary.
             time.sleep(1.5)

@@ -137,6 +137,7 @@ def test_a_slow_provider_stops_the_run_inside_its_budget(stripe_api, settings):
     record = ReconciliationRun.objects.get()
     assert (record.status, record.pages, record.backfilled_count) == ("incomplete", 1, 100)
     assert record.error.startswith("Stopped: ") and "worst case 4.0 s" in record.error
+    assert record.finished_at is not None
     assert (record.finished_at - record.started_at).total_seconds() < 6.0
 
 
