@@ -19,7 +19,7 @@ from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from console.apis import MAX_ID, ConsoleApi
+from console.apis import MAX_ID, ConsoleApi, OperatorActionOutputSerializer
 from console.bulk_jobs import (
     MAX_SELECTED_IDS,
     BulkJobError,
@@ -29,6 +29,8 @@ from console.bulk_jobs import (
     bulk_job_start,
 )
 from console.models import BulkJob, BulkJobKind, OperatorActionVia
+from console.ops import VIEW_OPS_PERMISSION
+from console.pauses import handlers_pause, handlers_resume, pauses_active
 from ingress.models import DeliveryStatus, RejectionReason, SignatureStatus
 
 READ_PERMISSION = "console.view_operatoraction"
@@ -190,3 +192,70 @@ class BulkJobCancelApi(JobsApi):
         except BulkJobError as exc:
             raise _refused(exc) from exc
         return _job_response(job, status.HTTP_202_ACCEPTED)
+
+
+# --- handler pauses ------------------------------------------------------------------------
+#
+#     GET  /api/pauses/                  the pauses in force: scope, since, age, held, level
+#     POST /api/pauses/                  {"handler": name} or {"source": name} -> pause
+#     POST /api/pauses/resume/           the same body -> resume (release in received order)
+#
+# Reading needs console.view_ops (the ops page's figures), pausing and resuming operate.
+# Each change is an operator action, returned as console.apis returns every other one.
+
+
+class PauseScopeSerializer(serializers.Serializer):
+    handler = serializers.CharField(required=False, max_length=255, default="")
+    source = serializers.CharField(required=False, max_length=64, default="")
+
+    def validate(self, attrs):
+        if bool(attrs["handler"]) == bool(attrs["source"]):
+            raise serializers.ValidationError("Give exactly one of handler and source.")
+        return attrs
+
+
+class PausesApi(ConsoleApi):
+    def get_permissions(self):
+        self.required_permission = (
+            VIEW_OPS_PERMISSION if self.request.method in SAFE_METHODS else WRITE_PERMISSION
+        )
+        return super().get_permissions()
+
+
+def _pause_response(record) -> Response:
+    code = status.HTTP_200_OK if record.succeeded else status.HTTP_409_CONFLICT
+    return Response(OperatorActionOutputSerializer(record).data, status=code)
+
+
+class PauseListApi(PausesApi):
+    def get(self, request: Request) -> Response:
+        return Response(
+            [
+                {
+                    "id": row.pause.id,
+                    "handler": row.pause.handler,
+                    "source": row.pause.source,
+                    "paused_at": row.pause.paused_at,
+                    "age_seconds": row.pause.age_seconds,
+                    "held": row.pause.held,
+                    "level": row.level,
+                }
+                for row in pauses_active()
+            ]
+        )
+
+    def post(self, request: Request) -> Response:
+        scope = PauseScopeSerializer(data=request.data)
+        scope.is_valid(raise_exception=True)
+        return _pause_response(
+            handlers_pause(actor=request.user, via=OperatorActionVia.API, **scope.validated_data)
+        )
+
+
+class PauseResumeApi(PausesApi):
+    def post(self, request: Request) -> Response:
+        scope = PauseScopeSerializer(data=request.data)
+        scope.is_valid(raise_exception=True)
+        return _pause_response(
+            handlers_resume(actor=request.user, via=OperatorActionVia.API, **scope.validated_data)
+        )

@@ -46,7 +46,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import InterfaceError, OperationalError, transaction
-from django.db.models import Count, Exists, Max, Min, OuterRef, QuerySet, Sum
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
 from console.models import (
@@ -70,7 +70,7 @@ from ingress.models import (
     RawEvent,
     SignatureStatus,
 )
-from ingress.services import raw_event_replay
+from ingress.services import deliveries_rearm_batch, raw_events_replay_batch
 from outbox.models import RecapSideEffect, SideEffectStatus
 from outbox.services import side_effect_rearm
 
@@ -101,7 +101,7 @@ ALREADY_FINISHED = "Job #{id} is already {state}."
 CANCEL_REQUESTED = "cancel requested by {username} at {at}"
 UNEXPECTED_ROW_ERROR = "Unexpected {error}; see the logs for bulk job #{job_id}."
 JOB_FAILED = "{error} while running batch {batch}; see the logs for bulk job #{job_id}."
-REPLAY_NOTHING_TO_RUN = "no handler is registered for this event"
+DELIVERY_NOT_DEAD = "Delivery #{id} is not dead: only dead deliveries are re-armed."
 
 DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
 
@@ -243,7 +243,7 @@ def _eligible(kind: str, rows: QuerySet) -> QuerySet:
             dispatch_status=DispatchStatus.DUPLICATE
         )
     if kind == BulkJobKind.REARM_DELIVERIES:
-        return rows.exclude(status=DeliveryStatus.PROCESSING)
+        return rows.filter(status=DeliveryStatus.DEAD)
     return rows.exclude(status__in=[SideEffectStatus.DONE, SideEffectStatus.PROCESSING])
 
 
@@ -427,10 +427,17 @@ def _each(rows: Iterable, act: Callable[[object], str]) -> list[RowResult]:
 
 
 def _replay(ids: list[int]) -> list[RowResult]:
-    def replay(event) -> str:
-        return "" if raw_event_replay(raw_event=event) else REPLAY_NOTHING_TO_RUN
-
-    return _each(RawEvent.objects.filter(id__in=ids).only("id", "received_at"), replay)
+    counts = raw_events_replay_batch(raw_event_ids=ids)
+    found = set(ids)
+    if counts.not_found:  # dropped past retention since the batch read its ids
+        found = set(RawEvent.objects.filter(id__in=ids).values_list("id", flat=True))
+    return [
+        RowResult(pk, ItemOutcome.REFUSED, counts.refused[pk])
+        if pk in counts.refused
+        else RowResult(pk, ItemOutcome.OK)
+        for pk in ids
+        if pk in found
+    ]
 
 
 def _rearm_side_effects(ids: list[int]) -> list[RowResult]:
@@ -442,10 +449,19 @@ def _rearm_side_effects(ids: list[int]) -> list[RowResult]:
 
 
 def _rearm_deliveries(ids: list[int]) -> list[RowResult]:
-    from ingress.services import deliveries_rearm_batch  # H3's batch service
-
+    # Which of them are dead, locked in this transaction so the answer holds for the call.
+    dead = set(
+        Delivery.objects.select_for_update()
+        .filter(id__in=ids, status=DeliveryStatus.DEAD)
+        .values_list("id", flat=True)
+    )
     deliveries_rearm_batch(delivery_ids=ids)
-    return [RowResult(pk, ItemOutcome.OK) for pk in ids]
+    return [
+        RowResult(pk, ItemOutcome.OK)
+        if pk in dead
+        else RowResult(pk, ItemOutcome.REFUSED, DELIVERY_NOT_DEAD.format(id=pk))
+        for pk in ids
+    ]
 
 
 ACTS: dict[str, Callable[[list[int]], list[RowResult]]] = {
@@ -792,20 +808,22 @@ class ReplaySlo:
 
 
 def replay_slo(*, now: datetime, window: timedelta) -> ReplaySlo:
-    jobs = BulkJob.objects.filter(
+    """One aggregate over the jobs measured in the window (the bulkjob_slo_measured index)."""
+    row = BulkJob.objects.filter(
         slo_measured_at__gte=now - window, slo_measured_at__lte=now, slo_events__gt=0
-    )
-    totals = jobs.aggregate(events=Sum("slo_events"), within=Sum("slo_within"))
-    p99s = list(jobs.values_list("slo_p99_seconds", flat=True))
-    worst = None
-    if p99s:
+    ).aggregate(
+        jobs=Count("id"),
+        events=Sum("slo_events"),
+        within=Sum("slo_within"),
+        worst=Max("slo_p99_seconds"),
         # A job whose p99 was not handled when measured is the worst there is.
-        worst = None if any(value is None for value in p99s) else max(p99s)
+        unreached=Count("id", filter=Q(slo_p99_seconds__isnull=True)),
+    )
     return ReplaySlo(
-        jobs=len(p99s),
-        events=totals["events"] or 0,
-        within=totals["within"] or 0,
-        worst_p99_seconds=worst,
+        jobs=row["jobs"],
+        events=row["events"] or 0,
+        within=row["within"] or 0,
+        worst_p99_seconds=None if row["unreached"] else row["worst"],
     )
 
 

@@ -25,5 +25,7 @@ urlpatterns = [
     path("jobs/", apis_jobs.BulkJobListApi.as_view(), name="bulk-job-list"),
     path("jobs/<int:job_id>/", apis_jobs.BulkJobDetailApi.as_view(), name="bulk-job-detail"),
     path("jobs/<int:job_id>/start/", apis_jobs.BulkJobStartApi.as_view(), name="bulk-job-start"),
+    path("pauses/", apis_jobs.PauseListApi.as_view(), name="pause-list"),
+    path("pauses/resume/", apis_jobs.PauseResumeApi.as_view(), name="pause-resume"),
     path("jobs/<int:job_id>/cancel/", apis_jobs.BulkJobCancelApi.as_view(), name="bulk-job-cancel"),
 ]

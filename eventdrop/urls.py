@@ -11,5 +11,6 @@ urlpatterns = [
     path("recaps/", include("recaps.urls")),
     path("api/", include("console.urls")),
     path("ops/", ops_page, name="ops"),
+    path("ops/", include("console.urls_jobs")),  # bulk jobs and handler pauses
     path("metrics", metrics, name="metrics"),
 ]

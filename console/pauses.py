@@ -1,0 +1,158 @@
+"""Pause and resume handlers from the console and the API, as audited operator actions.
+
+The mechanism is the inbox's (ingress.services.handler_pause / handler_resume): events keep
+being received, stored, verified and deduplicated; the paused scope's deliveries are held,
+not run and not charged, and a resume releases them in received order, rate-limited. Here
+each pause or resume is recorded as one console.OperatorAction (who, when, which scope, how
+many deliveries it held or released), written before the change and finished after it, as
+console.services records every other action. A refusal (unknown name, already paused, not
+paused) is recorded too, as refused.
+
+The ops page colours a pause by its age (HANDLER_PAUSE_YELLOW_SECONDS, _RED_SECONDS): a
+pause is an incident tool, and one forgotten for an hour is a backlog growing unseen.
+"""
+
+import logging
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.utils import timezone
+
+from console.models import (
+    ItemOutcome,
+    OperatorAction,
+    OperatorActionKind,
+    OperatorActionOutcome,
+)
+from console.presentation import format_seconds
+from ingress.models import HandlerPause
+from ingress.selectors import ActivePause, handler_pauses_active
+from ingress.services import PauseRefused, handler_pause, handler_resume
+
+logger = logging.getLogger(__name__)
+
+# What disabling a source costs, shown wherever sources are (ops page, job form, pauses).
+SOURCE_DISABLE_COST = (
+    "Disabling a source (enabled=false) makes its endpoint answer 404: nothing is stored, and "
+    "the provider treats every delivery as failed. Stripe retries each event for up to three "
+    "days and then disables the endpoint in its dashboard (it must be re-enabled there by "
+    "hand); GitHub does not retry at all. To stop processing while still accepting events, "
+    "pause the source's handlers instead."
+)
+PAUSED = "paused {scope}: {count} deliveries held"
+RESUMED = "resumed {scope}: {count} deliveries released over {seconds}"
+
+
+@dataclass(frozen=True)
+class PauseRow:
+    """An active pause as the ops page and the pauses page show it."""
+
+    pause: ActivePause
+    level: str  # green / yellow / red by age
+
+    @property
+    def age(self) -> str:
+        return format_seconds(self.pause.age_seconds)
+
+
+def pause_level(age_seconds: float) -> str:
+    if age_seconds >= settings.HANDLER_PAUSE_RED_SECONDS:
+        return "red"
+    if age_seconds >= settings.HANDLER_PAUSE_YELLOW_SECONDS:
+        return "yellow"
+    return "green"
+
+
+def pauses_active() -> list[PauseRow]:
+    return [PauseRow(pause=p, level=pause_level(p.age_seconds)) for p in handler_pauses_active()]
+
+
+def _scope(handler: str, source: str) -> str:
+    return f"handler {handler}" if handler else f"source {source}"
+
+
+def _record(
+    *, actor: AbstractBaseUser, via: str, kind: str, handler: str, source: str, change
+) -> OperatorAction:
+    record = OperatorAction.objects.create(
+        actor=actor,
+        actor_username=actor.get_username(),
+        action=kind,
+        via=via,
+        target_model=HandlerPause._meta.label_lower,
+        target_ids=[],
+        requested=1,
+        note=_scope(handler, source),
+    )
+    try:
+        result = change()
+    except PauseRefused as exc:
+        outcome, item = OperatorActionOutcome.REFUSED, {"outcome": ItemOutcome.REFUSED}
+        item["detail"] = str(exc)
+        record.refused = 1
+    else:
+        outcome = OperatorActionOutcome.SUCCEEDED
+        scope = _scope(handler, source)
+        detail = (
+            PAUSED.format(scope=scope, count=result.deliveries)
+            if kind == OperatorActionKind.HANDLER_PAUSE
+            else RESUMED.format(
+                scope=scope,
+                count=result.deliveries,
+                seconds=format_seconds(result.release_seconds),
+            )
+        )
+        item = {
+            "id": result.pause.id,
+            "outcome": ItemOutcome.OK,
+            "detail": detail,
+            "deliveries": result.deliveries,
+        }
+        record.target_ids = [result.pause.id]
+        record.succeeded = 1
+    record.results = [item]
+    record.outcome = outcome
+    record.finished_at = timezone.now()
+    record.save(
+        update_fields=["target_ids", "succeeded", "refused", "results", "outcome", "finished_at"]
+    )
+    logger.info(
+        "console.operator_action",
+        extra={
+            "operator_action_id": record.id,
+            "action": kind,
+            "via": via,
+            "actor": record.actor_username,
+            "outcome": outcome,
+        },
+    )
+    return record
+
+
+def handlers_pause(
+    *, actor: AbstractBaseUser, via: str, handler: str = "", source: str = ""
+) -> OperatorAction:
+    """Pause one handler or every handler of one source; recorded whatever the outcome."""
+    return _record(
+        actor=actor,
+        via=via,
+        kind=OperatorActionKind.HANDLER_PAUSE,
+        handler=handler,
+        source=source,
+        change=lambda: handler_pause(handler=handler, source=source),
+    )
+
+
+def handlers_resume(
+    *, actor: AbstractBaseUser, via: str, handler: str = "", source: str = ""
+) -> OperatorAction:
+    """Resume the pause of one handler or source, releasing what it held."""
+    return _record(
+        actor=actor,
+        via=via,
+        kind=OperatorActionKind.HANDLER_RESUME,
+        handler=handler,
+        source=source,
+        change=lambda: handler_resume(handler=handler, source=source),
+    )

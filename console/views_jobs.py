@@ -1,0 +1,247 @@
+"""Console pages for bulk jobs and handler pauses, in the admin's frame (like /ops/).
+
+Staff only (the admin login otherwise). Reading jobs needs `console.view_operatoraction`,
+previewing, starting and cancelling them, and pausing or resuming handlers,
+`console.operate`; pauses are shown with `console.view_ops`. Input is validated by the same
+serializers as the API (console/apis_jobs.py), so a page and a script are held to one rule;
+the work is in console/bulk_jobs.py and console/pauses.py. Every write is a POST with the
+admin's CSRF protection and answers with a redirect (no resubmission on reload).
+"""
+
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from console import pauses
+from console.apis_jobs import READ_PERMISSION, WRITE_PERMISSION, BulkJobInputSerializer
+from console.bulk_jobs import (
+    FILTER_NAMES,
+    KINDS,
+    BulkJobError,
+    bulk_job_cancel,
+    bulk_job_list,
+    bulk_job_preview,
+    bulk_job_start,
+)
+from console.models import BulkJob, BulkJobKind, BulkJobState, OperatorActionVia
+from console.ops import VIEW_OPS_PERMISSION
+from console.presentation import format_seconds
+from ingress.handlers import all_handlers
+from ingress.models import DeliveryStatus, RejectionReason, SignatureStatus
+from ingress.sources import all_sources
+
+# While a job runs its page reloads this often: the progress bar without JavaScript.
+PROGRESS_REFRESH_SECONDS = 2
+LIST_LIMIT = 100
+FORM_FILTERS = (*FILTER_NAMES, "delivery_status")
+START_QUEUED = "Job #{id} queued: {total} rows, in batches, on a worker."
+CANCEL_DONE = "Job #{id}: {state}."
+
+
+def _require(request: HttpRequest, permission: str) -> None:
+    if not request.user.has_perm(permission):
+        raise PermissionDenied
+
+
+def _context(request: HttpRequest, title: str, **extra) -> dict:
+    return {
+        **admin.site.each_context(request),
+        "title": title,
+        "may_operate": request.user.has_perm(WRITE_PERMISSION),
+        **extra,
+    }
+
+
+def _form_choices() -> dict:
+    return {
+        "kinds": BulkJobKind.choices,
+        "sources": [
+            {"name": source.name, "enabled": source.enabled}
+            for source in sorted(all_sources().values(), key=lambda s: s.name)
+        ],
+        "statuses": sorted({*SignatureStatus.values, *DeliveryStatus.values}),
+        "delivery_statuses": DeliveryStatus.values,
+        "reasons": RejectionReason.values,
+        "handlers": sorted(spec.name for spec in all_handlers()),
+        "filters_per_kind": {kind: sorted(spec.filters) for kind, spec in KINDS.items()},
+        "source_disable_cost": pauses.SOURCE_DISABLE_COST,
+    }
+
+
+def _input_from_post(post) -> dict:
+    data: dict = {"kind": post.get("kind", "")}
+    filters = {name: post.get(name, "").strip() for name in FORM_FILTERS}
+    filters = {name: value for name, value in filters.items() if value}
+    ids = post.get("ids", "").replace(",", " ").split()
+    if ids:
+        data["ids"] = ids
+    elif filters:
+        data["filters"] = filters
+    return data
+
+
+def _errors(detail) -> list[str]:
+    """DRF's nested error dict, flattened to "field: message" lines for the page."""
+    if isinstance(detail, dict):
+        return [f"{name}: {line}" for name, value in detail.items() for line in _errors(value)]
+    if isinstance(detail, list):
+        return [line for item in detail for line in _errors(item)]
+    return [str(detail)]
+
+
+@never_cache
+@staff_member_required
+def job_list(request: HttpRequest) -> TemplateResponse:
+    _require(request, READ_PERMISSION)
+    jobs = list(bulk_job_list()[:LIST_LIMIT])
+    return TemplateResponse(
+        request, "console/jobs_list.html", _context(request, "Bulk jobs", jobs=jobs)
+    )
+
+
+@never_cache
+@staff_member_required
+def job_new(request: HttpRequest) -> HttpResponse:
+    """The job form; POST previews (counts, nothing touched) and shows the preview page."""
+    _require(request, WRITE_PERMISSION)
+    errors: list[str] = []
+    values = request.POST if request.method == "POST" else request.GET
+    if request.method == "POST":
+        serializer = BulkJobInputSerializer(data=_input_from_post(request.POST))
+        if serializer.is_valid():
+            data = serializer.validated_data
+            try:
+                job = bulk_job_preview(
+                    actor=request.user,
+                    kind=data["kind"],
+                    via=OperatorActionVia.ADMIN,
+                    filters=dict(data.get("filters") or {}),
+                    target_ids=data.get("ids", ()),
+                )
+            except BulkJobError as exc:
+                errors = [f"{exc.field}: {exc}" if exc.field != "non_field_errors" else str(exc)]
+            else:
+                return HttpResponseRedirect(reverse("console-job-detail", args=[job.id]))
+        else:
+            errors = _errors(serializer.errors)
+    context = _context(request, "New bulk job", errors=errors, values=values, **_form_choices())
+    return TemplateResponse(
+        request, "console/jobs_form.html", context, status=400 if errors else 200
+    )
+
+
+@never_cache
+@staff_member_required
+def job_detail(request: HttpRequest, job_id: int) -> TemplateResponse:
+    _require(request, READ_PERMISSION)
+    job = get_object_or_404(bulk_job_list(), pk=job_id)
+    context = _context(
+        request,
+        f"Bulk job #{job.id}",
+        job=job,
+        refresh_seconds=PROGRESS_REFRESH_SECONDS if job.is_active else None,
+        may_start=job.state == BulkJobState.PREVIEWED,
+        may_cancel=job.state in (BulkJobState.PREVIEWED, BulkJobState.QUEUED, BulkJobState.RUNNING),
+        slo_p99=format_seconds(job.slo_p99_seconds) if job.slo_p99_seconds is not None else "",
+        filters=sorted(job.filters.items()),
+        selected_ids=len(job.target_ids),
+    )
+    return TemplateResponse(request, "console/jobs_detail.html", context)
+
+
+@staff_member_required
+@require_POST
+def job_start(request: HttpRequest, job_id: int) -> HttpResponse:
+    _require(request, WRITE_PERMISSION)
+    job = get_object_or_404(BulkJob, pk=job_id)
+    try:
+        job = bulk_job_start(job=job, actor=request.user, via=OperatorActionVia.ADMIN)
+    except BulkJobError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, START_QUEUED.format(id=job.id, total=job.total))
+    return HttpResponseRedirect(reverse("console-job-detail", args=[job.id]))
+
+
+@staff_member_required
+@require_POST
+def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
+    _require(request, WRITE_PERMISSION)
+    job = get_object_or_404(BulkJob, pk=job_id)
+    try:
+        job = bulk_job_cancel(job=job, actor=request.user)
+    except BulkJobError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, CANCEL_DONE.format(id=job.id, state=job.get_state_display()))
+    return HttpResponseRedirect(reverse("console-job-detail", args=[job.id]))
+
+
+def job_new_link(**filters: str) -> str:
+    """The job form prefilled (from the ops page, say)."""
+    return f"{reverse('console-job-new')}?{urlencode(filters)}"
+
+
+# --- handler pauses ------------------------------------------------------------------------
+
+
+@never_cache
+@staff_member_required
+def pause_list(request: HttpRequest) -> TemplateResponse:
+    _require(request, VIEW_OPS_PERMISSION)
+    paused_handlers = {row.pause.handler for row in pauses.pauses_active() if row.pause.handler}
+    paused_sources = {row.pause.source for row in pauses.pauses_active() if row.pause.source}
+    context = _context(
+        request,
+        "Paused handlers",
+        pauses=pauses.pauses_active(),
+        handlers=[
+            {"name": spec.name, "provider": spec.provider, "paused": spec.name in paused_handlers}
+            for spec in sorted(all_handlers(), key=lambda spec: spec.name)
+        ],
+        sources=[
+            {"name": s.name, "enabled": s.enabled, "paused": s.name in paused_sources}
+            for s in sorted(all_sources().values(), key=lambda s: s.name)
+        ],
+        source_disable_cost=pauses.SOURCE_DISABLE_COST,
+        yellow_after=format_seconds(settings.HANDLER_PAUSE_YELLOW_SECONDS),
+        red_after=format_seconds(settings.HANDLER_PAUSE_RED_SECONDS),
+    )
+    return TemplateResponse(request, "console/pauses.html", context)
+
+
+def _pause_action(request: HttpRequest, service) -> HttpResponse:
+    _require(request, WRITE_PERMISSION)
+    record = service(
+        actor=request.user,
+        via=OperatorActionVia.ADMIN,
+        handler=request.POST.get("handler", "").strip(),
+        source=request.POST.get("source", "").strip(),
+    )
+    detail = record.results[0]["detail"]
+    if record.succeeded:
+        messages.success(request, detail)
+    else:
+        messages.error(request, detail)
+    return HttpResponseRedirect(reverse("console-pauses"))
+
+
+@staff_member_required
+@require_POST
+def pause_handlers(request: HttpRequest) -> HttpResponse:
+    return _pause_action(request, pauses.handlers_pause)
+
+
+@staff_member_required
+@require_POST
+def resume_handlers(request: HttpRequest) -> HttpResponse:
+    return _pause_action(request, pauses.handlers_resume)
