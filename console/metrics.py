@@ -169,6 +169,44 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
         ["provider", "source"],
         finished,
     )
+    replay = snapshot.replay
+    yield _gauge(
+        "eventdrop_replay_slo_events_last_24h",
+        "Raw events (and re-armed deliveries) of bulk jobs whose replay SLO was measured in "
+        "the last 24 h, counted from the operator's click.",
+        replay.events if replay else 0,
+    )
+    yield _gauge(
+        "eventdrop_replay_slo_within_last_24h",
+        "Of those, handled within BULK_JOB_REPLAY_SLO_SECONDS (2 min) of the click.",
+        replay.within if replay else 0,
+    )
+    yield _gauge(
+        "eventdrop_replay_slo_missed_ratio",
+        "Share of them not handled within 2 min (SLO: below 0.01; absent: no job measured).",
+        replay.missed_ratio if replay else None,
+    )
+    yield _labelled(
+        "eventdrop_bulk_jobs_active",
+        "Bulk replay/re-arm jobs queued, running or cancelling.",
+        ["state"],
+        {(state,): count for state, count in (snapshot.bulk_jobs or {}).items()},
+    )
+    yield _gauge(
+        "eventdrop_handlers_paused",
+        "Handler pauses in force (a handler, or every handler of a source).",
+        len(snapshot.pauses),
+    )
+    yield _gauge(
+        "eventdrop_handler_pause_oldest_age_seconds",
+        "Age of the oldest handler pause in force (0: none).",
+        max((row.pause.age_seconds for row in snapshot.pauses), default=0.0),
+    )
+    yield _gauge(
+        "eventdrop_deliveries_held",
+        "Deliveries held by handler pauses (not run, no attempt charged).",
+        snapshot.deliveries_held,
+    )
     yield _labelled(
         "eventdrop_circuit_breaker_state",
         "1 for the breaker's current state, 0 for the others.",

@@ -33,7 +33,9 @@ from django.db.models.functions import Coalesce, Trunc
 from django.utils import timezone
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from console.bulk_jobs import ReplaySlo, bulk_jobs_active_counts, replay_slo
 from console.models import ACK_ROLLUP_BUCKETS, AckLatencyHour
+from console.pauses import PauseRow, pauses_active
 from console.presentation import format_seconds
 from ingress.models import (
     Delivery,
@@ -44,7 +46,7 @@ from ingress.models import (
     SignatureStatus,
 )
 from ingress.reconcile.selectors import reconciliation_runs_latest
-from ingress.selectors import inbox_depths
+from ingress.selectors import deliveries_held_count, inbox_depths
 from ingress.sources import all_sources
 from ingress.views import ACK_SECONDS
 from outbox.breaker import RENDER_SERVICE_BREAKER
@@ -171,6 +173,15 @@ SLOS: dict[str, Slo] = {
         ),
         Slo("dead_deliveries", "Dead deliveries", 1, "rows", "SLO: dead rows = 0"),
         Slo("dead_side_effects", "Dead side effects", 1, "rows", "SLO: dead rows = 0"),
+        # Of the raw events selected for a bulk replay (and deliveries re-armed by one), the
+        # share not handled within 2 min of the operator's click: jobs measured in 24 h.
+        Slo(
+            "replay_missed",
+            "Selected events not replayed within 2 min (bulk jobs, last 24 h)",
+            0.01,
+            "ratio",
+            "SLO: 99 % of selected raw events replayed within 2 min (click → handler done)",
+        ),
         Slo(
             "drift",
             "Reconciliation drift (worst latest run)",
@@ -438,6 +449,12 @@ class OpsSnapshot:
     reconciliation: list[ReconciliationRun]
     # The volume chart, from the same grouped scan as `sources` (the ops page draws it).
     volume_by_hour: "HourlySeries | None" = None
+    # Bulk jobs: the replay SLO over the jobs measured in the last 24 h, and active jobs.
+    replay: ReplaySlo | None = None
+    bulk_jobs: dict | None = None
+    # Handler pauses in force, oldest first, each coloured by its age.
+    pauses: tuple[PauseRow, ...] = ()
+    deliveries_held: int = 0  # by any pause (a delivery two pauses cover counts once)
 
     @property
     def breaker_state(self) -> str:
@@ -466,6 +483,7 @@ class OpsSnapshot:
             "side_effects_oldest_due_age": self.outbox["oldest_due_age_seconds"] or 0.0,
             "dead_deliveries": self.inbox["deliveries"]["dead"],
             "dead_side_effects": self.outbox["dead"],
+            "replay_missed": self.replay.missed_ratio if self.replay else None,
             "drift": self.worst_drift,
         }
 
@@ -481,6 +499,7 @@ class OpsSnapshot:
 
     def worst_level(self) -> Level:
         levels = {figure.level for figure in self.figures()} | {self.breaker_level}
+        levels |= {Level(row.level) for row in self.pauses}
         for level in (Level.RED, Level.YELLOW, Level.GREEN):
             if level in levels:
                 return level
@@ -501,6 +520,10 @@ def ops_snapshot(*, now: datetime | None = None) -> OpsSnapshot:
         ack=ack_latency(),
         breaker=circuit_breaker_get(name=RENDER_SERVICE_BREAKER),
         reconciliation=list(reconciliation_runs_latest()),
+        replay=replay_slo(now=now, window=DAY),
+        bulk_jobs=bulk_jobs_active_counts(),
+        pauses=tuple(pauses_active()),
+        deliveries_held=deliveries_held_count(),
     )
 
 

@@ -35,6 +35,7 @@ from console.ops import (
     hourly_volume,
     ops_snapshot,
 )
+from console.pauses import SOURCE_DISABLE_COST
 from console.presentation import format_seconds
 from eventdrop.routers import replica_status
 from ingress.models import RejectionReason, SignatureStatus
@@ -167,6 +168,7 @@ def ops_page(request: HttpRequest) -> TemplateResponse:
         ],
         "yellow_percent": round(YELLOW_FRACTION * 100),
         "refresh_seconds": REFRESH_SECONDS,
+        "source_disable_cost": SOURCE_DISABLE_COST,
         "replica": replica,
         "raw_events_since_query": urlencode({"received_at__gte": _admin_filter_since(since)}),
         "oldest_pending": format_seconds(snapshot.inbox["raw_events_oldest_pending_age_seconds"]),
