@@ -13,11 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from eventdrop.db import database_deadline
 from eventdrop.errors import EventDropError
 from ingress.deliveries import (
     deliveries_arm_for_replay,
@@ -30,6 +29,7 @@ from ingress.handlers import get_handler
 from ingress.inbox import raw_events_settle
 from ingress.models import Delivery, DispatchStatus, HandlerPause, RawEvent, SignatureStatus
 from ingress.sources import Source, all_sources
+from ingress.store import raw_rows
 
 logger = logging.getLogger(__name__)
 
@@ -56,15 +56,16 @@ def raw_event_store(
     body: bytes,
     remote_addr: str | None,
 ) -> RawEvent:
-    """Persist one received request, exactly as received. One INSERT, nothing else.
+    """Persist one received request, exactly as received, and return it once committed.
 
-    No explicit transaction: in autocommit mode the single INSERT is committed when it
-    returns, which is the durability the 2xx promises. Wrapping it in atomic() would only
-    add a BEGIN/COMMIT round trip to the hottest path we have.
+    The row joins the rows other threads of this process are storing at the same moment in
+    one multi-row INSERT, committed once (ingress/store.py: group commit); it returns only
+    after that commit. Inside a caller's transaction it is inserted alone, in it.
 
-    Everything here ends within WEBHOOK_STORE_TIMEOUT_SECONDS (eventdrop.db): opening a
-    connection if this thread has none, the INSERT, and the one retry below. Past it, or on
-    any other database error, DatabaseError propagates and nothing may be acknowledged.
+    Everything here ends within WEBHOOK_STORE_TIMEOUT_SECONDS (eventdrop.db): waiting for the
+    batch, opening a connection if this thread has none, the INSERT, and the one retry on a
+    lost connection. Past it, or on any other database error, DatabaseError propagates and
+    nothing may be acknowledged.
     """
     delivery_id = headers.get(source.delivery_id_header, "") if source.delivery_id_header else ""
     # Encrypted here, in Python, before the one INSERT (when RAW_EVENT_ENCRYPTION_KEYS is
@@ -82,28 +83,10 @@ def raw_event_store(
         "body_sha256": hashlib.sha256(body).hexdigest(),
         "remote_addr": remote_addr,
         "delivery_id": delivery_id[:255],
+        "received_at": timezone.now(),
     }
-    with database_deadline(settings.WEBHOOK_STORE_TIMEOUT_SECONDS):
-        try:
-            return RawEvent.objects.create(**fields)
-        except (OperationalError, InterfaceError):
-            if not _connection_lost():
-                raise
-            # The server hung up on this persistent connection (a restart the idle-socket
-            # check did not see yet, a reset on send): reconnect once and INSERT again,
-            # inside the same deadline. If the first INSERT did reach the server and commit
-            # before the connection died, the event is stored twice; the inbox's dedup key
-            # makes the copy a `duplicate`, so the provider's event is still handled once.
-            connection.close()
-            return RawEvent.objects.create(**fields)
-
-
-def _connection_lost() -> bool:
-    """psycopg saw the connection break (not a timeout of ours, not a refused connect)."""
-    # Inside a transaction (never on the receive path) a new connection would silently
-    # lose the statements before this one. SQLite connections never break this way.
-    broken = getattr(connection.connection, "broken", False)
-    return broken and not connection.in_atomic_block
+    pk = raw_rows.insert(fields, seconds=settings.WEBHOOK_STORE_TIMEOUT_SECONDS)
+    return RawEvent(pk=pk, **fields)
 
 
 @dataclass(frozen=True)
