@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HOST_PG := postgres://postgres@127.0.0.1:5432/eventdrop
 
+BENCH_INGRESS_JSON ?= /tmp/eventdrop_bench_ingress.json
+
 .PHONY: run test lint typecheck bench clean install
 
 $(PY):
@@ -41,7 +43,9 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 bench: $(STAMP)
-	$(PY) bench/ingress_ack.py
+	@command -v wrk >/dev/null 2>&1 || apt-get install -y -q wrk || sudo -n apt-get install -y -q wrk || echo "no wrk: bench/ingress_ack.py falls back to its Python client"
+	$(PY) bench/ingress_ack.py --connections 16 1 --slow-clients 32 --json-out $(BENCH_INGRESS_JSON)
+	$(PY) bench/inbox_throughput.py --events 50000 --workers 2 --ingress-json $(BENCH_INGRESS_JSON)
 
 clean:
 	rm -rf $(VENV) db.sqlite3 db.sqlite3-wal db.sqlite3-shm  # .env stays (it holds your key and ports)

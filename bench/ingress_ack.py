@@ -1,32 +1,55 @@
-"""Benchmark: how fast the webhook endpoint acknowledges (one durable INSERT, then 202).
+"""Benchmark: how fast the webhook endpoint acknowledges, against PostgreSQL's own ceiling.
 
-Not a test. It needs PostgreSQL on 127.0.0.1:5432 and uses its own database
+Not a test. It needs PostgreSQL on 127.0.0.1:5432 (and `pgbench`) and uses its own database
 (`eventdrop_bench`), which it creates and migrates if needed and empties before each run.
-It starts the real app bound to 127.0.0.1 on a free port — by default under the production
-server exactly as the Procfile starts it (`python -m eventdrop.web`: granian, eventdrop/web.py),
-or under gunicorn (gthread workers, keep-alive) or granian's own WSGI mode for comparison —
-with bench/settings_bench.py, whose URLconf adds a trivial view that reads the body and
-answers 202 without writing anything. A second process then fires signed-looking Stripe
-POSTs (a realistic ~1.5 KiB `checkout.session.completed` body, a `Stripe-Signature` header)
-over keep-alive connections at the given concurrency, first at `/webhooks/stripe/`, then the
-same number at the trivial view, and reports ACK/s and p50/p95/p99 latency of both and their
-ratio. Afterwards it checks that the rows stored equal the 202s the webhook answered.
+One run measures, on this machine and within a few minutes:
 
-    .venv/bin/python bench/ingress_ack.py --requests 5000 --concurrency 16 --workers 2
-    .venv/bin/python bench/ingress_ack.py --server gunicorn   # the server before issue 8
+1. **the ceiling**: `pgbench` running the webhook's own INSERT (bench/pgbench_raw_event_insert.sql:
+   one row, every column the store writes, one transaction each) into today's partition of
+   `ingress_rawevent`, at the same number of connections as the HTTP load. Run before and
+   after the HTTP phases; the mean is the ceiling the ratios use.
+2. **the webhook**: the real app, started exactly as the Procfile starts it
+   (`python -m eventdrop.web`: granian, eventdrop/web.py) with bench/settings_bench.py, driven
+   by `wrk` (a C load generator: little of the two cores goes to the client) over keep-alive
+   connections with signed-looking Stripe POSTs (a ~1.5 KiB `checkout.session.completed`
+   body, unique per request). `apt-get install wrk` is run when it is missing; without it (or
+   with `--client python`) a Python client in a second process does the same, slower.
+3. **the no-write baseline**: the same requests at `/bench/noop/stripe/`, a view behind the
+   same server and middleware that reads the body and answers 202 writing nothing.
 
-`--slow-clients N` keeps N more connections trickling a webhook body at 1 byte/s during
-both phases (reconnecting whenever one is cut off), to see what they cost everybody else.
+It prints ACK/s and p50/p95/p99 of each phase, the ceiling, and the two ratios (webhook /
+ceiling: the figure issue 15 sets at >= 0.5; webhook / no-write). Rows are checked: every 2xx
+must be a row (rows >= 2xx), and at most the requests still in flight when the load stopped
+may be rows without an answer counted (wrk stops on a clock). Otherwise it exits 1.
 
-Client and server share the machine, so the figures are a floor for the server alone.
+    .venv/bin/python bench/ingress_ack.py                       # 16 connections, then 1
+    .venv/bin/python bench/ingress_ack.py --slow-clients 32     # ... and again under 32 slow ones
+    .venv/bin/python bench/ingress_ack.py --baseline HEAD~3 --rounds 2 --connections 16
+
+`--baseline REV` also runs the server from `git archive REV` (the code before a change; REV may
+also be a directory holding a tree),
+alternating baseline and current `--rounds` times in the same run, and prints each pair's
+ratio: absolute figures here move by +-40 % within an hour, ratios within one run do not.
+`--server-env NAME=VALUE` sets an environment variable for the current server only (to
+measure a setting). `--slow-clients N` repeats the 16-connection webhook phase while N more
+connections trickle a webhook body at 1 byte/s (reconnecting whenever they are cut off) and
+prints the ratio to the phase without them (issue 15: within 20 %). `--json-out FILE` writes
+the figures (bench/inbox_throughput.py --ingress-json reads `ack_per_s`). `--py-spy DIR`
+records every server worker with py-spy during the webhook phase at the most connections
+(collapsed stacks into DIR) and prints the top frames (py-spy needs ptrace: root, or
+`kernel.yama.ptrace_scope` 0).
+
 Everything listens on 127.0.0.1 only, and everything it started is stopped at the end.
 """
 
 import argparse
 import http.client
+import json
 import os
 import platform
+import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,7 +58,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -45,16 +68,21 @@ DB_NAME = "eventdrop_bench"
 SERVER_URL = "postgres://postgres@127.0.0.1:5432"
 WEBHOOK_PATH = "/webhooks/stripe/"
 NOOP_PATH = "/bench/noop/stripe/"
-MAX_REQUESTS = 200_000
-WARMUP_REQUESTS = 200
+PGBENCH_SCRIPT = ROOT / "bench" / "pgbench_raw_event_insert.sql"
+# The pgbench rows carry this address, so the HTTP rows can be counted apart from them.
+PGBENCH_REMOTE_ADDR = "127.0.0.2"
+HTTP_REMOTE_ADDR = "127.0.0.1"
 REQUEST_TIMEOUT_SECONDS = 10
 SERVER_START_SECONDS = 30
+WARMUP_SECONDS = 2.0
+# Files the server needs that a baseline revision may predate.
+BENCH_SUPPORT_FILES = ("bench/__init__.py", "bench/settings_bench.py", "bench/urls_bench.py")
 
-# A Stripe `checkout.session.completed` event as Stripe sends it (~1.5 KiB); the id and the
-# timestamp change per request so no two bodies are the same.
+# A Stripe `checkout.session.completed` event as Stripe sends it (~1.5 KiB). `{n}` changes per
+# request (so no two bodies are the same), `{ts}` and `{exp}` are timestamps.
 BODY_TEMPLATE = (
-    '{{"id": "evt_{n:024d}", "object": "event", "api_version": "2024-06-20", '
-    '"created": {ts}, "data": {{"object": {{"id": "cs_test_{n:058d}", '
+    '{{"id": "evt_{n:0>24}", "object": "event", "api_version": "2024-06-20", '
+    '"created": {ts}, "data": {{"object": {{"id": "cs_test_{n:0>58}", '
     '"object": "checkout.session", "after_expiration": null, "allow_promotion_codes": null, '
     '"amount_subtotal": 1900, "amount_total": 1900, "automatic_tax": {{"enabled": false, '
     '"liability": null, "status": null}}, "billing_address_collection": null, '
@@ -67,7 +95,7 @@ BODY_TEMPLATE = (
     '"phone": null, "tax_exempt": "none", "tax_ids": []}}, "customer_email": null, '
     '"expires_at": {exp}, "invoice": null, "livemode": false, "locale": "de", '
     '"metadata": {{"recap_id": "{n}", "event_slug": "summer-party-2026"}}, '
-    '"mode": "payment", "payment_intent": "pi_3PqRsTuVwXyZ{n:012d}", '
+    '"mode": "payment", "payment_intent": "pi_3PqRsTuVwXyZ{n:0>12}", '
     '"payment_method_types": ["card", "sepa_debit"], "payment_status": "paid", '
     '"shipping_details": null, "status": "complete", '
     '"success_url": "https://eventdrop.example/recaps/thanks", "total_details": '
@@ -79,50 +107,162 @@ BODY_TEMPLATE = (
 
 @dataclass
 class Phase:
-    name: str
-    path: str
-    statuses: dict[int, int]
-    latencies_ms: list[float]
-    errors: int
+    server: str  # "current" or "baseline"
+    round: int
+    endpoint: str  # "webhook" or "noop"
+    connections: int
+    slow_clients: int
     seconds: float
-
-    @property
-    def ok(self) -> int:
-        return self.statuses.get(202, 0)
+    ok: int  # 2xx answers
+    other: int  # other answers and client errors
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    rows: int | None = None  # rows the phase stored (webhook phases)
+    slow_answers: dict = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
         return self.ok / self.seconds if self.seconds else 0.0
 
-    def percentile(self, p: float) -> float:
-        ordered = sorted(self.latencies_ms)
-        if not ordered:
-            return float("nan")
-        rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
-        return ordered[rank]
+
+# --- the load: wrk, or a Python client as the fallback -------------------------------------
+
+WRK_SCRIPT = r"""
+-- Generated by bench/ingress_ack.py: unique signed-looking Stripe POSTs, per-status counts.
+local template = [==[%(template)s]==]
+local path = "%(path)s"
+local threads = {}
+local counter = 0
+-- Globals: done() reads them from each thread with thread:get().
+ok, other = 0, 0
+
+function setup(thread)
+  thread:set("tid", #threads + 1)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  math.randomseed(os.time() * 1000 + tid)
+end
+
+local function hex(n)
+  local t = {}
+  for i = 1, n do t[i] = string.format("%%x", math.random(0, 15)) end
+  return table.concat(t)
+end
+
+function request()
+  counter = counter + 1
+  local n = string.format("%%d%%09d", tid, counter)
+  local now = tostring(os.time())
+  local body = template:gsub("{N}", n):gsub("{TS}", now):gsub("{EXP}", tostring(os.time() + 86400))
+  local headers = {
+    ["Content-Type"] = "application/json; charset=utf-8",
+    ["User-Agent"] = "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
+    ["Stripe-Signature"] = "t=" .. now .. ",v1=" .. hex(64),
+  }
+  return wrk.format("POST", path, headers, body)
+end
+
+function response(status, headers, body)
+  if status >= 200 and status < 300 then ok = ok + 1 else other = other + 1 end
+end
+
+function done(summary, latency, requests)
+  local total_ok, total_other = 0, 0
+  for _, thread in ipairs(threads) do
+    total_ok = total_ok + thread:get("ok")
+    total_other = total_other + thread:get("other")
+  end
+  local e = summary.errors
+  io.write(string.format(
+    'WRK_JSON {"seconds": %%f, "ok": %%d, "other": %%d, "socket_errors": %%d, ' ..
+    '"p50_us": %%d, "p95_us": %%d, "p99_us": %%d, "max_us": %%d}\n',
+    summary.duration / 1e6, total_ok, total_other, e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50), latency:percentile(95), latency:percentile(99), latency.max))
+end
+"""
 
 
-# --- the load generator (runs in a second process) -----------------------------------------
+def _wrk_template() -> str:
+    # wrk's Lua fills {N}, {TS}, {EXP}; the Python template's zero padding is done in Lua too
+    # (a 10-digit n padded by the fixed text around it is unique, which is all it needs).
+    body = BODY_TEMPLATE.replace("{n:0>24}", "{N}").replace("{n:0>58}", "{N}")
+    body = body.replace("{n:0>12}", "{N}").replace("{n}", "{N}")
+    body = body.replace("{ts}", "{TS}").replace("{exp}", "{EXP}")
+    return body.replace("{{", "{").replace("}}", "}").replace("{N}", "{N}")
 
 
-def fire(port: int, path: str, requests: int, concurrency: int, deadline: float) -> dict:
-    """POST `requests` bodies to `path` from `concurrency` keep-alive connections."""
+def ensure_wrk() -> str | None:
+    found = shutil.which("wrk")
+    if found:
+        return found
+    apt = ["apt-get", "install", "-y", "-q", "wrk"]
+    if os.geteuid() != 0 and shutil.which("sudo"):
+        apt = ["sudo", "-n", *apt]
+    print("wrk is missing: " + " ".join(apt), file=sys.stderr)
+    try:
+        subprocess.run(apt, check=True, timeout=300, stdout=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"could not install wrk ({exc}); using the Python client", file=sys.stderr)
+        return None
+    return shutil.which("wrk")
+
+
+def run_wrk(wrk: str, port: int, path: str, connections: int, seconds: float, script_dir: str):
+    script = Path(script_dir) / f"wrk_{path.strip('/').replace('/', '_')}.lua"
+    script.write_text(WRK_SCRIPT % {"template": _wrk_template(), "path": path})
+    command = [
+        wrk,
+        f"-t{min(2, connections)}",
+        f"-c{connections}",
+        f"-d{seconds:g}s",
+        f"--timeout={REQUEST_TIMEOUT_SECONDS}s",
+        "-s",
+        str(script),
+        f"http://127.0.0.1:{port}{path}",
+    ]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
+    match = re.search(r"^WRK_JSON (.*)$", out.stdout, re.MULTILINE)
+    if out.returncode != 0 or match is None:
+        raise RuntimeError(f"wrk failed ({out.returncode}): {out.stdout}\n{out.stderr}")
+    raw = json.loads(match.group(1))
+    return {
+        "seconds": raw["seconds"],
+        "ok": raw["ok"],
+        "other": raw["other"] + raw["socket_errors"],
+        "p50_ms": raw["p50_us"] / 1000,
+        "p95_ms": raw["p95_us"] / 1000,
+        "p99_ms": raw["p99_us"] / 1000,
+        "max_ms": raw["max_us"] / 1000,
+    }
+
+
+def _percentile(ordered: list[float], p: float) -> float:
+    if not ordered:
+        return float("nan")
+    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def fire(port: int, path: str, connections: int, seconds: float) -> dict:
+    """The Python client: POST from `connections` keep-alive connections for `seconds`."""
     lock = threading.Lock()
-    issued = 0
-    statuses: dict[int, int] = {}
+    counter = [0]
+    ok = [0]
+    other = [0]
     latencies: list[float] = []
-    errors = 0
+    stop_at = time.monotonic() + seconds
 
     def worker() -> None:
-        nonlocal issued, errors
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_SECONDS)
         try:
-            while time.monotonic() < deadline:
+            while time.monotonic() < stop_at:
                 with lock:
-                    if issued >= requests:
-                        return
-                    issued += 1
-                    n = issued
+                    counter[0] += 1
+                    n = counter[0]
                 now = int(time.time())
                 body = BODY_TEMPLATE.format(n=n, ts=now, exp=now + 86400).encode()
                 headers = {
@@ -135,31 +275,32 @@ def fire(port: int, path: str, requests: int, concurrency: int, deadline: float)
                     conn.request("POST", path, body=body, headers=headers)
                     response = conn.getresponse()
                     response.read()
+                    good = 200 <= response.status < 300
                 except (OSError, http.client.HTTPException):
                     conn.close()  # http.client reconnects on the next request
-                    with lock:
-                        errors += 1
-                        # A timeout is a latency too: leaving it out would flatter the p99.
-                        latencies.append((time.perf_counter() - started) * 1000)
-                    continue
+                    good = False
                 elapsed = (time.perf_counter() - started) * 1000
                 with lock:
-                    statuses[response.status] = statuses.get(response.status, 0) + 1
-                    latencies.append(elapsed)
+                    (ok if good else other)[0] += 1
+                    latencies.append(elapsed)  # a timeout is a latency too
         finally:
             conn.close()
 
     started = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    threads = [threading.Thread(target=worker) for _ in range(connections)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    ordered = sorted(latencies)
     return {
-        "statuses": statuses,
-        "latencies_ms": latencies,
-        "errors": errors,
         "seconds": time.perf_counter() - started,
+        "ok": ok[0],
+        "other": other[0],
+        "p50_ms": _percentile(ordered, 50),
+        "p95_ms": _percentile(ordered, 95),
+        "p99_ms": _percentile(ordered, 99),
+        "max_ms": _percentile(ordered, 100),
     }
 
 
@@ -176,12 +317,13 @@ class SlowClients:
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(count)]
 
-    def start(self) -> None:
+    def __enter__(self) -> "SlowClients":
         for thread in self.threads:
             thread.start()
         time.sleep(2 if self.count else 0)  # all of them connected and mid-body
+        return self
 
-    def stop(self) -> None:
+    def __exit__(self, *exc) -> None:
         self.stopping.set()
         for thread in self.threads:
             thread.join(timeout=5)
@@ -219,7 +361,7 @@ class SlowClients:
         return "sent it all"
 
 
-# --- orchestration -------------------------------------------------------------------------
+# --- the database and the ceiling ----------------------------------------------------------
 
 
 def free_port() -> int:
@@ -232,7 +374,7 @@ def bench_env(database_url: str) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("DJANGO_", "DATABASE_", "WEBHOOK_"))
+        if not key.startswith(("DJANGO_", "DATABASE_", "WEBHOOK_", "WEB_", "INGRESS_"))
     }
     env.update(
         DJANGO_SETTINGS_MODULE="bench.settings_bench",
@@ -247,7 +389,8 @@ def bench_env(database_url: str) -> dict[str, str]:
         GITHUB_WEBHOOK_SECRET=secrets.token_hex(16),
         SLACK_SIGNING_SECRET=secrets.token_hex(16),
         RENDERER_WEBHOOK_SECRET="whsec_" + secrets.token_hex(16),
-        PYTHONPATH=str(ROOT),
+        # One process-wide flush a minute would land in the middle of a phase.
+        ACK_ROLLUP_FLUSH_SECONDS="0",
     )
     return env
 
@@ -263,22 +406,24 @@ def psql(database: str, *statements: str) -> list:
         return rows
 
 
-def prepare_database(env: dict[str, str]) -> dict[str, str]:
-    if not psql("postgres", "SELECT 1 FROM pg_database WHERE datname = 'eventdrop_bench'"):
+def prepare_database(env: dict[str, str], root: Path) -> dict[str, str]:
+    if not psql("postgres", f"SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'"):  # noqa: S608
         psql("postgres", f"CREATE DATABASE {DB_NAME}")
-    manage = [sys.executable, str(ROOT / "manage.py")]
+    manage = [sys.executable, str(root / "manage.py")]
+    env = {**env, "PYTHONPATH": str(root)}
     subprocess.run(
-        [*manage, "migrate", "--noinput", "--skip-checks", "-v0"], env=env, cwd=ROOT, check=True
+        [*manage, "migrate", "--noinput", "--skip-checks", "-v0"], env=env, cwd=root, check=True
     )
     # As in production: today's partition exists, rows do not land in the DEFAULT partition.
     subprocess.run(
         [*manage, "raw_event_partitions", "--skip-checks"],
         env=env,
-        cwd=ROOT,
+        cwd=root,
         check=True,
         stdout=subprocess.DEVNULL,
     )
     psql(DB_NAME, "TRUNCATE ingress_rawevent")
+    check_pgbench_script()
     facts = psql(
         DB_NAME,
         "SELECT current_setting('server_version'), current_setting('synchronous_commit'), "
@@ -287,65 +432,111 @@ def prepare_database(env: dict[str, str]) -> dict[str, str]:
     return {"postgres": facts[0], "synchronous_commit": facts[1], "fsync": facts[2]}
 
 
-def server_command(args: argparse.Namespace, port: int) -> list[str]:
-    if args.server == "gunicorn":
-        return [
-            str(VENV_BIN / "gunicorn"),
-            "eventdrop.wsgi",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(args.workers),
-            "--worker-class",
-            args.worker_class,
-            "--threads",
-            str(args.threads),
-            "--keep-alive",
-            "30",
-            "--timeout",
-            "30",
-            "--log-level",
-            "warning",
-        ]
-    if args.server == "granian-wsgi":  # granian's own WSGI mode, for comparison
-        return [
-            str(VENV_BIN / "granian"),
-            "--interface",
-            "wsgi",
-            "--host",
+def check_pgbench_script() -> None:
+    """The ceiling is only the webhook's ceiling if pgbench writes what the store writes:
+    every column of the table but `id` (the store names them all, as Django's INSERT did)."""
+    sql = PGBENCH_SCRIPT.read_text()
+    match = re.search(r"INSERT INTO ingress_rawevent \(([^)]*)\)", sql)
+    scripted = [name.strip() for name in match.group(1).split(",")] if match else []
+    table = [
+        name
+        for (name,) in psql(
+            DB_NAME,
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = 'public' "
+            "AND table_name = 'ingress_rawevent' AND column_name <> 'id' ORDER BY column_name",
+        )
+    ]
+    if sorted(scripted) != table:
+        raise SystemExit(
+            f"{PGBENCH_SCRIPT.name} does not write the table's columns: missing "
+            f"{sorted(set(table) - set(scripted))}, unknown {sorted(set(scripted) - set(table))}"
+        )
+
+
+def pgbench_ceiling(connections: int, seconds: float) -> float:
+    """Transactions per second of the webhook's INSERT, `connections` pgbench clients."""
+    out = subprocess.run(
+        [
+            "pgbench",
+            "-n",  # no vacuum of pgbench's own tables (there are none)
+            "-h",
             "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            str(args.workers),
-            "--blocking-threads",
-            str(args.threads),
-            "--no-ws",
-            "--log-level",
-            "warning",
-            "eventdrop.wsgi:application",
-        ]
-    # The production server, as the Procfile starts it (eventdrop/web.py).
-    return [sys.executable, "-m", "eventdrop.web"]
+            "-U",
+            "postgres",
+            "-c",
+            str(connections),
+            "-j",
+            str(min(2, connections)),
+            "-T",
+            str(int(seconds)),
+            "-f",
+            str(PGBENCH_SCRIPT),
+            DB_NAME,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    )
+    match = re.search(r"tps = ([\d.]+)", out.stdout)
+    if out.returncode != 0 or match is None:
+        raise RuntimeError(f"pgbench failed ({out.returncode}): {out.stdout}\n{out.stderr}")
+    return float(match.group(1))
 
 
-def start_server(env: dict[str, str], port: int, args: argparse.Namespace, log) -> subprocess.Popen:
-    command = server_command(args, port)
+def http_rows() -> int:
+    import psycopg
+
+    with psycopg.connect(f"{SERVER_URL}/{DB_NAME}", autocommit=True) as conn:
+        query = "SELECT count(*) FROM ingress_rawevent WHERE remote_addr = %s"
+        return conn.execute(query, [HTTP_REMOTE_ADDR]).fetchone()[0]
+
+
+# --- the server ----------------------------------------------------------------------------
+
+
+def revision_tree(revision: str, into: str, name: str) -> Path:
+    if Path(revision).is_dir():  # a tree already unpacked (or another checkout)
+        return Path(revision).resolve()
+    root = Path(into) / name
+    root.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", revision], cwd=ROOT, check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    for name in BENCH_SUPPORT_FILES:
+        target = root / name
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / name, target)
+    return root
+
+
+def start_server(env: dict[str, str], root: Path, port: int, args, extra_env: dict, log):
     env = {
         **env,
+        "PYTHONPATH": str(root),
         "PORT": str(port),
         "WEB_BIND": "127.0.0.1",
         "WEB_CONCURRENCY": str(args.workers),
-        "WEB_THREADS": str(args.threads),
         "WEB_LOG_LEVEL": "warning",
+        **extra_env,
     }
+    if args.web_threads:
+        env["WEB_THREADS"] = str(args.web_threads)
     server = subprocess.Popen(
-        command, env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True
+        [sys.executable, "-m", "eventdrop.web"],  # the Procfile's web line
+        env=env,
+        cwd=root,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
     )
     deadline = time.monotonic() + SERVER_START_SECONDS
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"{args.server} exited with {server.returncode}; see {log.name}")
+            log.flush()
+            tail = Path(log.name).read_text()[-3000:]
+            raise RuntimeError(f"the server exited with {server.returncode}:\n{tail}")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
             conn.request("GET", WEBHOOK_PATH)
@@ -355,12 +546,12 @@ def start_server(env: dict[str, str], port: int, args: argparse.Namespace, log) 
         except OSError:
             time.sleep(0.2)
     stop(server)
-    raise RuntimeError(f"{args.server} did not answer in {SERVER_START_SECONDS}s; see {log.name}")
+    raise RuntimeError(f"the server did not answer in {SERVER_START_SECONDS}s; see {log.name}")
 
 
 def stop(server: subprocess.Popen) -> None:
     if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)  # its own session: master and workers
+        os.killpg(server.pid, signal.SIGTERM)  # its own session: granian and its workers
         try:
             server.wait(timeout=15)
         except subprocess.TimeoutExpired:
@@ -368,109 +559,319 @@ def stop(server: subprocess.Popen) -> None:
             server.wait()
 
 
-def run_phase(pool, name: str, path: str, port: int, args, deadline: float) -> Phase:
-    raw = pool.submit(fire, port, path, args.requests, args.concurrency, deadline).result()
-    return Phase(name=name, path=path, **raw)
+# --- one run -------------------------------------------------------------------------------
 
 
-def report(
-    phases: list[Phase], args, facts: dict[str, str], stored: int, acked: int, slow: dict
-) -> None:
-    print(
-        f"\n{time.strftime('%Y-%m-%d')}  {platform.node()}  {os.cpu_count()} CPUs  "
-        f"Python {platform.python_version()}  PostgreSQL {facts['postgres']} "
-        f"(synchronous_commit={facts['synchronous_commit']}, fsync={facts['fsync']})"
+def server_workers(server: subprocess.Popen) -> list[int]:
+    """granian's worker processes (the children of the process the bench started)."""
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(server.pid)], capture_output=True, text=True
     )
-    shape = {
-        "granian": "granian ASGI + eventdrop.web (the Procfile's)",
-        "gunicorn": f"gunicorn {args.worker_class}",
-        "granian-wsgi": "granian WSGI",
-    }[args.server]
-    print(
-        f"{shape} x{args.workers} processes x{args.threads} threads; "
-        f"{args.requests} requests per endpoint at concurrency {args.concurrency}, keep-alive"
-        + (f"; {args.slow_clients} slow clients at 1 B/s" if args.slow_clients else "")
-        + "\n"
-    )
-    print(
-        f"{'endpoint':<22}{'2xx':>7}{'other':>7}{'ACK/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
-        f"{'max ms':>9}"
-    )
-    for phase in phases:
-        other = sum(v for k, v in phase.statuses.items() if k != 202) + phase.errors
-        print(
-            f"{phase.path:<22}{phase.ok:>7}{other:>7}{phase.rate:>9.0f}"
-            f"{phase.percentile(50):>9.2f}{phase.percentile(95):>9.2f}{phase.percentile(99):>9.2f}"
-            f"{phase.percentile(100):>9.0f}"
+    return [int(pid) for pid in out.stdout.split()]
+
+
+def py_spy_start(server: subprocess.Popen, seconds: float, out_dir: str, tag: str) -> list:
+    """py-spy on every worker for `seconds`: collapsed stacks of the thread holding the GIL
+    (where the Python CPU goes; waits on the database or a lock are not in them)."""
+    recorders = []
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    for pid in server_workers(server):
+        out = Path(out_dir) / f"{tag}_{pid}.txt"
+        recorders.append(
+            (
+                out,
+                subprocess.Popen(
+                    [str(VENV_BIN / "py-spy"), "record", "--pid", str(pid), "--duration",
+                     str(int(seconds)), "--rate", "200", "--format", "raw", "--gil",
+                     "--output", str(out)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                ),
+            )
         )
-    webhook, noop = phases
-    if noop.rate and webhook.latencies_ms and noop.latencies_ms:
-        print(
-            f"\nwebhook / trivial view: throughput {webhook.rate / noop.rate:.2f}x, "
-            f"p50 {webhook.percentile(50) / noop.percentile(50):.2f}x, "
-            f"p99 {webhook.percentile(99) / noop.percentile(99):.2f}x"
-        )
-    else:
-        print("\nwebhook / trivial view: no ratio, an endpoint answered nothing")
-    if args.slow_clients:
-        print(f"slow clients' answers: {dict(sorted(slow.items()))}")
-    if stored == acked:
-        verdict = "OK"
-    elif stored > acked:  # stored, then the client gave up waiting: it retries, dedup copes
-        verdict = f"OK, {stored - acked} stored but answered after the client's timeout"
-    else:
-        verdict = "MISMATCH: a 202 without its row"
-    print(f"rows stored {stored}, 202s answered by the webhook {acked} (with warm-up): {verdict}")
+    return recorders
+
+
+def py_spy_report(recorders: list, top: int = 25) -> None:
+    """The frames with the most samples, inclusive and self, over every worker and thread."""
+    inclusive: dict[str, int] = {}
+    own: dict[str, int] = {}
+    total = 0
+    for out, process in recorders:
+        _, err = process.communicate(timeout=120)
+        if process.returncode != 0 or not out.exists():
+            print(f"py-spy failed ({process.returncode}): {err.decode()[-500:]}")
+            continue
+        for line in out.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            n = int(count)
+            frames = [f for f in stack.split(";") if f and not f.startswith("thread (")]
+            if not frames:
+                continue
+            total += n
+            for frame in set(frames):
+                inclusive[frame] = inclusive.get(frame, 0) + n
+            own[frames[-1]] = own.get(frames[-1], 0) + n
+    if not total:
+        return
+    print(f"\npy-spy: {total} samples over the workers; top frames, inclusive %:")
+    for frame, n in sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {100 * n / total:5.1f}  {frame}")
+    print("top frames, self %:")
+    for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {100 * n / total:5.1f}  {frame}")
+
+
+class Load:
+    def __init__(self, wrk: str | None, script_dir: str, pool):
+        self.wrk, self.script_dir, self.pool = wrk, script_dir, pool
+
+    def __call__(self, port: int, path: str, connections: int, seconds: float) -> dict:
+        if self.wrk:
+            return run_wrk(self.wrk, port, path, connections, seconds, self.script_dir)
+        return self.pool.submit(fire, port, path, connections, seconds).result()
+
+
+def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -> list[Phase]:
+    port = free_port()
+    phases: list[Phase] = []
+    with open(Path(workdir) / f"server_{label}_{round_no}.log", "w") as log:
+        server = start_server(env, root, port, args, extra_env, log)
+        try:
+            load(port, WEBHOOK_PATH, max(args.connections), WARMUP_SECONDS)  # imports, pools
+            load(port, NOOP_PATH, max(args.connections), WARMUP_SECONDS)
+            plan = [(c, 0) for c in args.connections]
+            if args.slow_clients:
+                plan.append((max(args.connections), args.slow_clients))
+            for connections, slow in plan:
+                for endpoint, path in (("webhook", WEBHOOK_PATH), ("noop", NOOP_PATH)):
+                    if slow and endpoint == "noop":
+                        continue
+                    before = http_rows() if endpoint == "webhook" else None
+                    spying = (
+                        args.py_spy and endpoint == "webhook" and not slow
+                        and connections == max(args.connections)
+                    )
+                    if spying:
+                        recorders = py_spy_start(
+                            server, args.seconds, args.py_spy, f"{label}_{round_no}"
+                        )
+                    with SlowClients(port, slow) as slow_clients:
+                        figures = load(port, path, connections, args.seconds)
+                    if spying:
+                        py_spy_report(recorders)
+                    phase = Phase(
+                        server=label,
+                        round=round_no,
+                        endpoint=endpoint,
+                        connections=connections,
+                        slow_clients=slow,
+                        slow_answers=dict(slow_clients.answers),
+                        **figures,
+                    )
+                    if before is not None:
+                        phase.rows = http_rows() - before
+                    phases.append(phase)
+                    print_phase(phase)
+        finally:
+            stop(server)
+    return phases
+
+
+def print_header() -> None:
+    print(
+        f"{'server':<9}{'rnd':>4} {'endpoint':<8}{'conns':>6}{'slow':>5}{'2xx':>8}{'other':>6}"
+        f"{'ACK/s':>8}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'rows':>8}"
+    )
+
+
+def print_phase(p: Phase) -> None:
+    rows = "" if p.rows is None else str(p.rows)
+    print(
+        f"{p.server:<9}{p.round:>4} {p.endpoint:<8}{p.connections:>6}{p.slow_clients:>5}"
+        f"{p.ok:>8}{p.other:>6}{p.rate:>8.0f}{p.p50_ms:>8.2f}{p.p95_ms:>8.2f}{p.p99_ms:>8.2f}"
+        f"{p.max_ms:>8.0f}{rows:>8}",
+        flush=True,
+    )
+
+
+def rows_verdict(phases: list[Phase]) -> tuple[bool, list[str]]:
+    """Every 2xx a row; rows beyond the 2xx at most the requests in flight at the stop."""
+    ok, lines = True, []
+    for p in phases:
+        if p.rows is None:
+            continue
+        in_flight = p.connections
+        if p.rows < p.ok or p.rows - p.ok > in_flight:
+            ok = False
+            lines.append(
+                f"MISMATCH {p.server} round {p.round} {p.connections} conns: {p.rows} rows for "
+                f"{p.ok} 2xx (allowed: 2xx .. 2xx + {in_flight} in flight at the stop)"
+            )
+    return ok, lines
+
+
+def summarize(phases, ceilings, args) -> dict:
+    def mean(values):
+        values = list(values)
+        return sum(values) / len(values) if values else float("nan")
+
+    ceiling = {c: mean(ceilings[c]) for c in ceilings}
+    summary: dict = {"ceiling_per_s": {str(c): v for c, v in ceiling.items()}, "servers": {}}
+    for label in dict.fromkeys(p.server for p in phases):
+        mine = [p for p in phases if p.server == label]
+        per: dict = {}
+        for c in args.connections:
+            hooks = [p for p in mine if p.endpoint == "webhook" and p.connections == c
+                     and not p.slow_clients]
+            noops = [p for p in mine if p.endpoint == "noop" and p.connections == c]
+            ack = mean(p.rate for p in hooks)
+            noop = mean(p.rate for p in noops)
+            per[str(c)] = {
+                "ack_per_s": ack,
+                "p50_ms": mean(p.p50_ms for p in hooks),
+                "p95_ms": mean(p.p95_ms for p in hooks),
+                "p99_ms": mean(p.p99_ms for p in hooks),
+                "noop_per_s": noop,
+                "noop_p99_ms": mean(p.p99_ms for p in noops),
+                "ceiling_per_s": ceiling.get(c, float("nan")),
+                "ratio_to_ceiling": ack / ceiling[c] if c in ceiling else float("nan"),
+                "ratio_to_noop": ack / noop if noop else float("nan"),
+            }
+        slow = [p for p in mine if p.slow_clients]
+        if slow:
+            c = max(args.connections)
+            with_slow = mean(p.rate for p in slow)
+            per["slow_clients"] = {
+                "count": args.slow_clients,
+                "ack_per_s": with_slow,
+                "p99_ms": mean(p.p99_ms for p in slow),
+                "ratio_to_without": with_slow / per[str(c)]["ack_per_s"],
+            }
+        summary["servers"][label] = per
+    return summary
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=5000, help="per endpoint")
-    parser.add_argument("--concurrency", type=int, default=16, help="client connections")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="processes")
-    parser.add_argument("--threads", type=int, default=4, help="Django threads per process")
-    parser.add_argument("--worker-class", default="gthread", choices=["gthread", "sync"])
-    parser.add_argument(
-        "--server", default="granian", choices=["granian", "gunicorn", "granian-wsgi"]
-    )
+    parser.add_argument("--connections", type=int, nargs="+", default=[16, 1])
+    parser.add_argument("--seconds", type=float, default=10, help="per phase")
+    parser.add_argument("--ceiling-seconds", type=float, default=10, help="per pgbench run")
+    parser.add_argument("--workers", type=int, default=2, help="web processes (WEB_CONCURRENCY)")
+    parser.add_argument("--web-threads", type=int, default=0, help="WEB_THREADS (0: default)")
     parser.add_argument("--slow-clients", type=int, default=0, help="trickling at 1 B/s")
-    parser.add_argument("--max-seconds", type=float, default=300, help="bound on the load")
+    parser.add_argument("--baseline", metavar="REV", help="also run the server of REV")
+    parser.add_argument(
+        "--current", metavar="REV", help="run the current server from REV, not the work tree"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="alternations with --baseline")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--client", choices=["wrk", "python"], default="wrk")
+    parser.add_argument("--json-out", metavar="FILE")
+    parser.add_argument(
+        "--py-spy", metavar="DIR", help="record the workers during the webhook phase"
+    )
     args = parser.parse_args()
-    if not 0 < args.requests <= MAX_REQUESTS or not 0 < args.concurrency <= 256:
-        parser.error(f"--requests must be 1..{MAX_REQUESTS}, --concurrency 1..256")
+    if any(not 0 < c <= 256 for c in args.connections) or not 0 < args.seconds <= 300:
+        parser.error("--connections must be 1..256, --seconds 1..300")
+    extra_env = dict(item.split("=", 1) for item in args.server_env)
 
     env = bench_env(f"{SERVER_URL}/{DB_NAME}")
-    facts = prepare_database(env)
-    port = free_port()
+    wrk = ensure_wrk() if args.client == "wrk" else None
+    ceilings: dict[int, list[float]] = {c: [] for c in args.connections}
+    phases: list[Phase] = []
     with (
-        tempfile.NamedTemporaryFile(
-            "w", prefix=f"ingress_ack_{args.server}_", suffix=".log"
-        ) as log,
+        tempfile.TemporaryDirectory(prefix="ingress_ack_") as workdir,
         ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool,
     ):
-        server = start_server(env, port, args, log)
-        slow = SlowClients(port, args.slow_clients)
-        try:
-            deadline = time.monotonic() + args.max_seconds
-            warm_acked = 0
-            for path in (WEBHOOK_PATH, NOOP_PATH):  # warm both: imports, connections
-                warm = pool.submit(fire, port, path, WARMUP_REQUESTS, args.concurrency, deadline)
-                if path == WEBHOOK_PATH:
-                    warm_acked = warm.result()["statuses"].get(202, 0)
-                warm.result()
-            slow.start()
-            phases = [
-                run_phase(pool, "webhook", WEBHOOK_PATH, port, args, deadline),
-                run_phase(pool, "trivial view", NOOP_PATH, port, args, deadline),
+        current = revision_tree(args.current, workdir, "current") if args.current else ROOT
+        facts = prepare_database(env, current)
+        servers = [("current", current, extra_env)]
+        if args.baseline:
+            servers.insert(0, ("baseline", revision_tree(args.baseline, workdir, "baseline"), {}))
+        load = Load(wrk, workdir, pool)
+        print(
+            f"\n{time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}  {os.cpu_count()} CPUs  "
+            f"Python {platform.python_version()}  PostgreSQL {facts['postgres']} "
+            f"(synchronous_commit={facts['synchronous_commit']}, fsync={facts['fsync']})  "
+            f"client {'wrk' if wrk else 'python'}  {args.workers} web processes  "
+            f"{args.seconds:g} s per phase"
+            + (f"  current env {extra_env}" if extra_env else "")
+        )
+        for c in args.connections:
+            ceilings[c].append(pgbench_ceiling(c, args.ceiling_seconds))
+        print(f"pgbench ceiling (before): {({c: round(v[-1]) for c, v in ceilings.items()})}")
+        psql(DB_NAME, "TRUNCATE ingress_rawevent")
+        print_header()
+        for round_no in range(1, (args.rounds if args.baseline else 1) + 1):
+            order = servers if round_no % 2 else servers[::-1]
+            for label, root, server_env in order:
+                phases += measure_server(
+                    label, round_no, root, server_env, env, args, load, workdir
+                )
+        for c in args.connections:
+            ceilings[c].append(pgbench_ceiling(c, args.ceiling_seconds))
+        print(f"pgbench ceiling (after):  {({c: round(v[-1]) for c, v in ceilings.items()})}")
+
+    summary = summarize(phases, ceilings, args)
+    ok, lines = rows_verdict(phases)
+    print()
+    for label, per in summary["servers"].items():
+        for c in args.connections:
+            s = per[str(c)]
+            print(
+                f"{label}, {c} connections: {s['ack_per_s']:.0f} ACK/s, p50/p95/p99 "
+                f"{s['p50_ms']:.2f}/{s['p95_ms']:.2f}/{s['p99_ms']:.2f} ms; no-write "
+                f"{s['noop_per_s']:.0f}/s; ceiling {s['ceiling_per_s']:.0f}/s; ratio to ceiling "
+                f"{s['ratio_to_ceiling']:.2f}, to no-write {s['ratio_to_noop']:.2f}"
+            )
+        if "slow_clients" in per:
+            s = per["slow_clients"]
+            print(
+                f"{label}, {max(args.connections)} connections + {s['count']} slow clients: "
+                f"{s['ack_per_s']:.0f} ACK/s (p99 {s['p99_ms']:.2f} ms), "
+                f"{s['ratio_to_without']:.2f} of the figure without them"
+            )
+    if args.baseline:
+        for c in args.connections:
+            pairs = [
+                (b.rate, n.rate)
+                for b in phases
+                for n in phases
+                if b.server == "baseline" and n.server == "current" and b.round == n.round
+                and b.endpoint == n.endpoint == "webhook" and b.connections == n.connections == c
+                and not b.slow_clients and not n.slow_clients
             ]
-        finally:
-            slow.stop()
-            stop(server)
-    # Warm-up included: every 202 the webhook ever answered in this run must be a row.
-    stored = psql(DB_NAME, "SELECT count(*) FROM ingress_rawevent")[0][0]
-    acked = warm_acked + phases[0].ok
-    report(phases, args, facts, stored=stored, acked=acked, slow=slow.answers)
-    return 0 if stored >= acked else 1
+            print(
+                f"current / baseline, {c} connections, per round: "
+                + ", ".join(f"{n / b:.2f}" for b, n in pairs if b)
+            )
+    print("\n".join(lines) or "rows: every 2xx is a row, in every phase")
+
+    if args.json_out:
+        c = max(args.connections)
+        main_figures = summary["servers"]["current"][str(c)]
+        Path(args.json_out).write_text(
+            json.dumps(
+                {
+                    "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "connections": c,
+                    "ack_per_s": main_figures["ack_per_s"],
+                    "p50_ms": main_figures["p50_ms"],
+                    "p95_ms": main_figures["p95_ms"],
+                    "p99_ms": main_figures["p99_ms"],
+                    "ceiling_per_s": main_figures["ceiling_per_s"],
+                    "ratio_to_ceiling": main_figures["ratio_to_ceiling"],
+                    "ratio_to_noop": main_figures["ratio_to_noop"],
+                    "rows_ok": ok,
+                    "facts": facts,
+                    "summary": summary,
+                    "phases": [asdict(p) for p in phases],
+                },
+                indent=2,
+            )
+        )
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
