@@ -93,7 +93,7 @@ def _store_backlog(count: int) -> None:
     )
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {tables} CASCADE")
-    buyer = UserFactory()
+    buyer = UserFactory.create()
     event = Event.objects.first() or Event.objects.create(title="bench")
     if not Photo.objects.filter(event=event).exists():
         Photo.objects.bulk_create(

@@ -18,12 +18,12 @@ def test_everyone_else_gets_a_plain_page_that_names_nothing(client):
 
 
 def test_a_signed_in_non_staff_user_gets_the_plain_page_too(client):
-    client.force_login(UserFactory())
+    client.force_login(UserFactory.create())
     assert "nothing to see here" in client.get("/").content.decode()
 
 
 def test_staff_see_what_runs_and_where_to_go(client):
-    client.force_login(UserFactory(is_staff=True))
+    client.force_login(UserFactory.create(is_staff=True))
     response = client.get("/")
     assert response.status_code == 200
     page = response.content.decode()
@@ -37,7 +37,7 @@ def test_staff_see_what_runs_and_where_to_go(client):
 
 
 def test_staff_with_the_ops_permission_get_the_ops_links(client):
-    user = UserFactory(is_staff=True)
+    user = UserFactory.create(is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_ops"))
     client.force_login(user)
     page = client.get("/").content.decode()

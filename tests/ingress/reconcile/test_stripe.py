@@ -116,7 +116,7 @@ def test_a_backfilled_checkout_pays_its_recap_through_the_real_handler(
     client, stripe_api, settings
 ):
     settings.RECONCILE_STRIPE_EVENT_TYPES = []  # default: the types our handlers take
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     session = {
         "id": "cs_test_backfill",
         "object": "checkout.session",
