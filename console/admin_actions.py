@@ -31,6 +31,7 @@ from console.services import (
     OPERATOR_ACTIONS,
     TOO_MANY_SELECTED,
     OperatorActionError,
+    acting_user,
 )
 
 # At most this many selected rows are listed by name on the confirmation page; all of them
@@ -113,7 +114,7 @@ class ObjectAction:
     label: str
     action: str  # the ModelAdmin action's name, e.g. "rearm_selected"
     changelist: str  # the list's URL name, e.g. "admin:outbox_recapsideeffect_changelist"
-    object_id: str
+    object_id: int | str
 
     @property
     def changelist_url(self) -> str:
@@ -155,12 +156,13 @@ def _report(request: HttpRequest, spec: ConfirmSpec, record: OperatorAction) -> 
         refused=record.refused,
         failed=record.failed,
     )
-    level = {
+    levels: dict[str, int] = {
         OperatorActionOutcome.SUCCEEDED: messages.SUCCESS,
         OperatorActionOutcome.PARTIAL: messages.WARNING,
         OperatorActionOutcome.REFUSED: messages.ERROR,
         OperatorActionOutcome.FAILED: messages.ERROR,
-    }[record.outcome]
+    }
+    level = levels[record.outcome]
     messages.add_message(
         request,
         level,
@@ -204,7 +206,7 @@ def confirm_operator_action(
         else:
             try:
                 record = OPERATOR_ACTIONS[spec.action](
-                    actor=request.user, ids=ids, via=OperatorActionVia.ADMIN, note=note
+                    actor=acting_user(request.user), ids=ids, via=OperatorActionVia.ADMIN, note=note
                 )
             except OperatorActionError as exc:
                 modeladmin.message_user(request, str(exc), messages.ERROR)

@@ -46,6 +46,7 @@ from console.services import (
     BULK_LIMIT,
     OPERATOR_ACTIONS,
     OperatorActionError,
+    acting_user,
     payload_access_record,
 )
 from ingress.encryption import BodyUndecryptable, bodies_may_be_encrypted
@@ -102,12 +103,14 @@ class UncountedLimitOffsetPagination(LimitOffsetPagination):
 
     def paginate_queryset(self, queryset, request, view=None):
         self.request = request
-        self.limit = self.get_limit(request)
-        self.offset = self.get_offset(request)
-        rows = list(queryset[self.offset : self.offset + self.limit + 1])
+        limit = self.get_limit(request)
+        assert limit is not None  # REST_FRAMEWORK["PAGE_SIZE"] is the default limit
+        offset = self.get_offset(request)
+        self.limit, self.offset = limit, offset
+        rows = list(queryset[offset : offset + limit + 1])
         # What the parent's link arithmetic needs of a count: whether a row lies beyond.
-        self.count = self.offset + len(rows)
-        return rows[: self.limit]
+        self.count = offset + len(rows)
+        return rows[:limit]
 
     def get_paginated_response(self, data):
         return Response(
@@ -215,7 +218,7 @@ class RawEventOutputSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RawEvent
-        fields = (
+        fields: tuple[str, ...] = (
             "id",
             "source",
             "provider",
@@ -312,7 +315,9 @@ def _raw_event_serializer(request: Request) -> type[RawEventOutputSerializer]:
 
 
 def _audit(request: Request, kind: str, **what) -> None:
-    payload_access_record(actor=request.user, kind=kind, via=OperatorActionVia.API, **what)
+    payload_access_record(
+        actor=acting_user(request.user), kind=kind, via=OperatorActionVia.API, **what
+    )
 
 
 def _operator_action_response(record: OperatorAction) -> Response:
@@ -323,7 +328,9 @@ class RawEventListApi(ConsoleApi):
     required_permission = "ingress.view_rawevent"
 
     class FilterSerializer(serializers.Serializer):
-        source = serializers.CharField(required=False, max_length=64)
+        # A field named like Field.source, which the stubs see as overridden: DRF's metaclass
+        # takes declared fields off the class, so the attribute is never shadowed.
+        source = serializers.CharField(required=False, max_length=64)  # type: ignore[assignment]
         provider = serializers.CharField(required=False, max_length=32)
         status = serializers.ChoiceField(choices=SignatureStatus.choices, required=False)
         reason = serializers.ChoiceField(choices=RejectionReason.choices, required=False)
@@ -420,7 +427,7 @@ class OperatorActionApi(ConsoleApi):
         data = serializer.validated_data
         try:
             record = OPERATOR_ACTIONS[self.action](
-                actor=request.user,
+                actor=acting_user(request.user),
                 ids=data["ids"],
                 via=OperatorActionVia.API,
                 # The operator's note: mark dead's required reason.

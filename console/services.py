@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser, User
+from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.utils import timezone
 from knox.models import AuthToken
@@ -66,9 +67,17 @@ class OperatorActionError(EventDropError):
 
 
 class UnknownObjects(OperatorActionError):
-    def __init__(self, message: str, ids: Sequence[int]):
+    def __init__(self, message: str, ids: Sequence[object]):
         super().__init__(message)
         self.ids = list(ids)
+
+
+def acting_user(user: User | AnonymousUser) -> User:
+    """The user a console request acts as. The admin and the API admit staff only, so this
+    is a signed-in user; an anonymous one here is refused (403), never recorded."""
+    if isinstance(user, AnonymousUser):
+        raise PermissionDenied
+    return user
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,7 @@ def _outcome(succeeded: int, refused: int, failed: int) -> str:
 
 def _run(
     *,
-    actor: AbstractBaseUser,
+    actor: User,
     via: str,
     action: str,
     objects: Sequence[models.Model],
@@ -270,7 +279,7 @@ class OperatorActionService:
     note_required: bool = False
 
     def __call__(
-        self, *, actor: AbstractBaseUser, ids: Sequence[Any], via: str, note: str = ""
+        self, *, actor: User, ids: Sequence[Any], via: str, note: str = ""
     ) -> OperatorAction:
         note = note.strip()
         if self.note_required and not note:
@@ -306,41 +315,33 @@ OPERATOR_ACTIONS = {
 }
 
 
-def raw_events_replay(
-    *, actor: AbstractBaseUser, raw_event_ids: Sequence[int], via: str
-) -> OperatorAction:
+def raw_events_replay(*, actor: User, raw_event_ids: Sequence[int], via: str) -> OperatorAction:
     """Queue each event to its handlers again; rejected, pending and duplicates are refused."""
     service = OPERATOR_ACTIONS[OperatorActionKind.RAW_EVENT_REPLAY]
     return service(actor=actor, ids=raw_event_ids, via=via)
 
 
-def raw_events_reverify(
-    *, actor: AbstractBaseUser, raw_event_ids: Sequence[int], via: str
-) -> OperatorAction:
+def raw_events_reverify(*, actor: User, raw_event_ids: Sequence[int], via: str) -> OperatorAction:
     """Verify rejected events again now (after a secret fix); others are refused."""
     service = OPERATOR_ACTIONS[OperatorActionKind.RAW_EVENT_REVERIFY]
     return service(actor=actor, ids=raw_event_ids, via=via)
 
 
-def side_effects_rearm(
-    *, actor: AbstractBaseUser, side_effect_ids: Sequence[int], via: str
-) -> OperatorAction:
+def side_effects_rearm(*, actor: User, side_effect_ids: Sequence[int], via: str) -> OperatorAction:
     """Make each row due now with fresh attempts; a failed recap goes back to paid."""
     service = OPERATOR_ACTIONS[OperatorActionKind.SIDE_EFFECT_REARM]
     return service(actor=actor, ids=side_effect_ids, via=via)
 
 
 def side_effects_mark_dead(
-    *, actor: AbstractBaseUser, side_effect_ids: Sequence[int], reason: str, via: str
+    *, actor: User, side_effect_ids: Sequence[int], reason: str, via: str
 ) -> OperatorAction:
     """Give up on each row by hand; its recap is failed with the reason (recorded here too)."""
     service = OPERATOR_ACTIONS[OperatorActionKind.SIDE_EFFECT_MARK_DEAD]
     return service(actor=actor, ids=side_effect_ids, via=via, note=reason)
 
 
-def recaps_retry_render(
-    *, actor: AbstractBaseUser, recap_ids: Sequence[object], via: str
-) -> OperatorAction:
+def recaps_retry_render(*, actor: User, recap_ids: Sequence[object], via: str) -> OperatorAction:
     """Render each recap (again) through the outbox; ready and unpaid recaps are refused."""
     service = OPERATOR_ACTIONS[OperatorActionKind.RECAP_RETRY_RENDER]
     return service(actor=actor, ids=recap_ids, via=via)
@@ -353,7 +354,7 @@ ISSUE_REFUSED_INACTIVE = "{username} is not active."
 ISSUE_REFUSED_TTL = "A token lives at least one day."
 
 
-def api_token_issue(*, user: AbstractBaseUser, ttl_days: int) -> tuple[AuthToken, str]:
+def api_token_issue(*, user: User, ttl_days: int) -> tuple[AuthToken, str]:
     """A new token for `user`; the returned string is shown once and stored only hashed."""
     if not user.is_active:
         raise OperatorActionError(ISSUE_REFUSED_INACTIVE.format(username=user.get_username()))
@@ -369,7 +370,7 @@ def api_token_issue(*, user: AbstractBaseUser, ttl_days: int) -> tuple[AuthToken
     return record, token
 
 
-def api_token_revoke(*, user: AbstractBaseUser, token_key: str = "") -> int:
+def api_token_revoke(*, user: User, token_key: str = "") -> int:
     """Delete the user's tokens (or only the one starting with `token_key`); returns how many."""
     tokens = AuthToken.objects.filter(user=user)
     if token_key:
@@ -386,7 +387,7 @@ def api_token_revoke(*, user: AbstractBaseUser, token_key: str = "") -> int:
 
 def payload_access_record(
     *,
-    actor: AbstractBaseUser,
+    actor: User,
     kind: str,
     via: str,
     raw_event_ids: Sequence[int] = (),

@@ -47,7 +47,7 @@ from console.selectors import (
     raw_event_search,
     raw_events_by_status,
 )
-from console.services import payload_access_record
+from console.services import acting_user, payload_access_record
 from ingress.encryption import BodyUndecryptable, bodies_may_be_encrypted
 from ingress.handlers import all_handlers
 from ingress.models import (
@@ -88,7 +88,9 @@ REVERIFY_WARNING = "Events that are not rejected are refused and reported."
 
 def _audit_payload_access(request: HttpRequest, kind: str, **what) -> None:
     # Every body or headers shown and every body search, before the answer leaves.
-    payload_access_record(actor=request.user, kind=kind, via=OperatorActionVia.ADMIN, **what)
+    payload_access_record(
+        actor=acting_user(request.user), kind=kind, via=OperatorActionVia.ADMIN, **what
+    )
 
 
 class SourceFilter(admin.SimpleListFilter):
@@ -341,7 +343,7 @@ class RawEventAdmin(OperatorAdmin):
 
     summary_fields = ("status_summary", "next_step", "deliveries_table", "operator_actions")
     # The verdict's time under the label that says which verdict it was.
-    VERDICT_AT_FIELDS = {
+    VERDICT_AT_FIELDS: dict[str, str] = {
         SignatureStatus.VERIFIED: "verified_at_display",
         SignatureStatus.REJECTED: "rejected_at",
     }
@@ -351,7 +353,7 @@ class RawEventAdmin(OperatorAdmin):
         may_read = may_read_payload(request.user)
         payload = self.payload_fields if may_read else ("payload_hidden",)
         # Handler errors may quote the payload: without the permission, their class only.
-        summary = self.summary_fields
+        summary: tuple[str, ...] = self.summary_fields
         if not may_read:
             summary = tuple(
                 "deliveries_table_without_messages" if name == "deliveries_table" else name
@@ -483,7 +485,8 @@ class RawEventAdmin(OperatorAdmin):
         cached = getattr(obj, "_console_state", None)
         if cached is None:
             statuses = [d.status for d in raw_event_deliveries(raw_event_id=obj.pk)]
-            cached = obj._console_state = raw_event_state(obj, statuses)
+            cached = raw_event_state(obj, statuses)
+            setattr(obj, "_console_state", cached)  # noqa: B010  (not a field of the model)
         return cached
 
     @admin.display(description="verdict", ordering="signature_status")

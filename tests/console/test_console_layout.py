@@ -64,7 +64,7 @@ def test_every_admin_operator_action_is_an_api_endpoint_running_the_same_service
 
 
 def _imported_modules(path: Path) -> set[str]:
-    modules = set()
+    modules: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             modules.update(alias.name for alias in node.names)
