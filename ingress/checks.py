@@ -1,10 +1,12 @@
+"""The ingress app's system checks: its sources, its reconciliation budgets, the raw event
+store's keys and archive. The web server's own limits are checked in eventdrop/checks.py."""
+
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from eventdrop.budgets import (
     RECONCILE_CALL_WORST_CASES,
-    raw_event_store_worst_case,
     reconcile_budget_problem,
 )
 from ingress.sources import all_sources
@@ -38,51 +40,6 @@ def check_reconcile_budgets(app_configs=None, **kwargs) -> list[checks.CheckMess
         for provider in RECONCILE_CALL_WORST_CASES
     )
     return [checks.Error(problem, id="ingress.E002") for problem in problems if problem]
-
-
-@checks.register()
-def check_web_server_limits(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    """The production server's own bounds (eventdrop/web.py) against the webhook's budget and
-    the sources' limits: a request may spend the header read timeout, then the body read
-    deadline, then the store's worst case, and all of it must fit the route's budget."""
-    from eventdrop.web import WebServerConfig
-
-    try:
-        server = WebServerConfig.from_environ()
-    except ValueError as exc:
-        return [checks.Error(f"Web server settings (WEB_*): {exc}", id="ingress.E003")]
-    messages: list[checks.CheckMessage] = []
-    header = server.header_read_timeout_seconds
-    body = float(settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS)
-    store = raw_event_store_worst_case()
-    total = header + body + store.seconds
-    budget = float(settings.WEBHOOK_REQUEST_BUDGET_SECONDS)
-    if total > budget:
-        messages.append(
-            checks.Error(
-                f"webhook receive worst case headers {header:.1f} s "
-                f"(WEB_HEADER_READ_TIMEOUT_SECONDS) + body {body:.1f} s "
-                f"(WEBHOOK_BODY_READ_TIMEOUT_SECONDS) + {store.terms} = {total:.1f} s "
-                f"exceeds the {budget:.1f} s budget of the webhook receive request "
-                "(WEBHOOK_REQUEST_BUDGET_SECONDS).",
-                id="ingress.E003",
-            )
-        )
-    try:
-        sources = all_sources()
-    except ImproperlyConfigured:
-        return messages  # reported by ingress.E001
-    for source in sources.values():
-        if source.enabled and source.max_header_bytes > server.max_header_bytes:
-            messages.append(
-                checks.Warning(
-                    f"Webhook source {source.name!r} allows {source.max_header_bytes} bytes of "
-                    f"headers, but the web server answers 431 past {server.max_header_bytes}.",
-                    hint="Raise WEB_MAX_HEADER_BYTES or lower the source's max_header_bytes.",
-                    id="ingress.W002",
-                )
-            )
-    return messages
 
 
 @checks.register(checks.Tags.security)
