@@ -26,6 +26,7 @@ from recaps.models import RecapStatus, RecapVideo
 from tests.console.conftest import github_signature, receive_github
 from tests.console.samples import paid_recap
 from tests.support.signing import stripe_event, stripe_headers
+from tests.support.sql import scalar
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
 
@@ -287,7 +288,7 @@ def test_every_login_role_connects_and_is_refused_what_it_may_not(settings):
                 password="pw-unused-with-trust",
                 connect_timeout=5,
             ) as conn:
-                assert conn.execute("SELECT current_user").fetchone()[0] == role_name(kind, prefix)
+                assert scalar(conn, "SELECT current_user") == role_name(kind, prefix)
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute(statement)
         with connection.cursor() as cursor:

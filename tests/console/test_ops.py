@@ -128,11 +128,18 @@ def build_known_store(now, client, user) -> dict:
 
 
 def reconciliation_run(
-    now, *, provider: str, scope: str = "", ago: timedelta, listed: int = 10_000, missing: int = 0
+    now,
+    *,
+    provider: str,
+    scope: str = "",
+    ago: timedelta,
+    listed: int = 10_000,
+    missing: int | None = 0,
 ) -> ReconciliationRun:
     """A finished run; missing=None makes it a failed one (it measured nothing)."""
     finished_at = now - ago
     failed = missing is None
+    missing = missing or 0
     return ReconciliationRun.objects.create(
         provider=provider,
         source=provider,
@@ -444,7 +451,8 @@ def test_histogram_quantile(buckets, expected):
 
 def _private_ack_histogram() -> Histogram:
     """Same name as the receive view's, so the page reads it; none of its observations."""
-    name = ACK_SECONDS.describe()[0].name
+    [metric] = ACK_SECONDS.describe()
+    name = metric.name
     return Histogram(name, "test copy", ["source"], buckets=(0.005, 0.25, 0.5), registry=None)
 
 
@@ -544,9 +552,7 @@ def _waiting_rows(client, user):
     )
 
 
-def test_the_snapshot_tells_rows_waiting_for_the_breaker_from_their_own_errors(
-    client, admin_user
-):
+def test_the_snapshot_tells_rows_waiting_for_the_breaker_from_their_own_errors(client, admin_user):
     _waiting_rows(client, admin_user)
     snapshot = ops_snapshot()
     assert snapshot.side_effects_waiting == {"breaker": 2, "own_error": 1, "configuration": 0}

@@ -169,6 +169,7 @@ def test_auditors_read_the_trail_and_nobody_edits_it(client, payload_operator, e
 def log_output():
     """What the project's own log handler writes (its filters included) during the test."""
     [handler] = [h for h in logging.getLogger().handlers if h.get_name() == "console"]
+    assert isinstance(handler, logging.StreamHandler)
     stream = io.StringIO()
     previous = handler.setStream(stream)
     yield stream
