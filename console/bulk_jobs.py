@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
-from django.db import InterfaceError, OperationalError, transaction
+from django.contrib.auth.models import User
+from django.db import InterfaceError, OperationalError, models, transaction
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
@@ -121,7 +121,7 @@ class BulkJobError(EventDropError):
 class KindSpec:
     """What a kind of job acts on: its rows, the filters that apply, how one row is done."""
 
-    model: type
+    model: type[models.Model]
     action: str  # OperatorActionKind
     filters: frozenset[str]
     breakdown: tuple[tuple[str, str], ...]  # (label, field)
@@ -180,7 +180,7 @@ KINDS: dict[str, KindSpec] = {
 
 def _filtered(kind: str, filters: dict) -> QuerySet:
     spec = KINDS[kind]
-    rows = spec.model.objects.all()
+    rows = spec.model._default_manager.all()
     after, before = filters.get("received_after"), filters.get("received_before")
     if kind == BulkJobKind.REPLAY_RAW_EVENTS:
         if filters.get("source"):
@@ -232,7 +232,7 @@ def _filtered(kind: str, filters: dict) -> QuerySet:
 def bulk_job_selection(*, job: BulkJob) -> QuerySet:
     """The rows the job acts on, not yet limited by its cursor."""
     if job.target_ids:
-        return KINDS[job.kind].model.objects.filter(id__in=job.target_ids)
+        return KINDS[job.kind].model._default_manager.filter(id__in=job.target_ids)
     return _filtered(job.kind, job.filters).filter(id__lte=job.upper_id)
 
 
@@ -278,7 +278,7 @@ def _clean_filters(kind: str, filters: dict) -> dict:
 
 def bulk_job_preview(
     *,
-    actor: AbstractBaseUser,
+    actor: User,
     kind: str,
     via: str,
     filters: dict | None = None,
@@ -294,7 +294,7 @@ def bulk_job_preview(
     if len(ids) > MAX_SELECTED_IDS:
         raise BulkJobError(TOO_MANY_IDS.format(count=len(ids), limit=MAX_SELECTED_IDS), field="ids")
     model = KINDS[kind].model
-    upper_id = model.objects.aggregate(top=Max("id"))["top"] or 0
+    upper_id = model._default_manager.aggregate(top=Max("id"))["top"] or 0
     job = BulkJob(
         actor=actor,
         actor_username=actor.get_username(),
@@ -341,7 +341,7 @@ def _enqueue(job_id: int) -> None:
 
 
 @transaction.atomic
-def bulk_job_start(*, job: BulkJob, actor: AbstractBaseUser, via: str) -> BulkJob:
+def bulk_job_start(*, job: BulkJob, actor: User, via: str) -> BulkJob:
     """Queue a previewed job (the click the SLO counts from) and write its operator action."""
     job = BulkJob.objects.select_for_update().get(pk=job.pk)
     if job.state != BulkJobState.PREVIEWED:
@@ -375,7 +375,7 @@ def bulk_job_start(*, job: BulkJob, actor: AbstractBaseUser, via: str) -> BulkJo
 
 
 @transaction.atomic
-def bulk_job_cancel(*, job: BulkJob, actor: AbstractBaseUser) -> BulkJob:
+def bulk_job_cancel(*, job: BulkJob, actor: User) -> BulkJob:
     """Stop a job after its batch in flight (waits for that batch's commit, at most).
 
     A previewed job is simply discarded (`cancelled`, nothing was ever started).
@@ -391,11 +391,13 @@ def bulk_job_cancel(*, job: BulkJob, actor: AbstractBaseUser) -> BulkJob:
     else:
         job.state = BulkJobState.CANCELLING
         job.save(update_fields=["state"])
+        # Started, so it has its operator action (bulk_job_start writes both at once).
         action = job.operator_action
-        note = CANCEL_REQUESTED.format(
-            username=actor.get_username(), at=now.isoformat(timespec="seconds")
-        )
-        OperatorAction.objects.filter(pk=action.pk).update(note=f"{action.note}; {note}")
+        if action is not None:
+            note = CANCEL_REQUESTED.format(
+                username=actor.get_username(), at=now.isoformat(timespec="seconds")
+            )
+            OperatorAction.objects.filter(pk=action.pk).update(note=f"{action.note}; {note}")
     logger.info(
         "console.bulk_job.cancel", extra={"bulk_job_id": job.id, "actor": actor.get_username()}
     )
@@ -523,7 +525,9 @@ def _finish(job: BulkJob, state: str, now: datetime) -> None:
     job.heartbeat_at = now
     job.save(update_fields=["state", "finished_at", "heartbeat_at", "error"])
     requested = max(job.total, job.processed)
-    OperatorAction.objects.filter(pk=job.operator_action_id).update(
+    if job.operator_action_id is None:  # a preview is discarded without one (bulk_job_cancel)
+        return
+    OperatorAction.objects.filter(id=job.operator_action_id).update(
         requested=requested,
         succeeded=job.succeeded,
         refused=job.refused,
@@ -689,6 +693,8 @@ def bulk_job_replay_latencies(*, job: BulkJob) -> list[float | None]:
     the click; a re-armed delivery when it has one. Rows without a delivery are left out.
     """
     since = job.started_at
+    if since is None:  # never started: nothing was replayed
+        return []
     latencies: list[float | None] = []
     items = list(
         BulkJobItem.objects.filter(job=job)
@@ -706,14 +712,17 @@ def bulk_job_replay_latencies(*, job: BulkJob) -> list[float | None]:
                 for pk in Delivery.objects.filter(id__in=chunk).values_list("id", flat=True)
             ]
         done = _first_done([delivery_id for delivery_id, _ in pairs], since)
-        per_row: dict[int, list[datetime | None]] = {}
+        per_row: dict[int, list[datetime]] = {}
+        unhandled: set[int] = set()
         for delivery_id, row_id in pairs:
-            per_row.setdefault(row_id, []).append(done.get(delivery_id))
-        for times in per_row.values():
-            if all(times):
-                latencies.append((max(times) - since).total_seconds())  # type: ignore[type-var]
+            first = done.get(delivery_id)
+            per_row.setdefault(row_id, [])
+            if first is None:
+                unhandled.add(row_id)
             else:
-                latencies.append(None)
+                per_row[row_id].append(first)
+        for row_id, times in per_row.items():
+            latencies.append(None if row_id in unhandled else (max(times) - since).total_seconds())
     return latencies
 
 

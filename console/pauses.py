@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from console.models import (
@@ -73,7 +73,7 @@ def _scope(handler: str, source: str) -> str:
 
 
 def _record(
-    *, actor: AbstractBaseUser, via: str, kind: str, handler: str, source: str, change
+    *, actor: User, via: str, kind: str, handler: str, source: str, change
 ) -> OperatorAction:
     record = OperatorAction.objects.create(
         actor=actor,
@@ -88,8 +88,8 @@ def _record(
     try:
         result = change()
     except PauseRefused as exc:
-        outcome, item = OperatorActionOutcome.REFUSED, {"outcome": ItemOutcome.REFUSED}
-        item["detail"] = str(exc)
+        outcome = OperatorActionOutcome.REFUSED
+        item: dict[str, object] = {"outcome": ItemOutcome.REFUSED, "detail": str(exc)}
         record.refused = 1
     else:
         outcome = OperatorActionOutcome.SUCCEEDED
@@ -130,9 +130,7 @@ def _record(
     return record
 
 
-def handlers_pause(
-    *, actor: AbstractBaseUser, via: str, handler: str = "", source: str = ""
-) -> OperatorAction:
+def handlers_pause(*, actor: User, via: str, handler: str = "", source: str = "") -> OperatorAction:
     """Pause one handler or every handler of one source; recorded whatever the outcome."""
     return _record(
         actor=actor,
@@ -145,7 +143,7 @@ def handlers_pause(
 
 
 def handlers_resume(
-    *, actor: AbstractBaseUser, via: str, handler: str = "", source: str = ""
+    *, actor: User, via: str, handler: str = "", source: str = ""
 ) -> OperatorAction:
     """Resume the pause of one handler or source, releasing what it held."""
     return _record(

@@ -35,6 +35,7 @@ from console.bulk_jobs import (
 from console.models import BulkJob, BulkJobKind, BulkJobState, OperatorActionVia
 from console.ops import VIEW_OPS_PERMISSION
 from console.presentation import format_seconds
+from console.services import acting_user
 from ingress.handlers import all_handlers
 from ingress.models import DeliveryStatus, RejectionReason, SignatureStatus
 from ingress.sources import all_sources
@@ -121,7 +122,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
             data = serializer.validated_data
             try:
                 job = bulk_job_preview(
-                    actor=request.user,
+                    actor=acting_user(request.user),
                     kind=data["kind"],
                     via=OperatorActionVia.ADMIN,
                     filters=dict(data.get("filters") or {}),
@@ -164,7 +165,7 @@ def job_start(request: HttpRequest, job_id: int) -> HttpResponse:
     _require(request, WRITE_PERMISSION)
     job = get_object_or_404(BulkJob, pk=job_id)
     try:
-        job = bulk_job_start(job=job, actor=request.user, via=OperatorActionVia.ADMIN)
+        job = bulk_job_start(job=job, actor=acting_user(request.user), via=OperatorActionVia.ADMIN)
     except BulkJobError as exc:
         messages.error(request, str(exc))
     else:
@@ -178,7 +179,7 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     _require(request, WRITE_PERMISSION)
     job = get_object_or_404(BulkJob, pk=job_id)
     try:
-        job = bulk_job_cancel(job=job, actor=request.user)
+        job = bulk_job_cancel(job=job, actor=acting_user(request.user))
     except BulkJobError as exc:
         messages.error(request, str(exc))
     else:
@@ -222,7 +223,7 @@ def pause_list(request: HttpRequest) -> TemplateResponse:
 def _pause_action(request: HttpRequest, service) -> HttpResponse:
     _require(request, WRITE_PERMISSION)
     record = service(
-        actor=request.user,
+        actor=acting_user(request.user),
         via=OperatorActionVia.ADMIN,
         handler=request.POST.get("handler", "").strip(),
         source=request.POST.get("source", "").strip(),

@@ -98,7 +98,7 @@ def test_preview_start_status_cancel_through_the_api(
 ):
     from console import bulk_jobs
 
-    enqueued = []
+    enqueued: list[int] = []
     monkeypatch.setattr(bulk_jobs, "_enqueue", enqueued.append)
     stored_events(7)
     stored_events(2, source="stripe", event_type="charge.succeeded")

@@ -14,7 +14,7 @@ from django_q.conf import Conf
 
 from console import bulk_jobs
 from console.bulk_jobs import bulk_job_cancel, bulk_job_preview, bulk_job_run, bulk_job_start
-from console.models import BulkJob, BulkJobItem, OperatorAction
+from console.models import BulkJobItem, OperatorAction
 from ingress.models import Delivery
 from tests.console.test_bulk_jobs import stored_events
 from tests.support.processes import app_env, start_manage
@@ -67,7 +67,7 @@ def test_twenty_thousand_events_cancel_rerun_and_restart(operator, push_handler,
     assert 8 <= len(batches) <= 9  # the batch in flight when the cancel landed, at most
     assert waited[0] < 30  # it waited for a batch's commit, not for the job
     assert Delivery.objects.count() == job.processed
-    action = OperatorAction.objects.get(pk=job.operator_action_id)
+    action = OperatorAction.objects.get(bulk_job=job)
     assert (action.outcome, action.requested, action.succeeded, action.skipped) == (
         "cancelled",
         EVENTS,
@@ -97,7 +97,7 @@ def test_twenty_thousand_events_cancel_rerun_and_restart(operator, push_handler,
     assert Delivery.objects.count() == EVENTS
     assert Delivery.objects.filter(status="pending", attempts=0).count() == EVENTS
     assert BulkJobItem.objects.filter(job=again).count() == EVENTS
-    assert OperatorAction.objects.get(pk=again.operator_action_id).outcome == "succeeded"
+    assert OperatorAction.objects.get(bulk_job=again).outcome == "succeeded"
 
 
 def _test_database_url() -> str:
@@ -137,7 +137,7 @@ def test_a_real_qcluster_runs_the_job_in_several_tasks(operator, monkeypatch, tm
     finally:
         cluster.stop()
     assert (job.state, job.processed, job.batches) == ("done", 2_000, 10), cluster.output()[-3000:]
-    assert BulkJob.objects.get(pk=job.pk).operator_action.outcome == "succeeded"
+    assert OperatorAction.objects.get(bulk_job=job).outcome == "succeeded"
     from django_q.models import Task
 
     runs = Task.objects.filter(group="console.bulk_job")
