@@ -326,3 +326,36 @@ def test_the_replay_slo_is_measured_from_the_click_to_the_first_done_attempt(
     job = bulk_job_measure_slo(job=job, now=later)
     assert (job.slo_events, job.slo_within) == (4, 4)
     assert job.slo_p99_seconds is not None and 0 <= job.slo_p99_seconds < 120
+
+
+def test_dead_deliveries_of_one_handler_are_rearmed_as_a_job(operator, push_handler):
+    events = stored_events(6)
+    rows = Delivery.objects.bulk_create(
+        [
+            Delivery(raw_event_id=e.id, handler="app.on_push", status="dead", attempts=5)
+            for e in events[:4]
+        ]
+        + [Delivery(raw_event_id=e.id, handler="app.on_push", status="done") for e in events[4:]]
+        + [Delivery(raw_event_id=events[0].id, handler="app.other", status="dead", attempts=5)]
+    )
+    job = bulk_job_preview(
+        actor=operator,
+        kind="rearm_deliveries",
+        via="api",
+        filters={"handler": "app.on_push", "source": "github"},
+    )
+    assert (job.total, job.breakdown["eligible"]) == (6, 4)
+    assert dict(map(tuple, job.breakdown["by"]["status"])) == {"dead": 4, "done": 2}
+    job = bulk_job_run(job_id=bulk_job_start(job=job, actor=operator, via="api").id, batch_size=4)
+    assert (job.state, job.succeeded, job.refused) == ("done", 4, 2)
+    assert "is not dead" in job.problems[0]["detail"]
+    by_id = {row.pk: row for row in Delivery.objects.all()}
+    assert [by_id[row.pk].status for row in rows] == [
+        *["pending"] * 4,
+        "done",
+        "done",
+        "dead",  # another handler's: not selected
+    ]
+    assert all(by_id[row.pk].attempts == 0 for row in rows[:4])
+    assert OperatorAction.objects.get(bulk_job=job).action == "delivery_rearm"
+    assert BulkJobItem.objects.filter(job=job).count() == 4
