@@ -70,9 +70,12 @@ def _coerce(source: str, option: str, value: object) -> object:
             return value
         return str(value).strip().lower() in {"1", "true", "yes", "on"}
     if option in _INT_OPTIONS:
+        # Whole numbers only, as JSON numbers or text: not true/false, not 1.5.
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ImproperlyConfigured(f"{where}: must be an integer, got {value!r}")
         try:
-            number = int(value)  # type: ignore[call-overload]
-        except (TypeError, ValueError) as exc:
+            number = int(value)
+        except ValueError as exc:
             raise ImproperlyConfigured(f"{where}: must be an integer, got {value!r}") from exc
         if number <= 0:
             raise ImproperlyConfigured(f"{where}: must be positive, got {number}")
@@ -110,6 +113,8 @@ def _build_source(name: str, declared: dict) -> Source:
     options["delivery_id_header"] = str(options["delivery_id_header"]).lower()
     raw_secrets = os.environ.get(str(options["secrets_env"]), "")
     secrets = tuple(part.strip() for part in raw_secrets.split(",") if part.strip())
+    # Each option was coerced to its field's type above (_BOOL_, _INT_, _STR_OPTIONS), which
+    # a dict of them cannot tell the type checker.
     return Source(name=name, secrets=secrets, **options)  # type: ignore[arg-type]
 
 

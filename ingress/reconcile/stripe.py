@@ -26,11 +26,14 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import stripe
 from django.conf import settings
 from django.utils import timezone
+
+if TYPE_CHECKING:  # the SDK's parameter types (stripe.params exists at runtime from v13)
+    from stripe.params import EventListParams
 
 from eventdrop.budgets import BudgetClock, reconcile_budget_problem, reconcile_call_worst_case
 from eventdrop.stripe_api import stripe_client
@@ -98,7 +101,7 @@ class _Page:
 def _event_pages(
     client: stripe.StripeClient, window: Window, types: list[str] | None, clock: BudgetClock
 ) -> Iterator[_Page]:
-    params: dict[str, Any] = {
+    params: EventListParams = {
         "limit": PAGE_SIZE,
         "created": {"gte": int(window.since.timestamp()), "lt": int(window.until.timestamp())},
     }
@@ -110,7 +113,7 @@ def _event_pages(
             raise ReconcileStopped(PAGE_LIMIT.format(pages=pages))
         clock.require("stripe", reconcile_call_worst_case("stripe"))
         try:
-            listing = client.v1.events.list(params=params)  # type: ignore[arg-type]
+            listing = client.v1.events.list(params=params)
         except stripe.StripeError as exc:
             raise _stripe_error(exc, pages) from exc
         pages += 1

@@ -76,6 +76,9 @@ def test_disabled_source_without_a_secret_is_not_reported(environ):
         ('{"acme": "hmac"}', "JSON object of objects"),
         ('{"acme": {"provider": "carrier-pigeon"}}', "provider must be one of"),
         ('{"acme": {"provider": "hmac", "max_body_bytes": "lots"}}', "must be an integer"),
+        # true would be read as 1 byte, 1.5 as 1: neither is a size anyone meant.
+        ('{"acme": {"provider": "hmac", "max_body_bytes": true}}', "must be an integer"),
+        ('{"acme": {"provider": "hmac", "max_body_bytes": 1.5}}', "must be an integer"),
         ('{"gh2": {"provider": "github", "signature_header": "X-Other"}}', "only be set for hmac"),
         # The verifier keys GitHub events by X-GitHub-Delivery and signs Standard Webhooks'
         # webhook-id: a source may not point either elsewhere (ingress/providers.py).
