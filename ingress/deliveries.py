@@ -74,10 +74,33 @@ def delivery_retry_strategy() -> RetryStrategy:
 def deliveries_for_event(
     event: RawEvent, specs: list[HandlerSpec], now: datetime
 ) -> list[Delivery]:
-    """The new (unsaved) deliveries of a settled event, one per handler, due now."""
-    return [
-        Delivery(raw_event_id=event.id, handler=spec.name, next_attempt_at=now) for spec in specs
-    ]
+    """The new (unsaved) deliveries of a settled event, one per handler, due now.
+
+    An ordered handler's carries the event's ordering key and event time, read from the
+    payload (parsed once per event, and only when some handler orders): the claim below
+    keeps each key's deliveries one at a time and in order.
+    """
+    ordering: dict[str, tuple[str, datetime | None]] = {}
+    if any(spec.ordered for spec in specs):
+        try:
+            payload = parse_payload(raw_event_headers(event), raw_event_body(event))
+        except Exception:
+            # Unreadable: delivered unordered, and its handler says why (a permanent error).
+            payload = None
+        ordering = {spec.name: spec.ordering_of(payload) for spec in specs if spec.ordered}
+    deliveries = []
+    for spec in specs:
+        key, event_time = ordering.get(spec.name, ("", None))
+        deliveries.append(
+            Delivery(
+                raw_event_id=event.id,
+                handler=spec.name,
+                next_attempt_at=now,
+                ordering_key=key,
+                event_time=(event_time or event.received_at) if key else None,
+            )
+        )
+    return deliveries
 
 
 # --- operator re-arms, holds and releases (called by ingress/services.py) ------------------
@@ -125,14 +148,15 @@ def deliveries_release(
 
 # What a replay arms again. `pending` is re-armed too (attempts reset, due now): a replay is
 # the operator's "try it now", and it stays one row, so a second replay queues nothing twice.
-# `processing` is left to finish on its own.
+# `processing` is left to finish on its own, `held` to its pause; `superseded` is re-armed
+# only by force, and then runs despite the newer event of its key.
 _REPLAY_REARMS = (DeliveryStatus.DONE, DeliveryStatus.DEAD, DeliveryStatus.PENDING)
 
 
 @dataclass(frozen=True)
 class ReplayArming:
     armed_by_event: dict[int, int]  # raw event id -> deliveries (re)armed, new ones included
-    already_queued: int  # deliveries left as they were (running)
+    already_queued: int  # deliveries left as they were (running, or held by a pause)
     superseded_kept: int  # superseded deliveries a replay without force leaves alone
 
 
@@ -142,17 +166,24 @@ def deliveries_arm_for_replay(
     """(Re)arm every delivery of these verified events, inside the caller's transaction.
 
     A delivery is created for each handler registered since the event was settled; the
-    existing ones are re-armed with their attempts reset, in one UPDATE for the batch.
+    existing ones are re-armed with their attempts reset, in one UPDATE for the batch. An
+    ordered handler's re-armed delivery takes its turn in its key again: it runs if no newer
+    event of the key was handled meanwhile, else it is superseded — unless `force`, which
+    re-arms superseded ones too and runs them regardless (still one at a time per key).
     """
     if not events:
         return ReplayArming({}, 0, 0)
     rows = Delivery.objects.filter(raw_event_id__in=[e.id for e in events])
     existing = list(rows.values_list("raw_event_id", "handler", "status"))
-    already_queued = sum(status == DeliveryStatus.PROCESSING for *_, status in existing)
+    already_queued = sum(
+        status in (DeliveryStatus.PROCESSING, DeliveryStatus.HELD) for *_, status in existing
+    )
+    superseded = sum(status == DeliveryStatus.SUPERSEDED for *_, status in existing)
+    rearms = (*_REPLAY_REARMS, DeliveryStatus.SUPERSEDED) if force else _REPLAY_REARMS
     # Only the rows to re-arm are locked, in id order: a running delivery is never waited
     # for (its batch, which also stamps the event handled, would wait for our event lock).
     armed_ids = list(
-        rows.filter(status__in=_REPLAY_REARMS)
+        rows.filter(status__in=rearms)
         .select_for_update()
         .order_by("id")
         .values_list("id", "raw_event_id")
@@ -163,6 +194,8 @@ def deliveries_arm_for_replay(
         next_attempt_at=now,
         claimed_at=None,
         finished_at=None,
+        superseded_by=None,
+        forced=force,
     )
     handled = {(event_id, handler) for event_id, handler, _ in existing}
     new: list[Delivery] = []
@@ -181,7 +214,7 @@ def deliveries_arm_for_replay(
         armed_by_event[raw_event_id] = armed_by_event.get(raw_event_id, 0) + 1
     for delivery in new:
         armed_by_event[delivery.raw_event_id] = armed_by_event.get(delivery.raw_event_id, 0) + 1
-    return ReplayArming(armed_by_event, already_queued, 0)
+    return ReplayArming(armed_by_event, already_queued, 0 if force else superseded)
 
 
 def deliveries_rearm_dead(delivery_ids: list[int], *, now: datetime) -> int:
@@ -226,20 +259,19 @@ class _Failure:
 
 
 def _claim_due_deliveries(limit: int, now: datetime) -> list[_Claimed]:
+    """Claim up to `limit` due unordered deliveries and up to `limit` heads of ordering keys.
+
+    Both in one short transaction that marks them `processing` and charges the attempt.
+    """
     with transaction.atomic():
         due = list(
             Delivery.objects.select_for_update(skip_locked=True)
-            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
+            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now, ordering_key="")
             .order_by("next_attempt_at")
             .values_list("id", "raw_event_id", "handler", "attempts", "total_attempts")[:limit]
         )
-        # Deliveries of a paused handler or source are held here, before the attempt is
-        # charged: whatever made them pending (created before the pause was seen, a retry,
-        # a replay, a stale re-arm), a paused handler is never run.
-        held = _paused_among([(row[0], row[1], row[2]) for row in due])
-        if held:
-            Delivery.objects.filter(id__in=held).update(status=DeliveryStatus.HELD)
-            due = [row for row in due if row[0] not in held]
+        heads, superseded = _claim_key_heads(limit, now)
+        due = _hold_paused(due) + heads
         if due:
             Delivery.objects.filter(id__in=[row[0] for row in due]).update(
                 status=DeliveryStatus.PROCESSING,
@@ -247,10 +279,139 @@ def _claim_due_deliveries(limit: int, now: datetime) -> list[_Claimed]:
                 attempts=F("attempts") + 1,
                 total_attempts=F("total_attempts") + 1,
             )
+    if superseded:
+        # After the claim's commit: the claim locks no raw event, so it can never be one
+        # half of a deadlock with a replay (which locks the events, then their deliveries).
+        _mark_events_handled(superseded, now)
     return [
         _Claimed(id, event_id, handler, attempts + 1, total + 1, now)
         for id, event_id, handler, attempts, total in due
     ]
+
+
+def _hold_paused(rows: list[tuple]) -> list[tuple]:
+    """Hold the locked due rows (id, raw event id, handler, …) that a pause covers; returns
+    the others. Before the attempt is charged: whatever made them pending (created before
+    the pause was seen, a retry, a replay, a stale re-arm), a paused handler never runs."""
+    held = _paused_among([(row[0], row[1], row[2]) for row in rows])
+    if not held:
+        return rows
+    Delivery.objects.filter(id__in=held).update(status=DeliveryStatus.HELD)
+    return [row for row in rows if row[0] not in held]
+
+
+# --- ordered handlers: one delivery per key at a time, never an older after a newer ---------
+#
+# A key's *head* is its oldest unfinished delivery, by (event_time, raw_event_id). Only a
+# head that is pending and due is ever claimed, and only by a worker holding the key's
+# transaction-level advisory lock, taken with pg_try_advisory_xact_lock — the SKIP LOCKED of
+# keys: a key another worker is deciding about right now is skipped this pass, never waited
+# for. Under the lock, a fresh statement sees every claim committed before it: if a delivery
+# of the key is running, or the head changed (an older event arrived since), the key waits;
+# if a newer event of the key was already handled, the head is superseded instead of run.
+# The claim commits (head `processing`) before the lock is released, so two workers never
+# run one key at once, and the key's order cannot depend on which worker claims what.
+#
+# A head in backoff holds its key back until it is due or dead: strict order means the
+# newer events wait behind the older one's retries.
+
+# The advisory lock space of these keys: pg_try_advisory_xact_lock(ORDERING_LOCK_CLASS,
+# hashtext(handler || ' ' || key)). The two-int form is a key space of its own, apart from
+# the one-bigint locks of partition maintenance and restore. A hash collision only makes
+# two keys wait for each other within one claim.
+ORDERING_LOCK_CLASS = 0x6F72_6465  # b"orde"
+
+
+def _key_sql(sql: str) -> str:
+    return sql.replace("{table}", connection.ops.quote_name(Delivery._meta.db_table))
+
+
+_KEY_HEADS = _key_sql(
+    "SELECT id FROM ("
+    "  SELECT DISTINCT ON (handler, ordering_key) id, status, next_attempt_at"
+    "  FROM {table} WHERE ordering_key <> '' AND status IN ('pending', 'processing')"
+    "  ORDER BY handler, ordering_key, event_time, raw_event_id"
+    ") AS heads WHERE status = 'pending' AND next_attempt_at <= %s "
+    "ORDER BY next_attempt_at LIMIT %s"
+)
+_KEY_LOCKS = (
+    "SELECT k.n, pg_try_advisory_xact_lock(%s, hashtext(k.handler || ' ' || k.key)) "
+    "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS k(handler, key, n) ORDER BY k.n"
+)
+# Fresh, after the locks: per key, whether a delivery is running, which pending one is the
+# head now, and the newest handled one.
+_KEY_STATE = _key_sql(
+    "SELECT DISTINCT ON (d.handler, d.ordering_key, d.status) d.handler, d.ordering_key,"
+    " d.status, d.id, d.event_time, d.raw_event_id "
+    "FROM {table} AS d JOIN unnest(%s::text[], %s::text[]) AS k(handler, key)"
+    " ON d.handler = k.handler AND d.ordering_key = k.key "
+    "WHERE d.status IN ('pending', 'processing', 'done') "
+    "ORDER BY d.handler, d.ordering_key, d.status,"
+    " CASE WHEN d.status = 'done' THEN d.event_time END DESC,"
+    " CASE WHEN d.status = 'done' THEN d.raw_event_id END DESC,"
+    " d.event_time, d.raw_event_id"
+)
+
+
+def _claim_key_heads(limit: int, now: datetime) -> tuple[list[tuple], set[int]]:
+    """The heads of ordering keys to claim now (as rows of _claim_due_deliveries' shape),
+    and the raw events of the heads it superseded instead (they lost to a newer handled
+    event of their key)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_KEY_HEADS, [now, limit])
+        candidates = [row[0] for row in cursor.fetchall()]
+    if not candidates:
+        return [], set()
+    rows = list(
+        Delivery.objects.select_for_update(skip_locked=True)
+        .filter(id__in=candidates, status=DeliveryStatus.PENDING)
+        .order_by("next_attempt_at")
+        .values_list(
+            "id",
+            "raw_event_id",
+            "handler",
+            "attempts",
+            "total_attempts",
+            "ordering_key",
+            "event_time",
+            "forced",
+        )
+    )
+    rows = _hold_paused(rows)
+    if not rows:
+        return [], set()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _KEY_LOCKS, [ORDERING_LOCK_CLASS, [r[2] for r in rows], [r[5] for r in rows]]
+        )
+        locked = [rows[n - 1] for n, got in cursor.fetchall() if got]
+        if not locked:
+            return [], set()
+        cursor.execute(_KEY_STATE, [[r[2] for r in locked], [r[5] for r in locked]])
+        state = {(h, k, status): (i, t, e) for h, k, status, i, t, e in cursor.fetchall()}
+    claimed, superseded = [], []
+    for row in locked:
+        delivery_id, raw_event_id, handler, _, _, key, event_time, forced = row
+        if (handler, key, DeliveryStatus.PROCESSING) in state:
+            continue  # one of the key's deliveries is running
+        head = state.get((handler, key, DeliveryStatus.PENDING))
+        if head is None or head[0] != delivery_id:
+            continue  # an older one arrived since the candidates were read: next pass
+        newest = state.get((handler, key, DeliveryStatus.DONE))
+        if newest is not None and not forced and newest[1:] > (event_time, raw_event_id):
+            superseded.append((delivery_id, raw_event_id, newest[0]))
+            continue
+        claimed.append(row[:5])
+    for delivery_id, raw_event_id, newer_id in superseded:
+        # Finished without running, visibly: with the delivery it lost to.
+        Delivery.objects.filter(id=delivery_id).update(
+            status=DeliveryStatus.SUPERSEDED, superseded_by_id=newer_id, finished_at=now
+        )
+        logger.info(
+            "ingress.deliver.superseded",
+            extra={"delivery_id": delivery_id, "raw_event_id": raw_event_id, "by": newer_id},
+        )
+    return claimed, {raw_event_id for _, raw_event_id, _ in superseded}
 
 
 def _paused_among(rows: list[tuple[int, int, str]]) -> set[int]:

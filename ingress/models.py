@@ -202,6 +202,9 @@ class DeliveryStatus(models.TextChoices):
     # Its handler (or its event's source) is paused (HandlerPause): never claimed, never
     # charged an attempt; resuming turns it back to `pending`, in received order.
     HELD = "held", "held (handler paused)"
+    # Its handler orders by a key (ingress/handlers.py) and a newer event of the same key was
+    # already handled: not run, finished, with `superseded_by`; a forced replay runs it.
+    SUPERSEDED = "superseded", "superseded (a newer event of its key was handled)"
 
 
 # Not finished: the event is not handled yet and its partition is kept past retention.
@@ -232,6 +235,27 @@ class Delivery(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Ordered handlers only (HandlerSpec.ordering_key): the key's value in this event, and
+    # the provider's event time (the received time when the handler declares none, or the
+    # payload lacks it). "" = unordered, claimed as any delivery. Set once, at creation.
+    ordering_key = models.CharField(max_length=255, blank=True, default="", db_default="")
+    event_time = models.DateTimeField(null=True, blank=True)
+    # A superseded delivery: the handled delivery of a newer event of its key that it lost
+    # to. No database constraint: the newer event can be the older partition's (an older
+    # event arriving late is the point), and dropping that must not wait on this row.
+    superseded_by = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        # No index: it would take an entry for every delivery's NULL, on the inbox's hot
+        # INSERT, to serve a lookup nobody makes in bulk.
+        db_index=False,
+        related_name="superseded",
+    )
+    # Replayed by force: runs even though a newer event of its key was handled.
+    forced = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         verbose_name_plural = "deliveries"
@@ -245,6 +269,14 @@ class Delivery(models.Model):
             models.CheckConstraint(
                 condition=~Q(status="processing") | Q(claimed_at__isnull=False),
                 name="delivery_processing_has_claim",
+            ),
+            models.CheckConstraint(
+                condition=Q(ordering_key="") | Q(event_time__isnull=False),
+                name="delivery_ordered_has_event_time",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="superseded") | Q(finished_at__isnull=False),
+                name="delivery_superseded_is_finished",
             ),
         ]
         indexes = [
@@ -263,6 +295,21 @@ class Delivery(models.Model):
             # A pause's held count, and its release on resume in received order.
             models.Index(
                 fields=["handler", "raw_event"], condition=Q(status="held"), name="delivery_held"
+            ),
+            # The head of each key (its oldest unfinished delivery) and whether one is running;
+            # and the newest handled one of a key, which an older one is superseded by.
+            models.Index(
+                fields=["handler", "ordering_key", "event_time", "raw_event"],
+                condition=~Q(ordering_key="") & Q(status__in=["pending", "processing"]),
+                name="delivery_key_unfinished",
+            ),
+            models.Index(
+                fields=["handler", "ordering_key", "event_time", "raw_event"],
+                condition=~Q(ordering_key="") & Q(status="done"),
+                name="delivery_key_done",
+            ),
+            models.Index(
+                fields=["finished_at"], condition=Q(status="superseded"), name="delivery_superseded"
             ),
         ]
 

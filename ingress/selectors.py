@@ -78,6 +78,12 @@ def deliveries_held_count() -> int:
     return Delivery.objects.filter(status=DeliveryStatus.HELD).count()
 
 
+def deliveries_superseded_count() -> int:
+    """Deliveries an ordered handler never ran: a newer event of their key was handled first
+    (each with the delivery it lost to; a forced replay runs it)."""
+    return Delivery.objects.filter(status=DeliveryStatus.SUPERSEDED).count()
+
+
 def _held_by(pause: HandlerPause) -> int:
     held = Delivery.objects.filter(status=DeliveryStatus.HELD)
     if pause.handler:
