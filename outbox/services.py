@@ -51,8 +51,13 @@ from outbox.models import (
     WaitReason,
 )
 from outbox.render_client import RenderStatus
-from recaps.errors import RECAP_NOT_RENDERED, RECAP_NOT_RETRYABLE, RecapStateConflict
-from recaps.models import RecapStatus, RecapVideo
+from recaps.errors import (
+    RECAP_NOT_RENDERED,
+    RECAP_NOT_RETRYABLE,
+    RECAP_RENDER_ALREADY_REQUESTED,
+    RecapStateConflict,
+)
+from recaps.models import UNPAID_STATUSES, RecapStatus, RecapVideo
 from recaps.selectors import recaps_paid_without_side_effect, recaps_stuck_rendering
 from recaps.services import (
     recap_lock,
@@ -146,6 +151,30 @@ def side_effect_enqueue(
         effect_type=effect_type,
         defaults={"next_attempt_at": now or timezone.now()},
     )
+
+
+@transaction.atomic
+def side_effect_withdraw(*, recap: RecapVideo) -> bool:
+    """The paid recap's payment failed before its render (recaps.signals.
+    recap_payment_withdrawn): its render row goes, if no dispatcher has claimed it yet, so
+    that a later payment enqueues a fresh one. A row that was claimed, done or given up on
+    means the render was already requested: refused (RecapStateConflict), and the caller's
+    transaction, the recap's change included, rolls back."""
+    row = (
+        RecapSideEffect.objects.select_for_update()
+        .filter(recap=recap, effect_type=EffectType.RENDER)
+        .first()
+    )
+    if row is None:
+        return False
+    if row.status != SideEffectStatus.PENDING:
+        raise RecapStateConflict(RECAP_RENDER_ALREADY_REQUESTED)
+    row.delete()  # its attempts' history goes with it: nothing was rendered
+    logger.warning(
+        "outbox.withdrawn",
+        extra={"side_effect_id": row.pk, "recap_id": str(recap.pk), "attempts": row.attempts},
+    )
+    return True
 
 
 # --- the dispatcher's side -------------------------------------------------------------------
@@ -587,7 +616,7 @@ def render_failed_record(
     failed, or when the failure belongs to an older render than the one we asked for last
     (an operator retried in between: the row's idempotency key moved on)."""
     recap = recap_lock(recap_id=recap_id)
-    if recap.status == RecapStatus.PENDING_PAYMENT:
+    if recap.status in UNPAID_STATUSES:
         raise RecapStateConflict(RECAP_NOT_RENDERED)
     current = RecapSideEffect.objects.filter(recap=recap, effect_type=EffectType.RENDER).first()
     if current is not None and current.idempotency_key != idempotency_key:

@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.core import checks
 
-from recaps.signals import recap_paid
+from recaps.signals import recap_paid, recap_payment_withdrawn
 
 
 @checks.register()
@@ -21,12 +21,12 @@ def check_recap_configuration(app_configs=None, **kwargs) -> list[checks.CheckMe
     # (outbox/configuration.py), one list for the check and the refusal to run.
     if settings.RECAP_MIN_PHOTOS < 1:
         messages.append(checks.Error("RECAP_MIN_PHOTOS must be at least 1.", id="recaps.E001"))
-    if not recap_paid.has_listeners():
+    if not (recap_paid.has_listeners() and recap_payment_withdrawn.has_listeners()):
         # The outbox's receiver writes a paid recap's render row (recaps/signals.py).
         messages.append(
             checks.Error(
-                "Nothing receives recaps.signals.recap_paid: paid recaps would never be "
-                "rendered.",
+                "Nothing receives recaps.signals.recap_paid (or recap_payment_withdrawn): "
+                "paid recaps would never be rendered (or a failed payment never withdrawn).",
                 hint="Install the outbox app (INSTALLED_APPS 'outbox').",
                 id="recaps.E002",
             )

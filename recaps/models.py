@@ -39,10 +39,16 @@ class Photo(models.Model):
 
 class RecapStatus(models.TextChoices):
     PENDING_PAYMENT = "pending_payment", "waiting for payment"
+    # Its Stripe Checkout Session expired unpaid; a new checkout (or a late payment) reopens it.
+    CHECKOUT_EXPIRED = "checkout_expired", "checkout expired unpaid"
     PAID = "paid", "paid, render queued"
     RENDERING = "rendering", "accepted by the render service"
     READY = "ready", "ready"
     FAILED = "failed", "failed"
+
+
+# Not paid (yet): a payment may still come, and nothing has been sent to the render service.
+UNPAID_STATUSES = (RecapStatus.PENDING_PAYMENT, RecapStatus.CHECKOUT_EXPIRED)
 
 
 class RecapVideo(models.Model):
@@ -62,6 +68,12 @@ class RecapVideo(models.Model):
     # The Stripe PaymentIntent (or, without one, the Checkout Session) that paid for it.
     payment_reference = models.CharField(max_length=255, blank=True, default="")
     checkout_session_id = models.CharField(max_length=255, blank=True, default="")
+    # While unpaid: why it is (still) waiting for a payment — the last asynchronous payment
+    # failed, or the checkout expired. Empty otherwise.
+    awaiting_payment_reason = models.TextField(blank=True, default="")
+    # Stripe's `created` of the newest event applied for the current checkout session: an
+    # older event of that session arriving late changes nothing (checkout_event_apply).
+    checkout_event_at = models.DateTimeField(null=True, blank=True)
     render_id = models.CharField(max_length=255, blank=True, default="")
     video_url = models.URLField(max_length=1000, blank=True, default="")
     failure_reason = models.TextField(blank=True, default="")
@@ -105,11 +117,16 @@ class RecapVideo(models.Model):
                 | ~Q(video_url="") & Q(ready_at__isnull=False),
                 name="recap_ready_has_video",
             ),
-            # Past pending_payment a recap was paid: by a payment, or for free.
+            # Past the unpaid statuses a recap was paid: by a payment, or for free.
             models.CheckConstraint(
-                condition=Q(status=RecapStatus.PENDING_PAYMENT)
+                condition=Q(status__in=UNPAID_STATUSES)
                 | Q(paid_at__isnull=False) & (Q(is_free=True) | ~Q(payment_reference="")),
                 name="recap_paid_has_payment",
+            ),
+            # Only an unpaid recap waits for a payment with a reason.
+            models.CheckConstraint(
+                condition=Q(status__in=UNPAID_STATUSES) | Q(awaiting_payment_reason=""),
+                name="recap_awaiting_reason_only_unpaid",
             ),
             models.CheckConstraint(
                 condition=Q(is_free=False) | Q(payment_reference=""),

@@ -3,9 +3,16 @@
 The status machine (constraints in recaps/models.py hold the invariants):
 
     pending_payment ──paid or redeemed──▶ paid ──render accepted──▶ rendering ──▶ ready
-                                           │                           │
-                                           └──── outbox dead / render failed ──▶ failed
+      │      ▲  ▲                          │  │                          │
+      │      │  └─ async payment failed ───┘  └── outbox dead / render failed ──▶ failed
+      │      │     (before the render: back to waiting, with the reason)
+      ▼      │ new checkout
+    checkout_expired ──late payment──▶ paid
     failed ──operator retry──▶ paid            (a late `render.completed` still wins: ready)
+
+Stripe's checkout events (recaps/handlers.py) arrive in any order; checkout_event_apply
+turns each into one of these transitions, or none, and an older event of a session never
+undoes a newer one.
 
 `rendering` ends by the service's callback or, when that callback is lost, by asking the
 service (outbox/render_checks.py) once `render_check_at` has passed.
@@ -20,6 +27,7 @@ that makes the recap paid.
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 import stripe
 from django.conf import settings
@@ -34,6 +42,7 @@ from recaps.errors import (
     RECAP_NOT_PAYABLE,
     RECAP_NOT_RENDERED,
     RECAP_NOT_YOURS,
+    RECAP_PAYMENT_FAILED_TOO_LATE,
     CheckoutNotConfigured,
     CheckoutUnavailable,
     RecapAlreadyPaid,
@@ -42,14 +51,19 @@ from recaps.errors import (
     RecapPermissionDenied,
     RecapStateConflict,
 )
-from recaps.models import Event, Photo, RecapStatus, RecapVideo
+from recaps.models import UNPAID_STATUSES, Event, Photo, RecapStatus, RecapVideo
 from recaps.selectors import recaps_due_render_check
-from recaps.signals import recap_paid
+from recaps.signals import recap_paid, recap_payment_withdrawn
 
 logger = logging.getLogger(__name__)
 
 _REASON_LIMIT = 2000
 RENDER_CHECK_FAILED_REASON = "render status check failed: {error_class}: {error}"
+PAYMENT_FAILED_REASON = (
+    "The asynchronous payment of checkout {session} failed (Stripe event {event}); waiting "
+    "for a new payment."
+)
+CHECKOUT_EXPIRED_REASON = "Checkout {session} expired unpaid; a new checkout can pay it."
 
 
 def render_deadline() -> timedelta:
@@ -150,15 +164,24 @@ def _recap_for_checkout(*, recap_id: object, buyer: AbstractBaseUser) -> RecapVi
         raise RecapPermissionDenied(RECAP_NOT_YOURS)
     if recap.is_free:
         raise RecapPermissionDenied(RECAP_IS_FREE)
-    if recap.status != RecapStatus.PENDING_PAYMENT:
+    if recap.status not in UNPAID_STATUSES:
         raise RecapAlreadyPaid(RECAP_NOT_PAYABLE)
     return RecapVideo.objects.select_related("event").get(pk=recap.pk)
 
 
 @transaction.atomic
 def recap_checkout_attach(*, recap_id: object, session_id: str) -> None:
-    RecapVideo.objects.filter(pk=recap_id).update(
-        checkout_session_id=session_id, updated_at=timezone.now()
+    """The recap's current checkout is this session; an expired one is waiting again. A
+    session it already had (Stripe's idempotent answer) keeps what its events said."""
+    recap = recap_lock(recap_id=recap_id)
+    if recap.checkout_session_id == session_id or recap.status not in UNPAID_STATUSES:
+        return
+    RecapVideo.objects.filter(pk=recap.pk).update(
+        checkout_session_id=session_id,
+        status=RecapStatus.PENDING_PAYMENT,
+        awaiting_payment_reason="",
+        checkout_event_at=None,
+        updated_at=timezone.now(),
     )
 
 
@@ -179,7 +202,7 @@ def recap_mark_paid(
     """
     now = now or timezone.now()
     recap = recap_lock(recap_id=recap_id)
-    if recap.status != RecapStatus.PENDING_PAYMENT:
+    if recap.status not in UNPAID_STATUSES:
         if payment_reference and recap.payment_reference == payment_reference:
             logger.info("recaps.paid.duplicate", extra={"recap_id": str(recap.id)})
             return recap, False
@@ -191,7 +214,12 @@ def recap_mark_paid(
     recap.status = RecapStatus.PAID
     recap.payment_reference = payment_reference
     recap.paid_at = now
-    recap.save(update_fields=["status", "payment_reference", "paid_at", "updated_at"])
+    recap.awaiting_payment_reason = ""
+    recap.save(
+        update_fields=[
+            "status", "payment_reference", "paid_at", "awaiting_payment_reason", "updated_at"
+        ]
+    )
     recap_paid.send(sender=RecapVideo, recap=recap, now=now)
     logger.info("recaps.paid", extra={"recap_id": str(recap.id), "free": recap.is_free})
     return recap, True
@@ -211,6 +239,117 @@ def recap_redeem_free(
         raise RecapAlreadyRedeemed()
     recap, _ = recap_mark_paid(recap_id=recap.id, now=now)
     return recap
+
+
+# --- Stripe's checkout events, in any order (recaps/handlers.py) ------------------------------
+
+
+class CheckoutEventKind(StrEnum):
+    # checkout.session.completed with payment_status `paid`, or `no_payment_required` (a
+    # 100 % coupon: paid without a charge), and checkout.session.async_payment_succeeded.
+    PAID = "paid"
+    # checkout.session.async_payment_failed.
+    PAYMENT_FAILED = "payment_failed"
+    # checkout.session.expired.
+    EXPIRED = "expired"
+
+
+class CheckoutOutcome(StrEnum):
+    PAID = "paid"
+    DUPLICATE = "duplicate"  # the same payment again: nothing changed
+    AWAITING_PAYMENT = "awaiting_payment"  # the payment failed: waiting again, with the reason
+    EXPIRED = "expired"  # the unpaid checkout is closed
+    SUPERSEDED = "superseded"  # older than an event of this session already applied
+    NOT_CURRENT = "not_current"  # a failure or expiry of a checkout the recap moved on from
+    UNCHANGED = "unchanged"  # nothing to do (an expiry of a paid recap, …)
+
+
+@dataclass(frozen=True)
+class CheckoutEvent:
+    kind: CheckoutEventKind
+    session_id: str
+    # Stripe's `created` of the event (the provider's clock, not our arrival order).
+    created_at: datetime
+    # PAID: the PaymentIntent, or the session itself when there is no charge.
+    payment_reference: str = ""
+    event_id: str = ""
+
+
+@transaction.atomic
+def checkout_event_apply(
+    *, recap_id: object, event: CheckoutEvent, now: datetime | None = None
+) -> CheckoutOutcome:
+    """One Stripe checkout event, applied to its recap as the product decided:
+
+    - paid (or paid without a charge) pays the recap, whichever checkout it came from;
+    - a failed asynchronous payment before the render puts the recap back to waiting for a
+      payment, with the reason (a paid recap's unclaimed render row is withdrawn); after
+      the render has started it is refused (RecapStateConflict): a dead delivery to act on;
+    - an expiry closes an unpaid checkout and does nothing to a paid recap.
+
+    Order: the inbox runs one event of a session at a time and never an older one after a
+    newer one (the handler's ordering key); on its own, this function also refuses to let
+    an older event of the recap's current session undo a newer one (`checkout_event_at`).
+    Failures and expiries of a session other than the current one are about an abandoned
+    checkout and change nothing.
+    """
+    now = now or timezone.now()
+    recap = recap_lock(recap_id=recap_id)
+    current = recap.checkout_session_id in ("", event.session_id)
+    if current and recap.checkout_event_at and event.created_at < recap.checkout_event_at:
+        logger.info("recaps.checkout.superseded", extra={"recap_id": str(recap.id)})
+        return CheckoutOutcome.SUPERSEDED
+    if event.kind == CheckoutEventKind.PAID:
+        recap, changed = recap_mark_paid(
+            recap_id=recap.id, payment_reference=event.payment_reference, now=now
+        )
+        if changed:
+            _checkout_event_record(recap, event)
+        return CheckoutOutcome.PAID if changed else CheckoutOutcome.DUPLICATE
+    if not current:
+        logger.info("recaps.checkout.not_current", extra={"recap_id": str(recap.id)})
+        return CheckoutOutcome.NOT_CURRENT
+    if event.kind == CheckoutEventKind.PAYMENT_FAILED:
+        return _checkout_payment_failed(recap, event, now)
+    if recap.status != RecapStatus.PENDING_PAYMENT:
+        return CheckoutOutcome.UNCHANGED  # already expired, or paid: nothing to close
+    recap.status = RecapStatus.CHECKOUT_EXPIRED
+    recap.awaiting_payment_reason = CHECKOUT_EXPIRED_REASON.format(session=event.session_id)
+    _checkout_event_record(recap, event, also=["status", "awaiting_payment_reason"])
+    logger.info("recaps.checkout.expired", extra={"recap_id": str(recap.id)})
+    return CheckoutOutcome.EXPIRED
+
+
+def _checkout_payment_failed(
+    recap: RecapVideo, event: CheckoutEvent, now: datetime
+) -> CheckoutOutcome:
+    if recap.status not in (*UNPAID_STATUSES, RecapStatus.PAID):
+        raise RecapStateConflict(RECAP_PAYMENT_FAILED_TOO_LATE.format(status=recap.status))
+    if recap.status == RecapStatus.PAID:
+        # The outbox withdraws the render row it has not claimed yet, or refuses (raises),
+        # which rolls this back: then the render was already requested.
+        recap_payment_withdrawn.send(sender=RecapVideo, recap=recap, now=now)
+    recap.status = RecapStatus.PENDING_PAYMENT
+    recap.payment_reference = ""
+    recap.paid_at = None
+    recap.awaiting_payment_reason = PAYMENT_FAILED_REASON.format(
+        session=event.session_id, event=event.event_id or "?"
+    )
+    _checkout_event_record(
+        recap, event, also=["status", "payment_reference", "paid_at", "awaiting_payment_reason"]
+    )
+    logger.warning("recaps.checkout.payment_failed", extra={"recap_id": str(recap.id)})
+    return CheckoutOutcome.AWAITING_PAYMENT
+
+
+def _checkout_event_record(
+    recap: RecapVideo, event: CheckoutEvent, *, also: list[str] | None = None
+) -> None:
+    recap.checkout_session_id = event.session_id
+    recap.checkout_event_at = max(filter(None, [recap.checkout_event_at, event.created_at]))
+    recap.save(
+        update_fields=[*(also or []), "checkout_session_id", "checkout_event_at", "updated_at"]
+    )
 
 
 # --- the render's progress (driven by the outbox and the render service's callbacks) -------
@@ -273,7 +412,7 @@ def recap_mark_ready(
     recap = recap_lock(recap_id=recap_id)
     if recap.status == RecapStatus.READY:
         return False
-    if recap.status == RecapStatus.PENDING_PAYMENT:
+    if recap.status in UNPAID_STATUSES:
         raise RecapStateConflict(RECAP_NOT_RENDERED)
     recap.status = RecapStatus.READY
     recap.video_url = video_url

@@ -10,8 +10,15 @@ dependency points one way, the write stays atomic. `recaps.E002` refuses to star
 receiver, so a paid recap can never silently wait for a render nobody will request.
 
 Arguments: `recap` (the locked RecapVideo, already saved as paid) and `now`.
+
+`recap_payment_withdrawn` is its counterpart: a paid recap's asynchronous payment failed
+before the render (recaps.services.checkout_event_apply). Sent inside that transaction, with
+the recap still `paid`; the outbox's receiver deletes the render row it has not claimed yet,
+or raises RecapStateConflict (the render was already requested), which rolls the whole
+change back.
 """
 
 from django.dispatch import Signal
 
 recap_paid = Signal()
+recap_payment_withdrawn = Signal()

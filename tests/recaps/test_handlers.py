@@ -11,7 +11,7 @@ from ingress.inbox import inbox_run_once
 from ingress.models import Delivery, RawEvent
 from outbox.models import RecapSideEffect
 from recaps.errors import RECAP_ALREADY_PAID, RECAP_NOT_FOUND
-from recaps.handlers import BAD_RECAP_ID, mark_recap_paid
+from recaps.handlers import BAD_RECAP_ID, record_checkout_session
 from recaps.models import RecapStatus
 from tests.recaps.factories import RecapFactory
 
@@ -37,21 +37,26 @@ def session_event(recap_id, *, event_type="checkout.session.completed", paid="pa
     }
 
 
-def test_the_handler_is_registered_for_its_events():
-    for event_type in ("checkout.session.completed", "checkout.session.async_payment_succeeded"):
-        assert [s.name for s in handlers_for("stripe", event_type)] == [
-            "recaps.handlers.mark_recap_paid"
-        ]
+def test_one_handler_takes_every_checkout_session_event_ordered_by_session():
+    for event_type in (
+        "checkout.session.completed",
+        "checkout.session.async_payment_succeeded",
+        "checkout.session.async_payment_failed",
+        "checkout.session.expired",
+    ):
+        (spec,) = handlers_for("stripe", event_type)
+        assert spec.name == "recaps.handlers.record_checkout_session"
+        assert (spec.ordering_key, spec.event_time) == ("data.object.id", "created")
 
 
 def test_paid_once_on_duplicate_deliveries():
     recap = RecapFactory()
     payload = session_event(recap.id)
-    mark_recap_paid(STRIPE, payload)
+    record_checkout_session(STRIPE, payload)
     recap.refresh_from_db()
     paid_at = recap.paid_at
-    mark_recap_paid(STRIPE, payload)  # Stripe redelivered, or an operator replayed
-    mark_recap_paid(
+    record_checkout_session(STRIPE, payload)  # Stripe redelivered, or an operator replayed
+    record_checkout_session(
         STRIPE, session_event(recap.id, event_type="checkout.session.async_payment_succeeded")
     )
     recap.refresh_from_db()
@@ -62,49 +67,58 @@ def test_paid_once_on_duplicate_deliveries():
 
 def test_completed_but_unpaid_waits_for_async_payment_succeeded():
     recap = RecapFactory()
-    mark_recap_paid(STRIPE, session_event(recap.id, paid="unpaid"))
+    record_checkout_session(STRIPE, session_event(recap.id, paid="unpaid"))
     recap.refresh_from_db()
     assert recap.status == RecapStatus.PENDING_PAYMENT
     assert not RecapSideEffect.objects.exists()
-    mark_recap_paid(
+    record_checkout_session(
         STRIPE, session_event(recap.id, event_type="checkout.session.async_payment_succeeded")
     )
     recap.refresh_from_db()
     assert recap.status == RecapStatus.PAID
 
 
-@pytest.mark.parametrize("payment_status", ["unpaid", "no_payment_required", None])
-def test_anything_but_paid_is_ignored(payment_status):
+def test_no_payment_required_counts_as_paid_without_a_charge():
     recap = RecapFactory()
-    mark_recap_paid(STRIPE, session_event(recap.id, paid=payment_status))
+    payload = session_event(recap.id, paid="no_payment_required", pi=None)
+    record_checkout_session(STRIPE, payload)
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.PAID and recap.payment_reference == "cs_test_1"
+    assert RecapSideEffect.objects.filter(recap=recap).count() == 1
+
+
+@pytest.mark.parametrize("payment_status", ["unpaid", None])
+def test_a_completion_that_is_not_paid_yet_is_ignored(payment_status):
+    recap = RecapFactory()
+    record_checkout_session(STRIPE, session_event(recap.id, paid=payment_status))
     recap.refresh_from_db()
     assert recap.status == RecapStatus.PENDING_PAYMENT
 
 
 def test_unknown_recap_is_permanent():
     with pytest.raises(PermanentHandlerError) as exc:
-        mark_recap_paid(STRIPE, session_event(uuid.uuid4()))
+        record_checkout_session(STRIPE, session_event(uuid.uuid4()))
     assert str(exc.value) == RECAP_NOT_FOUND
 
 
 def test_a_recap_id_that_is_not_a_uuid_is_permanent():
     with pytest.raises(PermanentHandlerError) as exc:
-        mark_recap_paid(STRIPE, session_event("42"))
+        record_checkout_session(STRIPE, session_event("42"))
     assert str(exc.value) == BAD_RECAP_ID.format(value="42")
 
 
 def test_a_checkout_without_a_recap_is_not_ours():
     payload = session_event("x")
     del payload["data"]["object"]["metadata"]
-    mark_recap_paid(STRIPE, payload)  # no error, nothing written
+    record_checkout_session(STRIPE, payload)  # no error, nothing written
     assert not RecapSideEffect.objects.exists()
 
 
 def test_a_second_payment_for_a_paid_recap_is_refused_for_a_refund():
     recap = RecapFactory()
-    mark_recap_paid(STRIPE, session_event(recap.id, pi="pi_1"))
+    record_checkout_session(STRIPE, session_event(recap.id, pi="pi_1"))
     with pytest.raises(PermanentHandlerError) as exc:
-        mark_recap_paid(STRIPE, session_event(recap.id, pi="pi_2"))
+        record_checkout_session(STRIPE, session_event(recap.id, pi="pi_2"))
     assert str(exc.value) == RECAP_ALREADY_PAID
 
 
@@ -128,11 +142,13 @@ def test_through_the_inbox_duplicates_and_both_events_pay_once(client):
     post_stripe(
         client, session_event(recap.id, event_type="checkout.session.async_payment_succeeded")
     )
-    inbox_run_once()
+    # One session's events run one at a time (the handler's ordering key): a pass each.
+    for _ in range(3):
+        inbox_run_once()
     recap.refresh_from_db()
     assert recap.status == RecapStatus.PAID
     assert RecapSideEffect.objects.filter(recap=recap).count() == 1
-    assert Delivery.objects.filter(handler="recaps.handlers.mark_recap_paid").count() == 2
+    assert Delivery.objects.filter(handler="recaps.handlers.record_checkout_session").count() == 2
     assert set(Delivery.objects.values_list("status", flat=True)) == {"done"}
 
 
