@@ -541,7 +541,7 @@ def _finish(job: BulkJob, state: str, now: datetime) -> None:
         "console.bulk_job.finished",
         extra={
             "bulk_job_id": job.id,
-            "state": state,
+            "state": str(state),
             "processed": job.processed,
             "succeeded": job.succeeded,
             "refused": job.refused,

@@ -3,7 +3,7 @@
 import pytest
 from rest_framework.test import APIClient
 
-from console.bulk_jobs import NOTHING_SELECTED, bulk_job_preview
+from console.bulk_jobs import NOTHING_SELECTED, bulk_job_preview, bulk_job_selection
 from console.models import BulkJob, OperatorAction
 from ingress.models import Delivery, HandlerPause
 from tests.console.conftest import grant
@@ -195,3 +195,26 @@ def test_pause_and_resume_are_recorded_operator_actions(api, operator, push_hand
     assert api.post("/api/pauses/", {}, format="json").status_code == 400
     both = api.post("/api/pauses/", {"handler": handler, "source": "github"}, format="json")
     assert both.status_code == 400
+
+
+def test_a_time_window_selects_by_received_at(api):
+    events = stored_events(10)  # received one second apart, the last one second ago
+    after = events[3].received_at
+    before = events[7].received_at
+    response = api.post(
+        "/api/jobs/",
+        {
+            "kind": "replay_raw_events",
+            "filters": {
+                "received_after": after.isoformat(),
+                "received_before": before.isoformat(),
+            },
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    assert response.json()["total"] == 4  # [after, before)
+    job = BulkJob.objects.get()
+    assert job.filters["received_after"] == after.isoformat()
+    selected = bulk_job_selection(job=job).order_by("id").values_list("id", flat=True)
+    assert list(selected) == [e.id for e in events[3:7]]
