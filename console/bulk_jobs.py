@@ -104,6 +104,8 @@ JOB_FAILED = "{error} while running batch {batch}; see the logs for bulk job #{j
 DELIVERY_NOT_DEAD = "Delivery #{id} is not dead: only dead deliveries are re-armed."
 
 DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
+# The kinds whose rows have a handler to run: the replay SLO is measured for these.
+SLO_KINDS = (BulkJobKind.REPLAY_RAW_EVENTS, BulkJobKind.REARM_DELIVERIES)
 
 
 class BulkJobError(EventDropError):
@@ -593,10 +595,11 @@ def _run_batch(job_id: int, batch_size: int) -> bool:
         BulkJob.objects.filter(pk=job.pk, state=BulkJobState.QUEUED).update(
             state=BulkJobState.RUNNING
         )
-        BulkJobItem.objects.bulk_create(
-            [BulkJobItem(job_id=job.id, target_id=r.id) for r in results if r.outcome == "ok"],
-            ignore_conflicts=True,
-        )
+        if job.kind in SLO_KINDS:  # the rows the replay SLO is measured over
+            BulkJobItem.objects.bulk_create(
+                [BulkJobItem(job_id=job.id, target_id=r.id) for r in results if r.outcome == "ok"],
+                ignore_conflicts=True,
+            )
     return True
 
 
@@ -756,9 +759,6 @@ def bulk_job_measure_slo(*, job: BulkJob, now: datetime | None = None) -> BulkJo
         extra={"bulk_job_id": job.id, "events": measured.events, "within": measured.within},
     )
     return job
-
-
-SLO_KINDS = (BulkJobKind.REPLAY_RAW_EVENTS, BulkJobKind.REARM_DELIVERIES)
 
 
 def bulk_jobs_measure_slo(*, now: datetime | None = None) -> int:
