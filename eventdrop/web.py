@@ -49,6 +49,7 @@ class WebServerConfig:
     header_read_timeout_seconds: float
     max_header_bytes: int
     ack_rollup_flush_seconds: float = 60
+    max_concurrent_requests: int = 64
 
     def __post_init__(self) -> None:
         if self.processes < 1 or self.threads < 1:
@@ -57,6 +58,8 @@ class WebServerConfig:
             raise ValueError("WEB_HEADER_READ_TIMEOUT_SECONDS must be above 0 and at most 60")
         if self.ack_rollup_flush_seconds < 0:
             raise ValueError("ACK_ROLLUP_FLUSH_SECONDS must be 0 (off) or above")
+        if self.max_concurrent_requests < self.threads:
+            raise ValueError("WEB_MAX_CONCURRENT_REQUESTS must be at least WEB_THREADS")
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> "WebServerConfig":
@@ -71,6 +74,7 @@ class WebServerConfig:
             # (its minimum is 8 KiB).
             max_header_bytes=max(8192, int(env.get("WEB_MAX_HEADER_BYTES") or 64 * 1024)),
             ack_rollup_flush_seconds=float(env.get("ACK_ROLLUP_FLUSH_SECONDS") or 60),
+            max_concurrent_requests=int(env.get("WEB_MAX_CONCURRENT_REQUESTS") or 64),
         )
 
 
@@ -182,10 +186,11 @@ class DjangoThreads:
     none of its views streams. The environ is a2wsgi's (`build_environ`), the subtle part.
     """
 
-    def __init__(self, app, *, threads: int):
+    def __init__(self, app, *, threads: int, webhook_app=None):
         from concurrent.futures import ThreadPoolExecutor
 
         self.app = app
+        self.webhook_app = webhook_app or app
         # Each thread keeps its own database connection (CONN_MAX_AGE), as under gunicorn.
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="django")
 
@@ -200,14 +205,16 @@ class DjangoThreads:
                 break
         environ = build_environ(scope, io.BytesIO(b"".join(chunks)))
         loop = asyncio.get_running_loop()
-        status, headers, body = await loop.run_in_executor(self.executor, self._call, environ)
+        app = self.webhook_app if scope["path"].startswith(WEBHOOK_PATH_PREFIX) else self.app
+        status, headers, body = await loop.run_in_executor(self.executor, self._call, app, environ)
         try:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
         except (OSError, RuntimeError):
             pass  # the client left while the view ran; what it stored is stored
 
-    def _call(self, environ: dict) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    @staticmethod
+    def _call(app, environ: dict) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         response: dict = {}
         written: list[bytes] = []
 
@@ -222,13 +229,59 @@ class DjangoThreads:
             ]
             return written.append  # PEP 3333's legacy write()
 
-        iterable = self.app(environ, start_response)
+        iterable = app(environ, start_response)
         try:
             body = b"".join([*written, *iterable])
         finally:
             if hasattr(iterable, "close"):
                 iterable.close()
         return response["status"], response["headers"], body
+
+
+# The middleware a webhook needs, of those settings.MIDDLEWARE lists (in its order): security
+# headers and the HTTPS redirect, and CommonMiddleware's Host check (ALLOWED_HOSTS, 400).
+# Not sessions, CSRF (the receive view is exempt), auth, messages, the replica router (the
+# receive path only writes) or X-Frame-Options (a JSON answer to a provider's POST).
+WEBHOOK_MIDDLEWARE = frozenset(
+    {
+        "django.middleware.security.SecurityMiddleware",
+        "django.middleware.common.CommonMiddleware",
+    }
+)
+WEBHOOK_PATH_PREFIX = "/webhooks/"
+
+
+def webhook_handler():
+    """Django's WSGI handler for `/webhooks/`: the same URLconf, views, signals and error
+    handling, behind only WEBHOOK_MIDDLEWARE. The other six middleware would do nothing for
+    a provider's POST but cost every one of them a call on the hottest path there is."""
+    from django.conf import settings
+    from django.core.handlers.exception import convert_exception_to_response
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.utils.module_loading import import_string
+
+    class WebhookHandler(WSGIHandler):
+        def load_middleware(self, is_async=False):
+            # BaseHandler.load_middleware for a sync chain, over the lean list.
+            self._view_middleware = []
+            self._template_response_middleware = []
+            self._exception_middleware = []
+            handler = convert_exception_to_response(self._get_response)
+            lean = [name for name in settings.MIDDLEWARE if name in WEBHOOK_MIDDLEWARE]
+            for name in reversed(lean):
+                middleware = import_string(name)(handler)
+                if hasattr(middleware, "process_view"):
+                    self._view_middleware.insert(0, middleware.process_view)
+                if hasattr(middleware, "process_template_response"):
+                    self._template_response_middleware.append(
+                        middleware.process_template_response
+                    )
+                if hasattr(middleware, "process_exception"):
+                    self._exception_middleware.append(middleware.process_exception)
+                handler = convert_exception_to_response(middleware)
+            self._middleware_chain = handler
+
+    return WebhookHandler()
 
 
 class _LifespanAccepted:
@@ -259,11 +312,15 @@ def application():
 
     from ingress.sources import all_sources
 
-    def complete_body_wsgi(environ, start_response):
-        # BufferedBody let this request through with its whole body: a body without a
-        # Content-Length is complete too (what `wsgi.input_terminated` says under gunicorn).
-        environ["wsgi.input_terminated"] = True
-        return django_app(environ, start_response)
+    def complete_body(wsgi_app):
+        def complete_body_wsgi(environ, start_response):
+            # BufferedBody let this request through with its whole body: a body without a
+            # Content-Length is complete too (what `wsgi.input_terminated` says under
+            # gunicorn).
+            environ["wsgi.input_terminated"] = True
+            return wsgi_app(environ, start_response)
+
+        return complete_body_wsgi
 
     config = WebServerConfig.from_environ()
     if config.ack_rollup_flush_seconds:
@@ -273,7 +330,11 @@ def application():
     )
     return _LifespanAccepted(
         BufferedBody(
-            DjangoThreads(complete_body_wsgi, threads=config.threads),
+            DjangoThreads(
+                complete_body(django_app),
+                threads=config.threads,
+                webhook_app=complete_body(webhook_handler()),
+            ),
             timeout_seconds=settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS,
             max_body_bytes=max(largest_source_limit, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0),
         )
@@ -314,6 +375,11 @@ def serve(config: WebServerConfig | None = None) -> None:
         http=HTTPModes.http1,
         websockets=False,
         workers=config.processes,
+        # At most this many requests per process at once, each buffering at most the body
+        # limit (BufferedBody): the bound on what bodies can hold in memory, per process
+        # max_concurrent_requests x max_body_bytes (granian's own default is 512 x 2.5 MB).
+        # Further requests wait in the kernel's and granian's queues, unread.
+        backpressure=config.max_concurrent_requests,
         respawn_failed_workers=True,
         http1_settings=HTTP1Settings(
             header_read_timeout=int(config.header_read_timeout_seconds * 1000),

@@ -77,3 +77,52 @@ def test_source_header_limit_above_the_servers_is_warned_about(environ):
 
     assert [(m.id, m.level) for m in messages] == [("ingress.W002", checks.WARNING)]
     assert "'stripe'" in messages[0].msg and "65536" in messages[0].msg
+
+
+def test_concurrent_requests_per_process_are_capped_explicitly():
+    # granian's own default (512 per process, each buffering up to the body limit) is not
+    # a memory bound anyone chose.
+    assert WebServerConfig.from_environ({}).max_concurrent_requests == 64
+    assert WebServerConfig.from_environ(
+        {"WEB_MAX_CONCURRENT_REQUESTS": "16"}
+    ).max_concurrent_requests == 16
+    with pytest.raises(ValueError, match="WEB_MAX_CONCURRENT_REQUESTS"):
+        WebServerConfig.from_environ({"WEB_THREADS": "8", "WEB_MAX_CONCURRENT_REQUESTS": "4"})
+
+
+def _call(handler, path: str, **extra) -> tuple[int, dict[str, str]]:
+    from django.test import RequestFactory
+
+    environ = RequestFactory().generic(
+        "POST", path, b'{"id": "evt_lean"}', content_type="application/json", **extra
+    ).environ
+    answer: dict = {}
+
+    def start_response(status, headers, exc_info=None):
+        answer["status"] = int(status.split()[0])
+        answer["headers"] = dict(headers)
+
+    b"".join(handler(environ, start_response))
+    return answer["status"], answer["headers"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_webhooks_run_behind_only_the_middleware_they_need():
+    from django.core.handlers.wsgi import WSGIHandler
+
+    from eventdrop.web import webhook_handler
+    from ingress.models import RawEvent
+
+    signed = {"HTTP_STRIPE_SIGNATURE": "t=1,v1=00"}
+    status, headers = _call(webhook_handler(), "/webhooks/stripe/", **signed)
+    assert status == 202
+    assert bytes(RawEvent.objects.get().body) == b'{"id": "evt_lean"}'
+    # Security headers stay; the clickjacking header (a page's) and the session do not.
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert "X-Frame-Options" not in headers
+    assert "X-Frame-Options" in _call(WSGIHandler(), "/webhooks/stripe/", **signed)[1]
+    # The Host check (CommonMiddleware) still answers 400 before anything is stored.
+    assert _call(webhook_handler(), "/webhooks/stripe/", HTTP_HOST="evil.example", **signed)[
+        0
+    ] == 400
+    assert RawEvent.objects.count() == 2
