@@ -31,13 +31,14 @@ also be a directory holding a tree),
 alternating baseline and current `--rounds` times in the same run, and prints each pair's
 ratio: absolute figures here move by +-40 % within an hour, ratios within one run do not.
 `--server-env NAME=VALUE` sets an environment variable for the current server only (to
-measure a setting). `--slow-clients N` repeats the 16-connection webhook phase while N more
-connections trickle a webhook body at 1 byte/s (reconnecting whenever they are cut off) and
-prints the ratio to the phase without them (issue 15: within 20 %). `--json-out FILE` writes
-the figures (bench/inbox_throughput.py --ingress-json reads `ack_per_s`). `--py-spy DIR`
-records every server worker with py-spy during the webhook phase at the most connections
-(collapsed stacks into DIR) and prints the top frames (py-spy needs ptrace: root, or
-`kernel.yama.ptrace_scope` 0).
+measure a setting; `--baseline-env` for the baseline: `--baseline .` with two environments
+compares two settings of one tree). `--slow-clients N` repeats the 16-connection webhook
+phase while N more connections trickle a webhook body at 1 byte/s (reconnecting whenever
+they are cut off) and prints the ratio to the phase without them (issue 15: within 20 %).
+`--json-out FILE` writes the figures (bench/inbox_throughput.py --ingress-json reads
+`ack_per_s`). `--py-spy DIR` records every server worker with py-spy during the webhook
+phase at the most connections (collapsed stacks into DIR) and prints the top frames (py-spy
+needs ptrace: root, or `kernel.yama.ptrace_scope` 0).
 
 Everything listens on 127.0.0.1 only, and everything it started is stopped at the end.
 """
@@ -581,9 +582,21 @@ def py_spy_start(server: subprocess.Popen, seconds: float, out_dir: str, tag: st
             (
                 out,
                 subprocess.Popen(
-                    [str(VENV_BIN / "py-spy"), "record", "--pid", str(pid), "--duration",
-                     str(int(seconds)), "--rate", "200", "--format", "raw", "--gil",
-                     "--output", str(out)],
+                    [
+                        str(VENV_BIN / "py-spy"),
+                        "record",
+                        "--pid",
+                        str(pid),
+                        "--duration",
+                        str(int(seconds)),
+                        "--rate",
+                        "200",
+                        "--format",
+                        "raw",
+                        "--gil",
+                        "--output",
+                        str(out),
+                    ],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                 ),
@@ -649,7 +662,9 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
                         continue
                     before = http_rows() if endpoint == "webhook" else None
                     spying = (
-                        args.py_spy and endpoint == "webhook" and not slow
+                        args.py_spy
+                        and endpoint == "webhook"
+                        and not slow
                         and connections == max(args.connections)
                     )
                     if spying:
@@ -722,8 +737,11 @@ def summarize(phases, ceilings, args) -> dict:
         mine = [p for p in phases if p.server == label]
         per: dict = {}
         for c in args.connections:
-            hooks = [p for p in mine if p.endpoint == "webhook" and p.connections == c
-                     and not p.slow_clients]
+            hooks = [
+                p
+                for p in mine
+                if p.endpoint == "webhook" and p.connections == c and not p.slow_clients
+            ]
             noops = [p for p in mine if p.endpoint == "noop" and p.connections == c]
             ack = mean(p.rate for p in hooks)
             noop = mean(p.rate for p in noops)
@@ -766,6 +784,13 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=1, help="alternations with --baseline")
     parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--baseline-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the same for the baseline server",
+    )
     parser.add_argument("--client", choices=["wrk", "python"], default="wrk")
     parser.add_argument("--json-out", metavar="FILE")
     parser.add_argument(
@@ -788,19 +813,21 @@ def main() -> int:
         facts = prepare_database(env, current)
         servers = [("current", current, extra_env)]
         if args.baseline:
-            servers.insert(0, ("baseline", revision_tree(args.baseline, workdir, "baseline"), {}))
+            baseline_env = dict(item.split("=", 1) for item in args.baseline_env)
+            servers.insert(
+                0, ("baseline", revision_tree(args.baseline, workdir, "baseline"), baseline_env)
+            )
         load = Load(wrk, workdir, pool)
         print(
             f"\n{time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}  {os.cpu_count()} CPUs  "
             f"Python {platform.python_version()}  PostgreSQL {facts['postgres']} "
             f"(synchronous_commit={facts['synchronous_commit']}, fsync={facts['fsync']})  "
             f"client {'wrk' if wrk else 'python'}  {args.workers} web processes  "
-            f"{args.seconds:g} s per phase"
-            + (f"  current env {extra_env}" if extra_env else "")
+            f"{args.seconds:g} s per phase" + (f"  current env {extra_env}" if extra_env else "")
         )
         for c in args.connections:
             ceilings[c].append(pgbench_ceiling(c, args.ceiling_seconds))
-        print(f"pgbench ceiling (before): {({c: round(v[-1]) for c, v in ceilings.items()})}")
+        print(f"pgbench ceiling (before): { ({c: round(v[-1]) for c, v in ceilings.items()}) }")
         psql(DB_NAME, "TRUNCATE ingress_rawevent")
         print_header()
         for round_no in range(1, (args.rounds if args.baseline else 1) + 1):
@@ -811,7 +838,7 @@ def main() -> int:
                 )
         for c in args.connections:
             ceilings[c].append(pgbench_ceiling(c, args.ceiling_seconds))
-        print(f"pgbench ceiling (after):  {({c: round(v[-1]) for c, v in ceilings.items()})}")
+        print(f"pgbench ceiling (after):  { ({c: round(v[-1]) for c, v in ceilings.items()}) }")
 
     summary = summarize(phases, ceilings, args)
     ok, lines = rows_verdict(phases)
@@ -838,9 +865,13 @@ def main() -> int:
                 (b.rate, n.rate)
                 for b in phases
                 for n in phases
-                if b.server == "baseline" and n.server == "current" and b.round == n.round
-                and b.endpoint == n.endpoint == "webhook" and b.connections == n.connections == c
-                and not b.slow_clients and not n.slow_clients
+                if b.server == "baseline"
+                and n.server == "current"
+                and b.round == n.round
+                and b.endpoint == n.endpoint == "webhook"
+                and b.connections == n.connections == c
+                and not b.slow_clients
+                and not n.slow_clients
             ]
             print(
                 f"current / baseline, {c} connections, per round: "
