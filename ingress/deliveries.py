@@ -671,6 +671,8 @@ def deliveries_rearm_stale(*, now: datetime | None = None) -> int:
         .values_list("id", "raw_event_id", "attempts", "total_attempts", "claimed_at")
     )
     for delivery_id, raw_event_id, attempts, total, claimed_at in exhausted:
+        # `processing` always has a claim (the delivery_processing_has_claim constraint).
+        assert claimed_at is not None
         _give_up_abandoned(
             delivery_id, raw_event_id, attempts, total, claimed_at, now, max_attempts
         )

@@ -43,7 +43,7 @@ def stripe_body(event_id: str, event_type: str, **data) -> bytes:
     ).encode()
 
 
-def store_stripe(event_id: str, event_type: str = ORDINARY_TYPE, **data) -> RawEvent:
+def store_stripe(event_id: str, event_type: str = ORDINARY_TYPE, **data: object) -> RawEvent:
     return store_signed_stripe_event(stripe_body(event_id, event_type, **data))
 
 
@@ -136,7 +136,7 @@ def test_signed_bodies_with_unstorable_text_are_rejected_and_the_batch_goes_on(h
 
 def test_unstorable_text_anywhere_in_the_body_is_found_and_valid_pairs_are_not(handlers):
     deep = store_stripe("evt_deep", name="ok", nested={"list": ["fine", "\udc00 lone low"]})
-    in_key = store_stripe("evt_key", **{"k\u0000ey": 1})
+    in_key = store_stripe("evt_key", ORDINARY_TYPE, **{"k\u0000ey": 1})
     emoji = store_stripe("evt_emoji", name="\U0001f600 a surrogate *pair* is fine")
 
     result = inbox_run_once()
@@ -177,7 +177,7 @@ def test_unstorable_text_past_the_check_is_still_isolated_to_its_row(handlers, m
     for poison, error in ((surrogate, "UnicodeEncodeError"), (nul, "DataError")):
         assert (poison.signature_status, poison.processing_failures) == ("pending", 1)
         assert poison.processing_error.startswith(error), poison.processing_error
-        assert poison.retry_not_before > now
+        assert poison.retry_not_before is not None and poison.retry_not_before > now
     assert "evt_" not in nul.processing_error and "nul" not in nul.processing_error
 
 
@@ -300,7 +300,7 @@ def test_handler_errors_with_unstorable_text_are_recorded_backed_off_then_dead(h
         assert deliveries_run_due(now=now) == (3 if attempt == 1 else 2)
         for delivery in Delivery.objects.filter(handler=handlers["stripe_failing"].name):
             last = delivery.history.order_by("-number").first()
-            assert last.number == attempt
+            assert last is not None and last.number == attempt
             assert "bug \\x00 and \\ud800" in last.error
             assert delivery.last_error == last.error
             if attempt < 3:

@@ -66,7 +66,7 @@ def ordered_handler():
 
 
 def store(key: str, created: int | None, *, n: int, event_type: str = ORDERED_TYPE) -> RawEvent:
-    body = {"id": f"evt_{key}_{n}", "object": "event", "type": event_type}
+    body: dict[str, object] = {"id": f"evt_{key}_{n}", "object": "event", "type": event_type}
     body["data"] = {"object": {"id": key}}
     if created is not None:
         body["created"] = created
@@ -94,6 +94,7 @@ def test_a_late_older_event_is_superseded_by_the_newer_one_handled(ordered_handl
     assert lost.finished_at is not None
     older.refresh_from_db()
     assert older.handled_at is not None  # finished: nothing about it is in flight
+    assert lost.event_time is not None
     assert (lost.ordering_key, lost.event_time.timestamp()) == ("cs_1", BASE_TIME + 5)
 
     # A plain replay keeps the verdict; a forced one runs it, despite the newer event.
@@ -258,6 +259,7 @@ def test_four_workers_keep_each_key_in_order_and_supersede_the_late_older_ones(
     for raw_event_id, delivery in deliveries.items():
         if delivery.status != "superseded":
             continue
+        assert delivery.superseded_by_id is not None
         winner = by_id[delivery.superseded_by_id]
         assert winner.status == "done"
         assert winner.ordering_key == delivery.ordering_key
