@@ -292,7 +292,9 @@ def reconcile_budget_problem(*, provider: str, scheduled: bool) -> str | None:
 def q_task_timeout() -> float | None:
     """django-q2's task timeout (Q_CLUSTER["timeout"], seconds), None when it has none."""
     timeout = settings.Q_CLUSTER.get("timeout")
-    return None if timeout is None else float(timeout)
+    if isinstance(timeout, int | float | str):
+        return float(timeout)
+    return None
 
 
 # --- the side effects' give-up arithmetic ----------------------------------------------------

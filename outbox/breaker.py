@@ -104,7 +104,10 @@ class Snapshot:
         return cls(
             state=row.state,
             consecutive_failures=row.consecutive_failures,
-            failing_rows=tuple(tuple(int(v) for v in entry) for entry in row.failing_rows or ()),
+            failing_rows=tuple(
+                (int(row_id), int(first), int(last))
+                for row_id, first, last in row.failing_rows or ()
+            ),
             opened_at=row.opened_at,
             open_until=row.open_until,
             probe_started_at=row.probe_started_at,
@@ -177,15 +180,18 @@ class Breaker:
             self._snapshot, self._read_at = snapshot, self._clock()
         return snapshot
 
-    def _probe_deadline(self, snapshot: Snapshot) -> datetime:
+    def _probe_deadline(self, snapshot: Snapshot) -> datetime | None:
+        if snapshot.probe_started_at is None:
+            return None  # half-open without a probe start: nothing to wait for
         return snapshot.probe_started_at + self.config.probe_timeout
 
     def _waiting_until(self, snapshot: Snapshot, now: datetime) -> datetime | None:
         """When calls may go again, or None if a probe may be taken now."""
-        if snapshot.state == BreakerState.OPEN and now < snapshot.open_until:
-            return snapshot.open_until
-        if snapshot.state == BreakerState.HALF_OPEN and now < self._probe_deadline(snapshot):
-            return self._probe_deadline(snapshot)
+        if snapshot.state == BreakerState.OPEN and snapshot.open_until is not None:
+            return snapshot.open_until if now < snapshot.open_until else None
+        probe_deadline = self._probe_deadline(snapshot)
+        if snapshot.state == BreakerState.HALF_OPEN and probe_deadline is not None:
+            return probe_deadline if now < probe_deadline else None
         return None
 
     def claim_limit(self, free: int, *, now: datetime) -> int:
@@ -339,9 +345,10 @@ class Breaker:
                 [CircuitBreaker(name=self.name)], ignore_conflicts=True
             )
             return None
+        open_until = now + self.config.cooldown
         reopen = {
             "state": BreakerState.OPEN,
-            "open_until": now + self.config.cooldown,
+            "open_until": open_until,
             "probe_started_at": None,
             "last_error_class": error_class[:64],
         }
@@ -350,7 +357,7 @@ class Breaker:
             if not self._write(snapshot, now, opened_at=snapshot.opened_at or now, **reopen):
                 return None
             logger.warning("outbox.breaker.probe_failed", extra={"breaker": self.name})
-            return Judgement(charged=False, state=BreakerState.OPEN, retry_at=reopen["open_until"])
+            return Judgement(charged=False, state=BreakerState.OPEN, retry_at=open_until)
         if snapshot.state != BreakerState.CLOSED:
             # A call let through before the breaker opened: the service's failure, not ours.
             until = self._waiting_until(snapshot, now) or now + self.config.probe_timeout
@@ -386,6 +393,6 @@ class Breaker:
         return Judgement(
             charged=False,
             state=BreakerState.OPEN,
-            retry_at=reopen["open_until"],
+            retry_at=open_until,
             refund=tuple(entries),
         )

@@ -163,7 +163,10 @@ def _read_render_inputs(claims: list[Claim]) -> dict[int, RenderInput]:
         logger.warning("outbox.dispatch.batch_read_failed", extra={"rows": len(claims)})
         return {}
     return {
-        claim.id: RenderInput(recap=recap, photos=photos.get(recap.event_id, []))
+        claim.id: RenderInput(
+            recap=recap,
+            photos=photos.get(recap.event_id, []) if recap.event_id is not None else [],
+        )
         for claim in claims
         if (recap := recaps.get(claim.recap_id)) is not None
     }

@@ -319,7 +319,9 @@ class RenderClient:
                 self.config.base_url + path,
                 headers=sent_headers,
                 data=data,
-                timeout=timeout,
+                # requests hands a urllib3 Timeout to urllib3 as it is (HTTPAdapter.send);
+                # types-requests only knows floats and tuples.
+                timeout=timeout,  # type: ignore[arg-type]
                 stream=True,
                 allow_redirects=False,
             )

@@ -57,7 +57,7 @@ from recaps.errors import (
     RECAP_RENDER_ALREADY_REQUESTED,
     RecapStateConflict,
 )
-from recaps.models import UNPAID_STATUSES, RecapStatus, RecapVideo
+from recaps.models import UNPAID_STATUSES, RecapId, RecapStatus, RecapVideo
 from recaps.selectors import recaps_paid_without_side_effect, recaps_stuck_rendering
 from recaps.services import (
     recap_lock,
@@ -104,7 +104,7 @@ class Claim:
     """A row this worker owns until it records an outcome (fenced on claimed_at+attempts)."""
 
     id: int
-    recap_id: object
+    recap_id: RecapId
     attempts: int
     claimed_at: datetime
     idempotency_key: str
@@ -210,22 +210,20 @@ def side_effects_claim(
     rows = (
         RecapSideEffect.objects.filter(id__in=due)
         .order_by("next_attempt_at", "id")
-        .values_list(
-            "id", "recap_id", "attempts", "claimed_at", "key_generation", "first_failed_at"
-        )
+        .values_list("id", "recap_id", "attempts", "key_generation", "first_failed_at")
     )
     return [
         Claim(
             id=id,
             recap_id=recap_id,
             attempts=attempts,
-            claimed_at=claimed_at,
+            claimed_at=now,  # as written above
             idempotency_key=RecapSideEffect(
                 recap_id=recap_id, effect_type=EffectType.RENDER, key_generation=generation
             ).idempotency_key,
             first_failed_at=first_failed_at,
         )
-        for id, recap_id, attempts, claimed_at, generation, first_failed_at in rows
+        for id, recap_id, attempts, generation, first_failed_at in rows
     ]
 
 
@@ -436,11 +434,15 @@ def side_effects_rearm_stale(*, now: datetime | None = None) -> int:
     and the idempotency key makes the retry safe.
     """
     now = now or timezone.now()
-    stale = list(
-        RecapSideEffect.objects.select_for_update(skip_locked=True)
+    stale = [
+        (side_effect_id, attempts, claimed_at)
+        for side_effect_id, attempts, claimed_at in RecapSideEffect.objects.select_for_update(
+            skip_locked=True
+        )
         .filter(status=SideEffectStatus.PROCESSING, claimed_at__lt=now - _stale_after())
         .values_list("id", "attempts", "claimed_at")
-    )
+        if claimed_at is not None  # always, by the filter: `lt` matches no NULL
+    ]
     if not stale:
         return 0
     RecapSideEffect.objects.filter(id__in=[row[0] for row in stale]).update(
@@ -486,7 +488,8 @@ def side_effect_rearm(
     row = _locked(side_effect)
     if row.status == SideEffectStatus.DONE and not new_render:
         raise OutboxError(SIDE_EFFECT_ALREADY_DONE.format(id=row.id))
-    if row.status == SideEffectStatus.PROCESSING and row.claimed_at > now - _stale_after():
+    in_flight = row.claimed_at is not None and row.claimed_at > now - _stale_after()
+    if row.status == SideEffectStatus.PROCESSING and in_flight:
         raise OutboxError(
             SIDE_EFFECT_IN_FLIGHT.format(id=row.id, stale=settings.OUTBOX_STALE_PROCESSING_SECONDS)
         )
@@ -553,12 +556,12 @@ def side_effect_mark_dead(
 
 
 @transaction.atomic
-def side_effects_settle_for_ready(*, recap_id: object, now: datetime | None = None) -> int:
+def side_effects_settle_for_ready(*, recap_id: RecapId, now: datetime | None = None) -> int:
     """The recap is ready (its callback arrived): rows still waiting have nothing left to
     do. A processing row is left to its worker, which finds the recap ready and finishes."""
     now = now or timezone.now()
     return RecapSideEffect.objects.filter(
-        recap_id=recap_id, status__in=[SideEffectStatus.PENDING, SideEffectStatus.DEAD]
+        recap__pk=recap_id, status__in=[SideEffectStatus.PENDING, SideEffectStatus.DEAD]
     ).update(status=SideEffectStatus.DONE, claimed_at=None, finished_at=now, updated_at=now)
 
 
@@ -597,7 +600,7 @@ def recap_retry_render(*, recap: RecapVideo, now: datetime | None = None) -> Rec
 
 @transaction.atomic
 def render_completed_record(
-    *, recap_id: object, video_url: str, render_id: str = "", now: datetime | None = None
+    *, recap_id: RecapId, video_url: str, render_id: str = "", now: datetime | None = None
 ) -> bool:
     """The render service delivered the video: the recap `ready`, and its rows still waiting
     settled in the same transaction. Idempotent: a ready recap stays as it is."""
@@ -610,7 +613,7 @@ def render_completed_record(
 
 @transaction.atomic
 def render_failed_record(
-    *, recap_id: object, idempotency_key: str, reason: str, now: datetime | None = None
+    *, recap_id: RecapId, idempotency_key: str, reason: str, now: datetime | None = None
 ) -> bool:
     """The render service gave up on a render. Ignored when the recap is already ready or
     failed, or when the failure belongs to an older render than the one we asked for last
@@ -627,7 +630,7 @@ def render_failed_record(
 
 @transaction.atomic
 def render_status_record(
-    *, recap_id: object, status: RenderStatus, now: datetime | None = None
+    *, recap_id: RecapId, status: RenderStatus, now: datetime | None = None
 ) -> str:
     """What the render service says about a render whose callback never arrived: `ready`,
     `failed` (the service gave up on it, as a `render.failed` callback would have said) or

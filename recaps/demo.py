@@ -16,10 +16,10 @@ from datetime import UTC, datetime
 import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 
-from recaps.models import Event, RecapStatus, RecapVideo
+from recaps.models import Event, RecapId, RecapStatus, RecapVideo
 from recaps.selectors import recap_get
 from recaps.services import (
     event_create,
@@ -84,7 +84,7 @@ def demo_preflight(*, web_url: str) -> None:
 
 
 @transaction.atomic
-def demo_buyer_get_or_create() -> AbstractBaseUser:
+def demo_buyer_get_or_create() -> User:
     """The demo's buyer: a user who cannot sign in (no password)."""
     user, created = get_user_model().objects.get_or_create(
         username=DEMO_BUYER, defaults={"email": "demo-buyer@example.invalid"}
@@ -135,14 +135,14 @@ def demo_run(*, photos: int, now: datetime | None = None) -> DemoRun:
 
 def demo_wait(
     *,
-    recap_ids: list[object],
+    recap_ids: list[RecapId],
     timeout_seconds: float,
     on_change: Callable[[RecapVideo], None],
     poll_seconds: float = 0.25,
-) -> dict[object, RecapVideo]:
+) -> dict[RecapId, RecapVideo]:
     """Poll until every recap is ready or failed, or the timeout; reports each change."""
-    seen: dict[object, str] = {}
-    latest: dict[object, RecapVideo] = {}
+    seen: dict[RecapId, str] = {}
+    latest: dict[RecapId, RecapVideo] = {}
     deadline = time.monotonic() + timeout_seconds
     while True:
         for recap_id in recap_ids:
@@ -157,4 +157,4 @@ def demo_wait(
 
 
 def demo_hint(recap: RecapVideo) -> str:
-    return HINTS.get(recap.status, "")
+    return HINTS.get(RecapStatus(recap.status), "")

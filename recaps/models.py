@@ -47,6 +47,9 @@ class RecapStatus(models.TextChoices):
     FAILED = "failed", "failed"
 
 
+# A recap's primary key as callers hold it: the UUID, or its text from a payload or a URL.
+RecapId = uuid.UUID | str
+
 # Not paid (yet): a payment may still come, and nothing has been sent to the render service.
 UNPAID_STATUSES = (RecapStatus.PENDING_PAYMENT, RecapStatus.CHECKOUT_EXPIRED)
 

@@ -3,21 +3,21 @@
 from collections.abc import Iterable
 from datetime import datetime
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
 from recaps.errors import RecapNotFound
-from recaps.models import Event, Photo, RecapStatus, RecapVideo
+from recaps.models import Event, Photo, RecapId, RecapStatus, RecapVideo
 
 
-def recap_get(*, recap_id: object) -> RecapVideo:
+def recap_get(*, recap_id: RecapId) -> RecapVideo:
     try:
         return RecapVideo.objects.select_related("event").get(pk=recap_id)
     except (RecapVideo.DoesNotExist, ValueError) as exc:  # ValueError: not a UUID
         raise RecapNotFound() from exc
 
 
-def recap_list_for_buyer(*, buyer: AbstractBaseUser) -> QuerySet[RecapVideo]:
+def recap_list_for_buyer(*, buyer: User) -> QuerySet[RecapVideo]:
     return RecapVideo.objects.filter(buyer=buyer).order_by("-created_at")
 
 

@@ -31,7 +31,7 @@ from enum import StrEnum
 
 import stripe
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -51,7 +51,7 @@ from recaps.errors import (
     RecapPermissionDenied,
     RecapStateConflict,
 )
-from recaps.models import UNPAID_STATUSES, Event, Photo, RecapStatus, RecapVideo
+from recaps.models import UNPAID_STATUSES, Event, Photo, RecapId, RecapStatus, RecapVideo
 from recaps.selectors import recaps_due_render_check
 from recaps.signals import recap_paid, recap_payment_withdrawn
 
@@ -73,7 +73,7 @@ def render_deadline() -> timedelta:
     )
 
 
-def recap_lock(*, recap_id: object) -> RecapVideo:
+def recap_lock(*, recap_id: RecapId) -> RecapVideo:
     """The recap, locked FOR UPDATE until the caller's transaction ends (RecapNotFound)."""
     try:
         return RecapVideo.objects.select_for_update().get(pk=recap_id)
@@ -91,7 +91,7 @@ def event_create(*, title: str, photo_storage_keys: list[str]) -> Event:
 
 
 @transaction.atomic
-def recap_create(*, event: Event, buyer: AbstractBaseUser, is_free: bool = False) -> RecapVideo:
+def recap_create(*, event: Event, buyer: User, is_free: bool = False) -> RecapVideo:
     recap = RecapVideo.objects.create(event=event, buyer=buyer, is_free=is_free)
     logger.info("recaps.created", extra={"recap_id": str(recap.id), "event_id": event.id})
     return recap
@@ -106,7 +106,7 @@ class Checkout:
     url: str
 
 
-def recap_checkout_create(*, recap: RecapVideo, buyer: AbstractBaseUser) -> Checkout:
+def recap_checkout_create(*, recap: RecapVideo, buyer: User) -> Checkout:
     """A Stripe Checkout Session for the recap, with its id in the session's metadata.
 
     Deliberately not atomic as a whole: a transaction held open across a network call
@@ -158,7 +158,7 @@ def recap_checkout_create(*, recap: RecapVideo, buyer: AbstractBaseUser) -> Chec
 
 
 @transaction.atomic
-def _recap_for_checkout(*, recap_id: object, buyer: AbstractBaseUser) -> RecapVideo:
+def _recap_for_checkout(*, recap_id: RecapId, buyer: User) -> RecapVideo:
     recap = recap_lock(recap_id=recap_id)
     if recap.buyer_id != buyer.pk:
         raise RecapPermissionDenied(RECAP_NOT_YOURS)
@@ -170,7 +170,7 @@ def _recap_for_checkout(*, recap_id: object, buyer: AbstractBaseUser) -> RecapVi
 
 
 @transaction.atomic
-def recap_checkout_attach(*, recap_id: object, session_id: str) -> None:
+def recap_checkout_attach(*, recap_id: RecapId, session_id: str) -> None:
     """The recap's current checkout is this session; an expired one is waiting again. A
     session it already had (Stripe's idempotent answer) keeps what its events said."""
     recap = recap_lock(recap_id=recap_id)
@@ -190,7 +190,7 @@ def recap_checkout_attach(*, recap_id: object, session_id: str) -> None:
 
 @transaction.atomic
 def recap_mark_paid(
-    *, recap_id: object, payment_reference: str = "", now: datetime | None = None
+    *, recap_id: RecapId, payment_reference: str = "", now: datetime | None = None
 ) -> tuple[RecapVideo, bool]:
     """One transaction: the recap `paid`, its payment reference, and its outbox row (written
     by the outbox's receiver of `recap_paid`, in this transaction).
@@ -227,7 +227,7 @@ def recap_mark_paid(
 
 @transaction.atomic
 def recap_redeem_free(
-    *, recap_id: object, user: AbstractBaseUser, now: datetime | None = None
+    *, recap_id: RecapId, user: User, now: datetime | None = None
 ) -> RecapVideo:
     """The buyer redeems a free recap: the same path as a payment, without one."""
     recap = recap_lock(recap_id=recap_id)
@@ -277,7 +277,7 @@ class CheckoutEvent:
 
 @transaction.atomic
 def checkout_event_apply(
-    *, recap_id: object, event: CheckoutEvent, now: datetime | None = None
+    *, recap_id: RecapId, event: CheckoutEvent, now: datetime | None = None
 ) -> CheckoutOutcome:
     """One Stripe checkout event, applied to its recap as the product decided:
 
@@ -356,7 +356,7 @@ def _checkout_event_record(
 
 
 @transaction.atomic
-def recap_mark_rendering(*, recap_id: object, render_id: str, now: datetime | None = None) -> bool:
+def recap_mark_rendering(*, recap_id: RecapId, render_id: str, now: datetime | None = None) -> bool:
     """The render service accepted the render. Only a `paid` recap moves: a callback may
     have made it `ready` already (the service can be faster than our bookkeeping). If no
     callback has come by `render_check_at`, the service is asked (outbox/render_checks.py)."""
@@ -373,7 +373,7 @@ def recap_mark_rendering(*, recap_id: object, render_id: str, now: datetime | No
 
 
 @transaction.atomic
-def recap_mark_failed(*, recap_id: object, reason: str, now: datetime | None = None) -> bool:
+def recap_mark_failed(*, recap_id: RecapId, reason: str, now: datetime | None = None) -> bool:
     """Terminal, visible failure with its reason. Only the outbox's dead path, an operator
     and a permanent render failure call this; a ready recap is never failed."""
     now = now or timezone.now()
@@ -392,7 +392,7 @@ def recap_mark_failed(*, recap_id: object, reason: str, now: datetime | None = N
 
 
 @transaction.atomic
-def recap_reopen(*, recap_id: object, now: datetime | None = None) -> bool:
+def recap_reopen(*, recap_id: RecapId, now: datetime | None = None) -> bool:
     """failed → paid, for a retry; other statuses are left alone."""
     now = now or timezone.now()
     return bool(
@@ -404,7 +404,7 @@ def recap_reopen(*, recap_id: object, now: datetime | None = None) -> bool:
 
 @transaction.atomic
 def recap_mark_ready(
-    *, recap_id: object, video_url: str, render_id: str = "", now: datetime | None = None
+    *, recap_id: RecapId, video_url: str, render_id: str = "", now: datetime | None = None
 ) -> bool:
     """The render service delivered the video. Idempotent: a ready recap stays as it is.
     Returns whether it changed (the outbox then settles the recap's waiting rows)."""
@@ -431,7 +431,7 @@ def recap_mark_ready(
 
 @dataclass(frozen=True)
 class RenderCheckClaim:
-    recap_id: object
+    recap_id: RecapId
     render_id: str
 
 
@@ -460,7 +460,7 @@ def recaps_claim_render_checks(
     return [RenderCheckClaim(recap_id=recap_id, render_id=render_id) for recap_id, render_id in due]
 
 
-def recap_lock_if_rendering(*, recap_id: object, render_id: str) -> RecapVideo | None:
+def recap_lock_if_rendering(*, recap_id: RecapId, render_id: str) -> RecapVideo | None:
     """The locked recap if it is still waiting for exactly this render; None if it moved on
     (its callback arrived meanwhile, or an operator asked for a new render). Call it inside
     a transaction: the lock holds until the caller's write commits."""
@@ -472,7 +472,7 @@ def recap_lock_if_rendering(*, recap_id: object, render_id: str) -> RecapVideo |
 
 @transaction.atomic
 def recap_fail_render_check(
-    *, recap_id: object, render_id: str, error_class: str, error: str, now: datetime | None = None
+    *, recap_id: RecapId, render_id: str, error_class: str, error: str, now: datetime | None = None
 ) -> bool:
     """The status call failed *permanently* (e.g. the service answers 404 for the render):
     the recap is `failed`, visibly, with the reason, and staff can retry it. Transient

@@ -10,8 +10,10 @@ Errors: {"error": "<code>", "message": "<constant text>"} with 401 (not signed i
 403 (not yours / not free), 404 (unknown), 409 (already redeemed or paid), 503 (Stripe).
 """
 
+from django.contrib.auth.models import User
 from rest_framework import serializers, status
 from rest_framework.authentication import BasicAuthentication, SessionAuthentication
+from rest_framework.exceptions import NotAuthenticated
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -57,13 +59,22 @@ def _recap_data(recap: RecapVideo) -> dict:
         "is_free": recap.is_free,
         "video_url": recap.video_url or None,
         "failure_reason": recap.failure_reason or None,
+        # While unpaid: the last payment failed, or the checkout expired (a new one pays).
+        "awaiting_payment_reason": recap.awaiting_payment_reason or None,
         "created_at": recap.created_at.isoformat(),
     }
 
 
-def _own_recap(request: Request, recap_id) -> RecapVideo:
+def _buyer(request: Request) -> User:
+    """The signed-in buyer (IsAuthenticated has let only those through)."""
+    if not isinstance(request.user, User):
+        raise NotAuthenticated()
+    return request.user
+
+
+def _own_recap(request: Request, recap_id: str) -> RecapVideo:
     recap = recap_get(recap_id=recap_id)
-    if recap.buyer_id != request.user.pk:
+    if recap.buyer_id != _buyer(request).pk:
         raise RecapPermissionDenied(RECAP_NOT_YOURS)
     return recap
 
@@ -85,8 +96,8 @@ class RecapPurchaseApi(_BuyerAPIView):
             event = Event.objects.filter(pk=serializer.validated_data["event_id"]).first()
             if event is None:
                 raise EventUnknown()
-            recap = recap_create(event=event, buyer=request.user)
-            checkout = recap_checkout_create(recap=recap, buyer=request.user)
+            recap = recap_create(event=event, buyer=_buyer(request))
+            checkout = recap_checkout_create(recap=recap, buyer=_buyer(request))
         except CheckoutError as exc:
             # The recap exists and waits for payment; the client retries /checkout/.
             return _error(exc, recap=_recap_data(recap))
@@ -99,7 +110,7 @@ class RecapPurchaseApi(_BuyerAPIView):
 
 
 class RecapDetailApi(_BuyerAPIView):
-    def get(self, request: Request, recap_id) -> Response:
+    def get(self, request: Request, recap_id: str) -> Response:
         try:
             return Response(_recap_data(_own_recap(request, recap_id)))
         except EventDropError as exc:
@@ -107,10 +118,10 @@ class RecapDetailApi(_BuyerAPIView):
 
 
 class RecapCheckoutApi(_BuyerAPIView):
-    def post(self, request: Request, recap_id) -> Response:
+    def post(self, request: Request, recap_id: str) -> Response:
         try:
             recap = _own_recap(request, recap_id)
-            checkout = recap_checkout_create(recap=recap, buyer=request.user)
+            checkout = recap_checkout_create(recap=recap, buyer=_buyer(request))
         except EventDropError as exc:
             return _error(exc)
         return Response(
@@ -120,9 +131,9 @@ class RecapCheckoutApi(_BuyerAPIView):
 
 
 class RecapRedeemApi(_BuyerAPIView):
-    def post(self, request: Request, recap_id) -> Response:
+    def post(self, request: Request, recap_id: str) -> Response:
         try:
-            recap = recap_redeem_free(recap_id=recap_id, user=request.user)
+            recap = recap_redeem_free(recap_id=recap_id, user=_buyer(request))
         except EventDropError as exc:
             return _error(exc)
         return Response(_recap_data(recap))
