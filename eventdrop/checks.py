@@ -6,6 +6,10 @@ read, imports nothing of the project layer. Their ids are the ones they had in i
 (ingress.E003, ingress.W002), so the README, runbooks and tests keep naming them.
 """
 
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
@@ -16,7 +20,9 @@ from ingress.sources import all_sources
 
 
 @checks.register()
-def check_web_server_limits(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+def check_web_server_limits(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """The production server's own bounds (eventdrop/web.py) against the webhook's budget and
     the sources' limits: a request may spend the header read timeout, then the body read
     deadline, then the store's worst case, and all of it must fit the route's budget."""

@@ -26,7 +26,7 @@ The kinds:
 """
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from django.apps import apps
@@ -186,7 +186,7 @@ def db_roles_plan(
     existing_roles: Iterable[str],
     passwords: dict[str, str] | None = None,
     prefix: str | None = None,
-    quote=None,
+    quote: Callable[[str], str] | None = None,
 ) -> Plan:
     """The statements that bring every role to its spec (idempotent: run it again any time)."""
     quote = quote or connections["default"].ops.quote_name

@@ -91,7 +91,7 @@ class JsonFormatter(_SummaryWithoutTraceback, pythonjsonlogger.json.JsonFormatte
     field under its own name (an object that is not a plain value by its type only, as
     there), and `exc_info` with the traceback where the plain line appends it."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("rename_fields", JSON_FIELD_NAMES)
         kwargs.setdefault("reserved_attrs", sorted(_STANDARD_ATTRS))
         super().__init__(*args, **kwargs)

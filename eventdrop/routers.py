@@ -25,12 +25,16 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db.models import Model
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 
 from eventdrop.db import database_deadline
 
@@ -153,7 +157,7 @@ def replica_reads() -> Iterator[None]:
 
 
 class ReplicaRouter:
-    def db_for_read(self, model, **hints):
+    def db_for_read(self, model: type[Model], **hints: Any) -> str:
         if (
             _replica_reads.get()
             and model._meta.app_label not in PRIMARY_ONLY_APPS
@@ -163,14 +167,16 @@ class ReplicaRouter:
             return REPLICA_ALIAS
         return DEFAULT_DB_ALIAS
 
-    def db_for_write(self, model, **hints):
+    def db_for_write(self, model: type[Model], **hints: Any) -> str:
         # Explicit: an object read from the replica must still be saved on the primary.
         return DEFAULT_DB_ALIAS
 
-    def allow_relation(self, obj1, obj2, **hints):
+    def allow_relation(self, obj1: Model, obj2: Model, **hints: Any) -> bool:
         return True  # the same rows, one of them a copy
 
-    def allow_migrate(self, db, app_label, model_name=None, **hints):
+    def allow_migrate(
+        self, db: str, app_label: str, model_name: str | None = None, **hints: Any
+    ) -> bool:
         return db == DEFAULT_DB_ALIAS
 
 
@@ -178,10 +184,10 @@ class ReplicaReadsMiddleware:
     """Safe requests to the read-only screens read from the replica (see the module's doc);
     any other request pins the browser's reads to the primary while the replica may lag."""
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
 
-    def __call__(self, request):
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if not replica_configured():
             return self.get_response(request)
         if not request.path.startswith(READ_ONLY_PATH_PREFIXES):

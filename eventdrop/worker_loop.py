@@ -15,6 +15,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import TypeVar
 
 from django.db import close_old_connections
@@ -48,7 +49,7 @@ def run_until_stopped(
 ) -> None:
     stopping = False
 
-    def stop(signum, frame):
+    def stop(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
 

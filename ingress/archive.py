@@ -42,16 +42,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as time_of_day
 from tempfile import SpooledTemporaryFile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.files import File
+from django.core.files.storage import Storage
 from django.db import connection, models, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from eventdrop.errors import EventDropError
 from ingress.models import RawEvent, RawEventOrigin
+
+if TYPE_CHECKING:  # botocore is imported only when the archive is used
+    from botocore.config import Config
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +88,7 @@ class ArchiveClientConfig:
             max_attempts=int(settings.RAW_EVENT_ARCHIVE_MAX_ATTEMPTS),
         )
 
-    def botocore_config(self):
+    def botocore_config(self) -> "Config":
         from botocore.config import Config
 
         # "standard" retry mode: max_attempts counts the first try; its pause before retry n
@@ -109,7 +113,7 @@ def archive_enabled() -> bool:
     return bool(getattr(settings, "RAW_EVENT_ARCHIVE_ENABLED", False))
 
 
-def archive_storage():
+def archive_storage() -> Storage:
     """The archive's django-storages S3 backend, built from settings (module doc)."""
     from storages.backends.s3 import S3Storage
 
@@ -248,7 +252,7 @@ def _gzipped_lines(events: Iterable[RawEvent]) -> tuple[SpooledTemporaryFile, Ar
     return spool, info
 
 
-def _verify_object(storage, name: str, *, size: int, sha256: str) -> None:
+def _verify_object(storage: Storage, name: str, *, size: int, sha256: str) -> None:
     """Read `name` back from the store and compare it with what was written."""
     digest = hashlib.sha256()
     read = 0
@@ -263,7 +267,7 @@ def _verify_object(storage, name: str, *, size: int, sha256: str) -> None:
         )
 
 
-def archive_day(day: date, *, partition: str, storage=None) -> DayArchive:
+def archive_day(day: date, *, partition: str, storage: Storage | None = None) -> DayArchive:
     """Write and verify the archive of `day` (module doc); ArchiveFailed if anything fails."""
     storage = storage or archive_storage()
     events = archived_events(day)
@@ -351,7 +355,7 @@ class RestoreResult:
         ]
 
 
-def read_manifest(day: date, storage=None) -> dict:
+def read_manifest(day: date, storage: Storage | None = None) -> dict:
     storage = storage or archive_storage()
     try:
         with storage.open(manifest_name(day), "rb") as stored:
@@ -362,7 +366,7 @@ def read_manifest(day: date, storage=None) -> dict:
         raise ArchiveFailed(f"manifest of {day} unreadable: {type(exc).__name__}") from exc
 
 
-def _archived_rows(storage, entry: dict) -> Iterator[RawEvent]:
+def _archived_rows(storage: Storage, entry: dict) -> Iterator[RawEvent]:
     spool = SpooledTemporaryFile(max_size=_SPOOL_BYTES)  # noqa: SIM115
     with spool:
         digest = hashlib.sha256()
@@ -407,7 +411,11 @@ def _insert_missing(batch: list[RawEvent], result: RestoreResult) -> None:
 
 
 def restore_archived_events(
-    day: date, *, only: RestoreFilter | None = None, dry_run: bool = False, storage=None
+    day: date,
+    *,
+    only: RestoreFilter | None = None,
+    dry_run: bool = False,
+    storage: Storage | None = None,
 ) -> RestoreResult:
     """Put `day`'s archived events (those `only` matches) back in the store (module doc)."""
     storage = storage or archive_storage()

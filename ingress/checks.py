@@ -1,6 +1,10 @@
 """The ingress app's system checks: its sources, its reconciliation budgets, the raw event
 store's keys and archive. The web server's own limits are checked in eventdrop/checks.py."""
 
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
@@ -13,7 +17,9 @@ from ingress.sources import all_sources
 
 
 @checks.register(checks.Tags.security)
-def check_webhook_sources(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+def check_webhook_sources(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     try:
         sources = all_sources()
     except ImproperlyConfigured as exc:
@@ -33,7 +39,9 @@ def check_webhook_sources(app_configs=None, **kwargs) -> list[checks.CheckMessag
 
 
 @checks.register()
-def check_reconcile_budgets(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+def check_reconcile_budgets(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """A nightly reconciliation run must fit one call's worst case, and django-q2's timeout."""
     problems = (
         reconcile_budget_problem(provider=provider, scheduled=True)
@@ -43,7 +51,9 @@ def check_reconcile_budgets(app_configs=None, **kwargs) -> list[checks.CheckMess
 
 
 @checks.register(checks.Tags.security)
-def check_raw_event_encryption_keys(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+def check_raw_event_encryption_keys(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """RAW_EVENT_ENCRYPTION_KEYS must parse: the receive path encrypts with the first key, and
     a key that does not parse would fail every webhook (or leave old rows unreadable)."""
     from ingress.encryption import RawEventKeyError, parse_keys
@@ -63,7 +73,9 @@ def check_raw_event_encryption_keys(app_configs=None, **kwargs) -> list[checks.C
 
 
 @checks.register()
-def check_raw_event_archive(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+def check_raw_event_archive(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """With RAW_EVENT_ARCHIVE_ENABLED, partitions are dropped only after their archive is
     verified: settings that cannot reach a bucket would keep every partition forever, and
     unbounded S3 calls could outlast the maintenance task (its budget: eventdrop/budgets.py)."""

@@ -9,7 +9,7 @@ or plain form fields).
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eventdrop.errors import EventDropError
 from ingress.encryption import decrypt_body, decrypt_headers
@@ -23,6 +23,11 @@ from ingress.verifiers.common import (
     json_object,
 )
 
+if TYPE_CHECKING:
+    # eventdrop.retry imports this module for UnparseablePayload, possibly before the app
+    # registry is ready; the model is needed for the type checker only.
+    from ingress.models import RawEvent
+
 UNPARSEABLE_BODY = "The body is neither a JSON object nor a form the provider sends."
 _NO_TIME = datetime.min.replace(tzinfo=UTC)
 
@@ -31,7 +36,7 @@ class UnparseablePayload(EventDropError):
     pass
 
 
-def raw_event_body(event) -> bytes:
+def raw_event_body(event: "RawEvent") -> bytes:
     """The body as received, decrypted if it is stored encrypted: the one way a body is read.
 
     Raises ingress.encryption.BodyUndecryptable (payload-free) when the configured keys
@@ -40,7 +45,7 @@ def raw_event_body(event) -> bytes:
     return decrypt_body(bytes(event.body), event.body_encryption, raw_event_id=event.id)
 
 
-def raw_event_headers(event) -> dict:
+def raw_event_headers(event: "RawEvent") -> dict[str, str]:
     """The headers as received, decrypted if stored encrypted (with the body, same key)."""
     return decrypt_headers(event.headers, event.body_encryption, raw_event_id=event.id)
 

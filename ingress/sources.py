@@ -165,7 +165,7 @@ def get_source(name: str) -> Source | None:
     return source
 
 
-def reset_sources_cache(**kwargs) -> None:
+def reset_sources_cache(**kwargs: object) -> None:
     all_sources.cache_clear()
 
 

@@ -5,11 +5,12 @@ Exit codes: 0 when the run finished (complete, or incomplete with the reason pri
 or could not start; 3 with --fail-on-drift when the drift exceeds RECONCILE_DRIFT_SLO.
 """
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_datetime
 
 from ingress.models import ReconciliationStatus
@@ -27,7 +28,7 @@ class Window(TypedDict):
 
 
 class ReconcileCommand(BaseCommand):
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--since", help="window start, ISO 8601 with a zone")
         parser.add_argument("--until", help="window end (exclusive), ISO 8601 with a zone")
         parser.add_argument(
@@ -41,12 +42,14 @@ class ReconcileCommand(BaseCommand):
             help=f"exit {DRIFT_EXIT_CODE} when the drift exceeds RECONCILE_DRIFT_SLO",
         )
 
-    def window_options(self, options) -> Window:
+    def window_options(self, options: dict[str, Any]) -> Window:
         return Window(
             since=_moment("--since", options["since"]), until=_moment("--until", options["until"])
         )
 
-    def run_reconciliation(self, start, *, fail_on_drift: bool) -> None:
+    def run_reconciliation(
+        self, start: Callable[[], ReconcileOutcome], *, fail_on_drift: bool
+    ) -> None:
         try:
             outcome: ReconcileOutcome = start()
         except (ReconcileInvalid, ReconcileBusy) as exc:

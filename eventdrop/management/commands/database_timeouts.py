@@ -13,7 +13,9 @@ to server sessions opened after it: RECONNECT on PgBouncer's admin console, or w
 server_lifetime.
 """
 
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 from psycopg import sql
 
@@ -23,10 +25,10 @@ from eventdrop.db.postgresql.base import pooled_statement_timeout_ms
 class Command(BaseCommand):
     help = "Set the settings' statement_timeout as the database's default (for PgBouncer)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
 
-    def handle(self, *args, database: str, **options):
+    def handle(self, *args: Any, database: str, **options: Any) -> None:
         connection = connections[database]
         if connection.vendor != "postgresql":
             raise CommandError(f"{database} is {connection.vendor}, not PostgreSQL")

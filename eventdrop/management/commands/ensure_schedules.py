@@ -1,4 +1,5 @@
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.core.management.base import BaseCommand
 from django.db import transaction
@@ -19,7 +20,7 @@ class Command(BaseCommand):
     help = "Create or update the django-q2 schedules declared in eventdrop/schedules.py."
 
     @transaction.atomic
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         now = timezone.now()
         for recurring in SCHEDULES:
             schedule, created = Schedule.objects.update_or_create(

@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.core.management.base import BaseCommand
 
 from ingress.handlers import all_handlers
@@ -6,7 +8,7 @@ from ingress.handlers import all_handlers
 class Command(BaseCommand):
     help = "List every registered webhook handler: provider, event types, dotted name."
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         specs = all_handlers()
         if not specs:
             self.stdout.write("no handlers registered")

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ingress.partitions import raw_event_partitions_maintain
 
@@ -12,14 +14,14 @@ class Command(BaseCommand):
         "Also runs hourly as the django-q2 schedule ingress.raw_event_partitions."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--dry-run",
             action="store_true",
             help="Only report what would be done; change nothing.",
         )
 
-    def handle(self, *args, dry_run: bool = False, **options):
+    def handle(self, *args: Any, dry_run: bool = False, **options: Any) -> None:
         result = raw_event_partitions_maintain(dry_run=dry_run)
         for line in result.lines():
             self.stdout.write(line)

@@ -1,3 +1,7 @@
+from typing import Any
+
+from django.core.management.base import CommandParser
+
 from ingress.reconcile.command import ReconcileCommand
 from ingress.reconcile.stripe import stripe_reconcile
 
@@ -9,11 +13,13 @@ class Command(ReconcileCommand):
         "Records the run and its drift; also runs nightly (ingress.reconcile_stripe)."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
         parser.add_argument("--source", default="stripe", help="webhook source (default stripe)")
 
-    def handle(self, *args, source: str, dry_run: bool, fail_on_drift: bool, **options):
+    def handle(
+        self, *args: Any, source: str, dry_run: bool, fail_on_drift: bool, **options: Any
+    ) -> None:
         window = self.window_options(options)
         self.run_reconciliation(
             lambda: stripe_reconcile(source=source, dry_run=dry_run, **window),

@@ -1,6 +1,7 @@
 from datetime import date, datetime
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ingress.archive import ArchiveFailed, RestoreFilter, restore_archived_events
 
@@ -20,7 +21,7 @@ class Command(BaseCommand):
         "still in the store are skipped, so running it twice restores nothing more."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("day", type=date.fromisoformat, help="The UTC day, YYYY-MM-DD.")
         parser.add_argument("--source", help="Only this source's file.")
         parser.add_argument("--event-type", help="Only events of this type.")
@@ -30,7 +31,7 @@ class Command(BaseCommand):
                             help="Received before this ISO 8601 instant.")
         parser.add_argument("--dry-run", action="store_true", help="Count only; write nothing.")
 
-    def handle(self, *args, day, dry_run=False, **options):
+    def handle(self, *args: Any, day: date, dry_run: bool = False, **options: Any) -> None:
         only = RestoreFilter(
             source=options.get("source"),
             event_type=options.get("event_type"),

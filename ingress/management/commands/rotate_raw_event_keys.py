@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ingress.encryption import RawEventKeyError, keyring
 from ingress.services import raw_events_rotate_keys
@@ -12,13 +14,15 @@ class Command(BaseCommand):
         "Bounded batches, one short transaction each; safe to stop and run again."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--batch-size", type=int, default=500)
         parser.add_argument(
             "--max-batches", type=int, default=None, help="Stop after this many batches."
         )
 
-    def handle(self, *args, batch_size: int, max_batches: int | None, **options):
+    def handle(
+        self, *args: Any, batch_size: int, max_batches: int | None, **options: Any
+    ) -> None:
         if batch_size < 1:
             raise CommandError("--batch-size must be at least 1.")
         try:
