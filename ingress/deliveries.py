@@ -313,7 +313,10 @@ def _hold_paused(rows: list[tuple]) -> list[tuple]:
 # run one key at once, and the key's order cannot depend on which worker claims what.
 #
 # A head in backoff holds its key back until it is due or dead: strict order means the
-# newer events wait behind the older one's retries.
+# newer events wait behind the older one's retries. So does a running delivery whose worker
+# died, until deliveries_rearm_stale re-arms it (DELIVERY_STALE_AFTER_SECONDS). Other keys,
+# and unordered handlers, go on meanwhile. Cost: a few statements more per pass, only while
+# ordered deliveries are unfinished (the head query reads a partial index of those alone).
 
 # The advisory lock space of these keys: pg_try_advisory_xact_lock(ORDERING_LOCK_CLASS,
 # hashtext(handler || ' ' || key)). The two-int form is a key space of its own, apart from
