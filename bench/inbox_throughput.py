@@ -25,8 +25,9 @@ Not a test. It needs PostgreSQL (127.0.0.1:5432 unless --pg-port) and uses its o
 `--ingress-json FILE` reads the ACK rate bench/ingress_ack.py measured in the same run
 (`--json-out FILE`; the key `ack_per_s`) and prints the drain rate next to it with the ratio
 (issue 15: the drain must be at least the ingress rate). `--baseline REV` runs the workers
-of every other run from `git archive REV` instead of the working tree (same database, same
-backlog, same settings), alternating baseline and current, and prints each pair's ratio.
+of every other run from `git archive REV` (or from REV, a directory holding an unpacked
+tree) instead of the working tree (same database, same backlog, same settings), alternating
+baseline and current, and prints each pair's ratio.
 `--py-spy DIR` records each worker with py-spy (collapsed stacks, top frames printed);
 `--pg-stats` resets and prints pg_stat_statements (the server must preload it).
 """
@@ -34,6 +35,7 @@ backlog, same settings), alternating baseline and current, and prints each pair'
 import argparse
 import hashlib
 import hmac
+import io
 import json
 import os
 import shutil
@@ -277,7 +279,14 @@ def _nullable(field) -> bool:
 
 
 def _baseline_tree(revision: str) -> Path:
-    """`git archive REV` unpacked in a temporary directory, plus the bench's own support files."""
+    """`git archive REV` unpacked in a temporary directory (or REV itself, a directory with a
+    manage.py: an unpacked tree), plus the bench's own support files."""
+    if (Path(revision) / "manage.py").exists():
+        tree = Path(revision).resolve()
+        for name in BENCH_SUPPORT_FILES:
+            if not (tree / name).exists():
+                shutil.copy(ROOT / name, tree / name)
+        return tree
     commit = subprocess.run(
         ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
         cwd=ROOT,
@@ -298,9 +307,10 @@ def _baseline_tree(revision: str) -> Path:
     return tree
 
 
-def _worker_env(port: int, batch_size: int | None) -> dict[str, str]:
+def _worker_env(port: int, batch_size: int | None, handlers: int) -> dict[str, str]:
     env = {
         **os.environ,
+        "EVENTDROP_BENCH_HANDLERS": str(handlers),
         "DJANGO_SETTINGS_MODULE": SETTINGS,
         "DATABASE_URL": f"postgres://postgres@127.0.0.1:{port}/{DB_NAME}",
         "PGAPPNAME": APP_NAME,
@@ -340,7 +350,7 @@ def _run(args, tree: Path, label: str) -> dict:
         loaded = time.monotonic()
         distinct = _load_backlog(loader, args.events, args.duplicates)
         load_seconds = time.monotonic() - loaded
-        env = _worker_env(args.pg_port, args.batch_size)
+        env = _worker_env(args.pg_port, args.batch_size, args.handlers)
         procs = []
         for i in range(args.workers):
             log = (log_dir / f"worker-{i}.log").open("w")
@@ -359,12 +369,14 @@ def _run(args, tree: Path, label: str) -> dict:
                 _wait_for_workers(cursor, procs, args.workers, log_dir)
                 if args.pg_stats:
                     cursor.execute("SELECT pg_stat_statements_reset()")
+                cpu = _CpuMeter(cursor, [proc.pid for proc in procs])
                 loader.commit()
                 started = time.monotonic()
                 if args.py_spy:
                     spies = _start_spies(args.py_spy, procs, label)
                 done_at = None
                 while time.monotonic() - started < MAX_SECONDS_PER_RUN:
+                    cpu.sample()
                     cursor.execute(
                         "SELECT EXISTS (SELECT 1 FROM ingress_rawevent"
                         "  WHERE signature_status = 'pending')"
@@ -373,6 +385,7 @@ def _run(args, tree: Path, label: str) -> dict:
                     )
                     if not cursor.fetchone()[0]:
                         done_at = time.monotonic()
+                        cpu.sample()
                         break
                     time.sleep(0.05)
         finally:
@@ -389,7 +402,7 @@ def _run(args, tree: Path, label: str) -> dict:
                 spy.wait(timeout=30)
         pg_top = _pg_top(watcher) if args.pg_stats else []
         violations = [] if done_at else ["backlog not drained within the time limit"]
-        violations += _exactly_once_violations(watcher, args.events, distinct)
+        violations += _exactly_once_violations(watcher, args.events, distinct, args.handlers)
     elapsed = (done_at or time.monotonic()) - started
     result = {
         "label": label,
@@ -399,6 +412,10 @@ def _run(args, tree: Path, label: str) -> dict:
         "load_seconds": load_seconds,
         "seconds": elapsed,
         "events_per_s": args.events / elapsed,
+        # CPU per event, the workers' and their PostgreSQL backends': what the code costs,
+        # and far steadier than the wall clock on a machine shared with other work.
+        "worker_cpu_ms_per_event": 1000 * cpu.workers / args.events,
+        "backend_cpu_ms_per_event": 1000 * cpu.backends / args.events,
         "violations": violations,
         "pg_top": pg_top,
         "logs": str(log_dir),
@@ -408,42 +425,91 @@ def _run(args, tree: Path, label: str) -> dict:
     return result
 
 
+class _CpuMeter:
+    """CPU seconds (user + system, from /proc) the worker processes and their PostgreSQL
+    backends spent since the meter was made. Backends are found by PGAPPNAME and sampled
+    while the run lasts: a worker reconnects after CONN_MAX_AGE, and a backend that went
+    keeps its last reading. Needs PostgreSQL on this machine (127.0.0.1), as the bench does;
+    elsewhere the backends read 0."""
+
+    def __init__(self, cursor, worker_pids: list[int]) -> None:
+        self.cursor = cursor
+        self.worker_start = {pid: _cpu_seconds(pid) for pid in worker_pids}
+        self.worker_last = dict(self.worker_start)
+        self.backend_start: dict[int, float] = {}
+        self.backend_last: dict[int, float] = {}
+        self.sample()
+        self.backend_start = dict(self.backend_last)
+
+    def sample(self) -> None:
+        for pid in self.worker_last:
+            self.worker_last[pid] = _cpu_seconds(pid) or self.worker_last[pid]
+        self.cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = %s",
+            (DB_NAME, APP_NAME),
+        )
+        for (pid,) in self.cursor.fetchall():
+            seconds = _cpu_seconds(pid)
+            self.backend_last[pid] = max(seconds, self.backend_last.get(pid, 0.0))
+            self.backend_start.setdefault(pid, 0.0)
+
+    @property
+    def workers(self) -> float:
+        return sum(self.worker_last[pid] - self.worker_start[pid] for pid in self.worker_last)
+
+    @property
+    def backends(self) -> float:
+        return sum(self.backend_last[pid] - self.backend_start[pid] for pid in self.backend_last)
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    # utime and stime, fields 14 and 15 of proc(5), counted after the ")" closing comm
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # --- exactly once --------------------------------------------------------------------------
 
 _CHECKS = {
-    # name: (SQL returning one number, what it must be: "events" / "distinct" / "dups" / 0)
+    # name: (SQL returning one number, what it must be: see _exactly_once_violations)
     "raw events stored": ("SELECT count(*) FROM ingress_rawevent", "events"),
     "raw events not verified": (
         "SELECT count(*) FROM ingress_rawevent WHERE signature_status <> 'verified'",
         0,
     ),
-    "events dispatched": (
-        "SELECT count(*) FROM ingress_rawevent WHERE dispatch_status = 'dispatched'",
+    "events dispatched (no_handler when there is none)": (
+        "SELECT count(*) FROM ingress_rawevent WHERE dispatch_status = %(routed)s",
         "distinct",
     ),
     "events marked duplicate": (
         "SELECT count(*) FROM ingress_rawevent WHERE dispatch_status = 'duplicate'",
         "dups",
     ),
-    "duplicates not pointing at a dispatched winner with their key": (
+    "duplicates not pointing at a winner with their key": (
         "SELECT count(*) FROM ingress_rawevent d WHERE d.dispatch_status = 'duplicate'"
         " AND NOT EXISTS (SELECT 1 FROM ingress_rawevent w WHERE w.id = d.duplicate_of_id"
-        "  AND w.dispatch_status = 'dispatched' AND w.dedup_key = d.dedup_key)",
+        "  AND w.dispatch_status = %(routed)s AND w.dedup_key = d.dedup_key)",
         0,
     ),
     "dedup keys": ("SELECT count(*) FROM ingress_dedupkey", "distinct"),
-    "dedup keys not naming a dispatched event": (
+    "dedup keys not naming their winner": (
         "SELECT count(*) FROM ingress_dedupkey k WHERE NOT EXISTS (SELECT 1 FROM"
-        " ingress_rawevent w WHERE w.id = k.raw_event_id AND w.dispatch_status = 'dispatched'"
+        " ingress_rawevent w WHERE w.id = k.raw_event_id AND w.dispatch_status = %(routed)s"
         " AND w.dedup_key = k.key)",
         0,
     ),
-    "deliveries done": ("SELECT count(*) FROM ingress_delivery WHERE status = 'done'", "distinct"),
+    "deliveries done": (
+        "SELECT count(*) FROM ingress_delivery WHERE status = 'done'",
+        "deliveries",
+    ),
     "deliveries not done": ("SELECT count(*) FROM ingress_delivery WHERE status <> 'done'", 0),
-    "dispatched events without exactly one done delivery": (
-        "SELECT count(*) FROM ingress_rawevent e WHERE e.dispatch_status = 'dispatched' AND"
-        " (SELECT count(*) FROM ingress_delivery d WHERE d.raw_event_id = e.id"
-        "  AND d.status = 'done') <> 1",
+    "winners without exactly one done delivery per handler": (
+        "SELECT count(*) FROM ingress_rawevent e WHERE e.dispatch_status = %(routed)s AND"
+        " (SELECT count(DISTINCT handler) || '/' || count(*) FROM ingress_delivery d"
+        "  WHERE d.raw_event_id = e.id AND d.status = 'done') <> %(per_event)s",
         0,
     ),
     "deliveries of duplicates": (
@@ -457,9 +523,9 @@ _CHECKS = {
         "  FROM ingress_deliveryattempt a WHERE a.delivery_id = d.id) <> '1/1'",
         0,
     ),
-    "winners whose handler did not commit exactly once": (
-        "SELECT count(*) FROM ingress_rawevent WHERE dispatch_status = 'dispatched'"
-        " AND query_string <> 'h'",
+    "winners whose handlers did not each commit exactly once": (
+        "SELECT count(*) FROM ingress_rawevent WHERE dispatch_status = %(routed)s"
+        " AND query_string <> %(marks)s",
         0,
     ),
     "duplicates whose handler ran": (
@@ -475,12 +541,23 @@ _CHECKS = {
 }
 
 
-def _exactly_once_violations(watcher, events: int, distinct: int) -> list[str]:
-    expected = {"events": events, "distinct": distinct, "dups": events - distinct, 0: 0}
+def _exactly_once_violations(watcher, events: int, distinct: int, handlers: int) -> list[str]:
+    expected = {
+        "events": events,
+        "distinct": distinct,
+        "dups": events - distinct,
+        "deliveries": distinct * handlers,
+        0: 0,
+    }
+    params = {
+        "routed": "dispatched" if handlers else "no_handler",
+        "per_event": f"{handlers}/{handlers}" if handlers else "0/0",
+        "marks": "h" * handlers,
+    }
     violations = []
     with watcher.cursor() as cursor:
         for name, (sql, want) in _CHECKS.items():
-            cursor.execute(sql)
+            cursor.execute(sql, params)
             got = cursor.fetchone()[0]
             if got != expected[want]:
                 violations.append(f"{name}: {got}, expected {expected[want]}")
@@ -581,6 +658,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="worker processes")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=None, help="INBOX_BATCH_SIZE")
+    parser.add_argument(
+        "--handlers", type=int, default=1, help="handlers per event (0: verify and dedup only)"
+    )
     parser.add_argument("--ingress-json", default=None, metavar="FILE")
     parser.add_argument("--baseline", default=None, metavar="REV")
     parser.add_argument("--py-spy", default=None, metavar="DIR")
@@ -594,6 +674,8 @@ def main() -> int:
         parser.error("--duplicates must be between 0 and 0.5")
     if not 1 <= args.workers <= 16:
         parser.error("--workers must be between 1 and 16")
+    if not 0 <= args.handlers <= 8:
+        parser.error("--handlers must be between 0 and 8")
     ack = _ingress_ack_rate(args.ingress_json) if args.ingress_json else None
 
     variants = [("current", ROOT)]
@@ -605,6 +687,8 @@ def main() -> int:
     from django.db import connection
 
     call_command("migrate", verbosity=0)
+    # As the Procfile's release phase does: the day partitions the backlog lands in.
+    call_command("raw_event_partitions", stdout=io.StringIO())
     connection.close()
 
     results = []
@@ -621,21 +705,35 @@ def main() -> int:
     print(
         f"inbox drain: {args.events} signed events ({args.duplicates:.0%} duplicates), "
         f"{args.workers} x manage.py process_inbox, PostgreSQL :{args.pg_port}"
+        + f", {args.handlers} handler(s) per event"
         + (f", INBOX_BATCH_SIZE={args.batch_size}" if args.batch_size else "")
     )
-    print(f"{'round':>5} {'code':>9} {'load s':>7} {'drain s':>8} {'events/s':>9}  exactly once")
+    print(
+        f"{'round':>5} {'code':>9} {'load s':>7} {'drain s':>8} {'events/s':>9} "
+        f"{'worker CPU ms/ev':>17} {'pg CPU ms/ev':>13}  exactly once"
+    )
     for r in results:
         verdict = "yes" if not r["violations"] else f"NO ({len(r['violations'])} violations)"
         print(
             f"{r['round']:>5} {r['label']:>9} {r['load_seconds']:>7.1f} {r['seconds']:>8.1f} "
-            f"{r['events_per_s']:>9.0f}  {verdict}"
+            f"{r['events_per_s']:>9.0f} {r['worker_cpu_ms_per_event']:>17.3f} "
+            f"{r['backend_cpu_ms_per_event']:>13.3f}  {verdict}"
         )
     if args.baseline:
-        by_round: dict[int, dict[str, float]] = {}
+        by_round: dict[int, dict[str, dict]] = {}
         for r in results:
-            by_round.setdefault(r["round"], {})[r["label"]] = r["events_per_s"]
-        ratios = [f"{v['current'] / v['baseline']:.2f}" for v in by_round.values()]
-        print(f"current / baseline ({args.baseline}) per round: {', '.join(ratios)}")
+            by_round.setdefault(r["round"], {})[r["label"]] = r
+        for key, what in (
+            ("events_per_s", "events/s"),
+            ("worker_cpu_ms_per_event", "worker CPU per event"),
+            ("backend_cpu_ms_per_event", "PostgreSQL CPU per event"),
+        ):
+            ratios = [
+                f"{runs['current'][key] / runs['baseline'][key]:.2f}"
+                for runs in by_round.values()
+                if runs["baseline"][key]
+            ]
+            print(f"current / baseline ({args.baseline}), {what}, per round: {', '.join(ratios)}")
     if ack is not None:
         for r in results:
             print(
@@ -654,7 +752,10 @@ def _print_run(r: dict) -> None:
     print(
         f"round {r.get('round')} {r['label']}: {r['events']} events ({r['distinct']} distinct) "
         f"drained in {r['seconds']:.1f} s = {r['events_per_s']:.0f} events/s "
-        f"(load {r['load_seconds']:.1f} s, worker logs {r['logs']})",
+        f"(load {r['load_seconds']:.1f} s; CPU per event: workers "
+        f"{r['worker_cpu_ms_per_event']:.3f} ms, "
+        f"PostgreSQL {r['backend_cpu_ms_per_event']:.3f} ms; "
+        f"worker logs {r['logs']})",
         flush=True,
     )
     for violation in r["violations"]:

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import F, Q
+from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
 from eventdrop.logformat import raised_at
@@ -73,6 +74,7 @@ SETTLE_FAILED = "{error} in verify/dedup/dispatch"
 
 
 # --- verify, dedup, fan out ----------------------------------------------------------------
+
 
 def _verdict_for(event: RawEvent) -> Verdict:
     source = all_sources().get(event.source)
@@ -122,22 +124,26 @@ def raw_events_settle(events: list[RawEvent], now: datetime) -> None:
 
     if accepted:
         # Sorted so that two workers inserting overlapping keys lock them in the same order
-        # (no deadlock); ignore_conflicts is INSERT … ON CONFLICT DO NOTHING, and the SELECT
-        # after it (a fresh snapshot under READ COMMITTED) tells who won each key — another
-        # worker's committed row, or ours.
+        # (no deadlock). INSERT … ON CONFLICT DO NOTHING RETURNING names the keys this batch
+        # won; only for the others (a provider redelivery of an event settled earlier, or a
+        # key another worker holds) does a SELECT after it (a fresh snapshot under READ
+        # COMMITTED, after any conflicting insert committed) tell who won.
         keys = sorted(
             {(event.source, event.dedup_key): event for event in reversed(accepted)}.items()
         )
-        DedupKey.objects.bulk_create(
+        won = _insert_all(
             [DedupKey(source=s, key=k, raw_event_id=e.id, created_at=now) for (s, k), e in keys],
-            ignore_conflicts=True,
+            returning=("source", "key"),
         )
-        winners = {
-            (row.source, row.key): row.raw_event_id
-            for row in DedupKey.objects.filter(
-                key__in=[key for (_, key), _ in keys], source__in={s for (s, _), _ in keys}
-            )
-        }
+        winners = {key: event.id for key, event in keys if key in won}
+        taken = [key for key, _ in keys if key not in won]
+        if taken:
+            winners |= {
+                (row.source, row.key): row.raw_event_id
+                for row in DedupKey.objects.filter(
+                    key__in=[key for _, key in taken], source__in={source for source, _ in taken}
+                )
+            }
         deliveries: list[Delivery] = []
         for event in accepted:
             winner = winners.get((event.source, event.dedup_key))
@@ -150,7 +156,7 @@ def raw_events_settle(events: list[RawEvent], now: datetime) -> None:
                 DispatchStatus.DISPATCHED if specs else DispatchStatus.NO_HANDLER
             )
             deliveries += deliveries_for_event(event, specs, now)
-        Delivery.objects.bulk_create(deliveries, ignore_conflicts=True)
+        _insert_all(deliveries)
 
     _save_settled(events)
     logger.info(
@@ -164,9 +170,8 @@ def raw_events_settle(events: list[RawEvent], now: datetime) -> None:
     )
 
 
-# The columns raw_events_settle decides. Written with one pipelined executemany rather than
-# Model.bulk_update, whose CASE-per-column SQL costs more Python time than the verification
-# itself; `received_at` in the WHERE lets PostgreSQL prune to the event's day partition.
+# The columns raw_events_settle decides, written for the whole batch by one UPDATE … FROM
+# unnest(…) (_save_settled).
 _SETTLED_COLUMNS = (
     "signature_status",
     "rejection_reason",
@@ -183,21 +188,117 @@ _SETTLED_COLUMNS = (
 
 
 def _save_settled(events: list[RawEvent]) -> None:
-    ops = connection.ops
-    assignments = ", ".join(f"{ops.quote_name(column)} = %s" for column in _SETTLED_COLUMNS)
-    sql = (
-        f"UPDATE {ops.quote_name(RawEvent._meta.db_table)} SET {assignments} "  # noqa: S608 (constant identifiers)
-        "WHERE id = %s AND received_at = %s"
+    """One UPDATE for the batch's verdicts, each row found by (id, received_at).
+
+    Not Model.bulk_update, whose CASE-per-column SQL costs more Python time than the
+    verification itself, and not one UPDATE per row either (the server runs each as its own
+    statement). The batch's received_at range, as constants, lets PostgreSQL prune to the
+    batch's day partitions when it plans.
+    """
+    meta = RawEvent._meta
+    by_column = {field.column: field for field in meta.concrete_fields}
+    fields = [by_column[column] for column in ("id", "received_at", *_SETTLED_COLUMNS)]
+    if connection.vendor != "postgresql":
+        # SQLite (`make run`): no unnest; a statement per row, run in process, costs little.
+        for event in events:
+            RawEvent.objects.filter(id=event.id).update(
+                **{field.attname: getattr(event, field.attname) for field in fields[2:]}
+            )
+        return
+    values = [[getattr(event, field.attname) for event in events] for field in fields]
+    (id_sql, id_params), (at_sql, at_params), *settled, rows = _row_set(fields, values)
+    quote = connection.ops.quote_name
+    assignments = ", ".join(
+        f"{quote(field.column)} = {sql}"
+        for field, (sql, _) in zip(fields[2:], settled, strict=True)
     )
-    rows = []
-    for event in events:
-        values = [getattr(event, column) for column in _SETTLED_COLUMNS]
-        values[_SETTLED_COLUMNS.index("verified_at")] = ops.adapt_datetimefield_value(
-            event.verified_at
-        )
-        rows.append([*values, event.id, ops.adapt_datetimefield_value(event.received_at)])
+    table = quote(meta.db_table)
+    sql = (
+        f"UPDATE {table} SET {assignments} FROM {rows[0]} "  # noqa: S608 (identifiers from the model)
+        f"WHERE {table}.id = {id_sql} AND {table}.received_at = {at_sql} "
+        f"AND {table}.received_at BETWEEN %s AND %s"
+    )
+    received = values[1]
+    params = [p for _, ps in settled for p in ps] + rows[1] + id_params + at_params
     with connection.cursor() as cursor:
-        cursor.executemany(sql, rows)
+        cursor.execute(sql, [*params, min(received), max(received)])
+        if cursor.rowcount != len(events):
+            # Each row is locked by this transaction: a miss is a bug, never a race.
+            raise RuntimeError(f"settled {cursor.rowcount} of {len(events)} raw events")
+
+
+def _row_set(fields, values: list[list]) -> list[tuple[str, list]]:
+    """A set of rows for one set-based statement: per field, its SQL expression and that
+    expression's parameters, then the FROM item and its parameters.
+
+    `values` holds one list per field, one value per row (the model's values; each field
+    prepares its own for the database). A column whose rows all share one value is sent
+    once, as a typed parameter; the others become arrays unnested side by side (rows stay in
+    their order). One array per column, as bulk_create sends, costs Python time per element
+    (preparing and quoting each one): most of a batch's columns are the same for every row
+    (now, statuses, defaults).
+    """
+    db = connections[DEFAULT_DB_ALIAS]  # not the proxy: it is asked once per value
+    expressions: list[tuple[str, list]] = []
+    arrays, array_params = [], []
+    rows = len(values[0])
+    for field, column in zip(fields, values, strict=True):
+        db_type = field.cast_db_type(db)
+        first = column[0]
+        if all(value == first and type(value) is type(first) for value in column):
+            expressions.append((f"%s::{db_type}", [field.get_db_prep_save(first, db)]))
+        else:
+            name = f"c{len(arrays)}"
+            arrays.append((name, db_type))
+            array_params.append([field.get_db_prep_save(value, db) for value in column])
+            expressions.append((f"v.{name}", []))
+    if arrays:
+        unnest = ", ".join(f"%s::{db_type}[]" for _, db_type in arrays)
+        names = ", ".join(name for name, _ in arrays)
+        expressions.append((f"unnest({unnest}) AS v({names})", array_params))
+    else:
+        expressions.append(("generate_series(1, %s) AS v", [rows]))
+    return expressions
+
+
+def _insert_all(objs: list, *, returning: tuple[str, ...] = ()) -> set[tuple]:
+    """INSERT unsaved instances of one model in one statement, ON CONFLICT DO NOTHING (as
+    bulk_create(ignore_conflicts=True)); returns the `returning` columns of the rows it
+    inserted (the conflicting ones are not returned).
+
+    Every concrete column is written with the instance's value after the field's pre_save
+    (defaults and auto_now exactly as bulk_create applies them), except the auto primary
+    key and columns left to their database default.
+    """
+    if not objs:
+        return set()
+    if connection.vendor != "postgresql":
+        # SQLite (`make run`): bulk_create cannot say which rows it inserted, so none is
+        # reported as inserted and the caller looks every key up.
+        type(objs[0]).objects.bulk_create(objs, ignore_conflicts=True)
+        return set()
+    meta = type(objs[0])._meta
+    fields, values = [], []
+    for field in meta.concrete_fields:
+        if field.primary_key and getattr(objs[0], field.attname) is None:
+            continue  # the sequence numbers it
+        column = [field.pre_save(obj, True) for obj in objs]
+        if isinstance(column[0], DatabaseDefault):
+            continue  # the database's own default
+        fields.append(field)
+        values.append(column)
+    *expressions, (rows_sql, rows_params) = _row_set(fields, values)
+    quote = connection.ops.quote_name
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608 (identifiers from the model)
+        f"SELECT {', '.join(sql for sql, _ in expressions)} FROM {rows_sql} "
+        "ON CONFLICT DO NOTHING"
+    )
+    if returning:
+        sql += " RETURNING " + ", ".join(quote(meta.get_field(name).column) for name in returning)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [p for _, ps in expressions for p in ps] + rows_params)
+        return {tuple(row) for row in cursor.fetchall()} if returning else set()
 
 
 def raw_events_verify_batch(*, limit: int | None = None, now: datetime | None = None) -> int:
