@@ -220,12 +220,12 @@ def deliveries_arm_for_replay(
 def deliveries_rearm_dead(delivery_ids: list[int], *, now: datetime) -> int:
     """Dead deliveries back to `pending`, attempts reset; the others untouched. Returns how
     many. Inside the caller's transaction."""
-    rows = list(
-        Delivery.objects.select_for_update()
-        .filter(id__in=delivery_ids, status=DeliveryStatus.DEAD)
-        .order_by("id")
-        .values_list("id", "raw_event_id")
-    )
+    dead = Delivery.objects.filter(id__in=delivery_ids, status=DeliveryStatus.DEAD)
+    # The events first, then their deliveries: the order a replay locks them in, so that a
+    # replay and a re-arm of the same events never deadlock.
+    events = dead.values("raw_event_id")
+    list(RawEvent.objects.select_for_update().filter(id__in=events).order_by("id").values("id"))
+    rows = list(dead.select_for_update().order_by("id").values_list("id", "raw_event_id"))
     Delivery.objects.filter(id__in=[delivery_id for delivery_id, _ in rows]).update(
         status=DeliveryStatus.PENDING,
         attempts=0,
