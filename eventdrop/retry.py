@@ -25,8 +25,10 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError
+from django.db.models import Model, QuerySet
 
 from ingress.handlers import PermanentHandlerError
 from ingress.payloads import UnparseablePayload
@@ -41,6 +43,8 @@ from outbox.errors import (
     RenderUnhealthy,
     TooFewPhotos,
 )
+
+_Row = TypeVar("_Row", bound=Model)
 
 
 class Disposition(StrEnum):
@@ -68,11 +72,11 @@ class Failure:
         return self.disposition != Disposition.PERMANENT
 
 
-def _transient(error_class: str, **kwargs) -> Failure:
+def _transient(error_class: str, **kwargs: Any) -> Failure:
     return Failure(Disposition.TRANSIENT, error_class, **kwargs)
 
 
-def _service(error_class: str, **kwargs) -> Failure:
+def _service(error_class: str, **kwargs: Any) -> Failure:
     return Failure(Disposition.TRANSIENT, error_class, service_failure=True, **kwargs)
 
 
@@ -252,7 +256,13 @@ class RetryStrategy:
         )
 
 
-def fenced(queryset, *, claimed_at: datetime, attempts: int, processing: str = "processing"):
+def fenced(
+    queryset: QuerySet[_Row],
+    *,
+    claimed_at: datetime,
+    attempts: int,
+    processing: str = "processing",
+) -> QuerySet[_Row]:
     """The row, only if it is still the claim this worker made (status, claimed_at,
     attempts): an outcome recorded through this cannot overwrite a newer claim."""
     return queryset.filter(status=processing, claimed_at=claimed_at, attempts=attempts)
