@@ -86,9 +86,9 @@ def test_a_held_lock_on_the_breaker_row_fails_no_recap(tmp_path):
     from tests.recaps.factories import EventFactory, RecapFactory
     from tests.recaps.fixtures import pay
 
-    event = EventFactory()
+    event = EventFactory.create()
     for _ in range(12):
-        pay(RecapFactory(event=event))
+        pay(RecapFactory.create(event=event))
     # A breaker with a streak under way: the first success wants to write it.
     CircuitBreaker.objects.create(
         name="render-service", consecutive_failures=1, failing_rows=[[999999, 1, 1]]

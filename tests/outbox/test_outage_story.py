@@ -115,6 +115,7 @@ def test_a_row_that_fails_alone_still_dies_after_five_attempts_with_its_history(
     from recaps.fake_renderer import FakeRenderer, _Handler
 
     settings.OUTBOX_TRANSIENT_HORIZON_SECONDS = 300.0
+    doomed_ids: set[str] = set()
 
     class OneRecapFails(_Handler):
         def _body(self):
@@ -123,7 +124,7 @@ def test_a_row_that_fails_alone_still_dies_after_five_attempts_with_its_history(
             return self._cached_body
 
         def _render(self):
-            if self._body().get("recap_id") == self.fake.doomed:
+            if self._body().get("recap_id") in doomed_ids:
                 with self.fake.lock:
                     self.fake.posts_by_key[self.headers.get("Idempotency-Key", "")] += 1
                 self._json(500, {"error": "internal"})
@@ -136,7 +137,7 @@ def test_a_row_that_fails_alone_still_dies_after_five_attempts_with_its_history(
     settings.RENDER_CALLBACK_URL = "http://127.0.0.1:9/webhooks/renderer/"
     with fake:
         doomed, doomed_row = paid_recap(now=T0)
-        fake.doomed = str(doomed.id)
+        doomed_ids.add(str(doomed.id))
         at = T0
         others = []
         for _ in range(40):  # bounded: 20 simulated minutes

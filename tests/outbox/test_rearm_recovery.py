@@ -201,7 +201,7 @@ def test_retry_render_refuses_unpaid_and_ready_recaps(paid_recap, status):
         recap, _ = paid_recap()
         render_completed_record(recap_id=recap.id, video_url="https://v.example/1.mp4")
     else:
-        recap = RecapFactory()
+        recap = RecapFactory.create()
     with pytest.raises(RecapStateConflict) as exc:
         recap_retry_render(recap=recap)
     assert str(exc.value) == RECAP_NOT_RETRYABLE

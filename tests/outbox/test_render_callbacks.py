@@ -43,7 +43,7 @@ def render_event(recap, kind="completed", **data):
 
 
 def rendering_recap():
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     pay(recap, now=T0)
     recap_mark_rendering(recap_id=recap.id, render_id="rnd_1", now=T0)
     return recap
@@ -118,7 +118,7 @@ def test_another_standard_webhooks_source_is_ignored():
 
 
 def test_ready_settles_a_row_still_waiting():
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     side_effect = pay(recap, now=T0)
     render_completed_record(recap_id=recap.id, video_url="https://v/x.mp4")
     side_effect.refresh_from_db()

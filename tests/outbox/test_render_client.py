@@ -1,5 +1,6 @@
 """The render-service client against the fake service over real HTTP: every call bounded."""
 
+import random
 import socket
 import time
 from datetime import UTC, datetime
@@ -131,8 +132,8 @@ def test_in_call_retries_never_pause_past_the_deadline(fake_renderer):
         backoff=RetryPolicy(max_attempts=4, base_seconds=30, cap_seconds=30),
     )
 
-    class Ceiling:
-        def uniform(self, a, b):
+    class Ceiling(random.Random):
+        def uniform(self, a: float, b: float) -> float:
             return b
 
     def sleep(seconds):  # pragma: no cover - must not be reached

@@ -46,8 +46,8 @@ def pay(recap, *, now=None, reference=None):
 @pytest.fixture
 def paid_recap():
     def make(*, now=T0, photos=None, **kwargs):
-        event = EventFactory(photos=photos) if photos is not None else EventFactory()
-        recap = RecapFactory(event=event, **kwargs)
+        event = EventFactory.create(photos=photos) if photos is not None else EventFactory.create()
+        recap = RecapFactory.create(event=event, **kwargs)
         side_effect = pay(recap, now=now)
         return recap, side_effect
 

@@ -19,8 +19,8 @@ def operator(client):
 
 
 def test_events_list_with_their_photo_and_recap_counts(client, operator):
-    event = EventFactory(title="Harbour night")
-    RecapFactory(event=event)
+    event = EventFactory.create(title="Harbour night")
+    RecapFactory.create(event=event)
     response = client.get("/admin/recaps/event/")
     assert response.status_code == 200
     assert "Harbour night" in response.content.decode()
@@ -52,13 +52,13 @@ def test_an_event_and_its_photos_are_entered_in_one_form(client, operator):
 
 
 def test_an_event_with_recaps_cannot_be_deleted(client, operator):
-    event = EventFactory()
-    RecapFactory(event=event)
+    event = EventFactory.create()
+    RecapFactory.create(event=event)
     assert client.get(f"/admin/recaps/event/{event.pk}/delete/").status_code == 403
 
 
 def test_a_free_recap_of_an_event_for_the_operator(client, operator):
-    event = EventFactory()
+    event = EventFactory.create()
     response = client.post(
         "/admin/recaps/event/",
         {"action": "free_recap_for_me", "_selected_action": [event.pk]},

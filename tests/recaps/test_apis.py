@@ -42,7 +42,7 @@ def redeem(api, recap_id):
 
 
 def test_the_buyer_redeems_a_free_recap_through_the_same_service(api):
-    recap = RecapFactory(is_free=True)
+    recap = RecapFactory.create(is_free=True)
     response = redeem(signed_in(api, recap.buyer), recap.id)
     assert response.status_code == 200
     assert response.json()["status"] == "paid"
@@ -52,40 +52,40 @@ def test_the_buyer_redeems_a_free_recap_through_the_same_service(api):
 
 
 def test_anonymous_gets_401(api):
-    recap = RecapFactory(is_free=True)
+    recap = RecapFactory.create(is_free=True)
     response = redeem(api, recap.id)
     assert response.status_code == 401
     assert "WWW-Authenticate" in response.headers
 
 
 def test_session_login_works_too(client):
-    recap = RecapFactory(is_free=True)
+    recap = RecapFactory.create(is_free=True)
     client.force_login(recap.buyer)
     assert client.post(f"/recaps/{recap.id}/redeem/").status_code == 200
 
 
 def test_someone_elses_recap_is_403(api):
-    recap = RecapFactory(is_free=True)
-    response = redeem(signed_in(api, UserFactory()), recap.id)
+    recap = RecapFactory.create(is_free=True)
+    response = redeem(signed_in(api, UserFactory.create()), recap.id)
     assert response.status_code == 403
     assert response.json() == {"error": "forbidden", "message": RECAP_NOT_YOURS}
 
 
 def test_a_paid_for_recap_cannot_be_redeemed_for_free_403(api):
-    recap = RecapFactory(is_free=False)
+    recap = RecapFactory.create(is_free=False)
     response = redeem(signed_in(api, recap.buyer), recap.id)
     assert response.status_code == 403
     assert response.json() == {"error": "forbidden", "message": RECAP_NOT_FREE}
 
 
 def test_unknown_recap_is_404(api):
-    response = redeem(signed_in(api, UserFactory()), uuid.uuid4())
+    response = redeem(signed_in(api, UserFactory.create()), uuid.uuid4())
     assert response.status_code == 404
     assert response.json() == {"error": "recap_not_found", "message": RECAP_NOT_FOUND}
 
 
 def test_redeeming_twice_is_409(api):
-    recap = RecapFactory(is_free=True)
+    recap = RecapFactory.create(is_free=True)
     signed_in(api, recap.buyer)
     assert redeem(api, recap.id).status_code == 200
     response = redeem(api, recap.id)
@@ -98,8 +98,8 @@ def test_redeeming_twice_is_409(api):
 
 
 def test_purchase_creates_the_recap_and_its_checkout(api, fake_stripe):
-    user = UserFactory()
-    event = EventFactory()
+    user = UserFactory.create()
+    event = EventFactory.create()
     response = signed_in(api, user).post("/recaps/", {"event_id": event.id}, format="json")
     assert response.status_code == 201
     data = response.json()
@@ -109,21 +109,23 @@ def test_purchase_creates_the_recap_and_its_checkout(api, fake_stripe):
 
 
 def test_purchase_of_an_unknown_event_is_404(api, fake_stripe):
-    response = signed_in(api, UserFactory()).post("/recaps/", {"event_id": 999}, format="json")
+    client = signed_in(api, UserFactory.create())
+    response = client.post("/recaps/", {"event_id": 999}, format="json")
     assert response.status_code == 404
     assert response.json() == {"error": "event_not_found", "message": EVENT_UNKNOWN}
     assert fake_stripe.requests == []
 
 
 def test_purchase_input_is_validated(api):
-    response = signed_in(api, UserFactory()).post("/recaps/", {"event_id": "x"}, format="json")
+    client = signed_in(api, UserFactory.create())
+    response = client.post("/recaps/", {"event_id": "x"}, format="json")
     assert response.status_code == 400
 
 
 def test_purchase_while_stripe_is_down_is_503_and_the_recap_waits(api, fake_stripe):
     fake_stripe.mode = "error_500"
-    response = signed_in(api, UserFactory()).post(
-        "/recaps/", {"event_id": EventFactory().id}, format="json"
+    response = signed_in(api, UserFactory.create()).post(
+        "/recaps/", {"event_id": EventFactory.create().id}, format="json"
     )
     assert response.status_code == 503
     data = response.json()
@@ -137,8 +139,8 @@ def test_purchase_while_stripe_is_down_is_503_and_the_recap_waits(api, fake_stri
 
 def test_purchase_without_stripe_configured_is_503(api, settings):
     settings.STRIPE_API_KEY = ""
-    response = signed_in(api, UserFactory()).post(
-        "/recaps/", {"event_id": EventFactory().id}, format="json"
+    response = signed_in(api, UserFactory.create()).post(
+        "/recaps/", {"event_id": EventFactory.create().id}, format="json"
     )
     assert response.status_code == 503
     assert response.json()["message"] == CHECKOUT_NOT_CONFIGURED
@@ -149,7 +151,7 @@ def test_purchase_without_stripe_configured_is_503(api, settings):
     [(True, False, 403, RECAP_IS_FREE), (False, True, 409, RECAP_NOT_PAYABLE)],
 )
 def test_checkout_refusals(api, fake_stripe, free, paid, status, message):
-    recap = RecapFactory(is_free=free)
+    recap = RecapFactory.create(is_free=free)
     if paid:
         pay(recap)
     response = signed_in(api, recap.buyer).post(f"/recaps/{recap.id}/checkout/")
@@ -158,17 +160,18 @@ def test_checkout_refusals(api, fake_stripe, free, paid, status, message):
 
 
 def test_checkout_of_someone_elses_recap_is_403(api, fake_stripe):
-    recap = RecapFactory()
-    response = signed_in(api, UserFactory()).post(f"/recaps/{recap.id}/checkout/")
+    recap = RecapFactory.create()
+    response = signed_in(api, UserFactory.create()).post(f"/recaps/{recap.id}/checkout/")
     assert response.status_code == 403 and fake_stripe.requests == []
 
 
 def test_the_buyer_sees_the_status(api):
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     signed_in(api, recap.buyer)
     response = api.get(f"/recaps/{recap.id}/")
     assert response.status_code == 200
     assert response.json()["status"] == "pending_payment"
-    assert signed_in(APIClient(), UserFactory()).get(f"/recaps/{recap.id}/").status_code == 403
+    stranger = signed_in(APIClient(), UserFactory.create())
+    assert stranger.get(f"/recaps/{recap.id}/").status_code == 403
     assert api.get(f"/recaps/{uuid.uuid4()}/").status_code == 404
     assert APIClient().get(f"/recaps/{recap.id}/").status_code == 401

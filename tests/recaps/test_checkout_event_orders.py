@@ -103,7 +103,7 @@ def arrive_in_every_order(client, make_events):
     count = len(make_events(RecapFactory.build(), "cs_probe"))
     for order in itertools.permutations(range(count)):
         session = f"cs_test_{uuid.uuid4().hex[:16]}"
-        recap = RecapFactory(checkout_session_id=session)
+        recap = RecapFactory.create(checkout_session_id=session)
         events = make_events(recap, session)
         before = Delivery.objects.aggregate(last=Max("id"))["last"] or 0
         for index in order:
@@ -263,7 +263,7 @@ def _apply(recap, event_type, *, created, **kwargs):
 
 
 def test_a_newer_failure_before_the_render_withdraws_the_payment_and_its_render_row():
-    recap = RecapFactory(checkout_session_id="cs_test_direct")
+    recap = RecapFactory.create(checkout_session_id="cs_test_direct")
     _apply(recap, "checkout.session.async_payment_succeeded", created=CREATED + 10)
     assert recap.status == RecapStatus.PAID and render_rows(recap) == 1
     _apply(recap, "checkout.session.async_payment_failed", created=CREATED + 20)
@@ -277,7 +277,7 @@ def test_a_newer_failure_before_the_render_withdraws_the_payment_and_its_render_
 def test_a_failure_after_the_render_was_requested_is_refused_and_changes_nothing():
     from ingress.handlers import PermanentHandlerError
 
-    recap = RecapFactory(checkout_session_id="cs_test_claimed")
+    recap = RecapFactory.create(checkout_session_id="cs_test_claimed")
     _apply(recap, "checkout.session.async_payment_succeeded", created=CREATED + 10)
     side_effects_claim(limit=10)  # a dispatcher is asking the render service right now
     with pytest.raises(PermanentHandlerError) as refused:
@@ -295,7 +295,7 @@ def test_a_failure_after_the_render_was_requested_is_refused_and_changes_nothing
 
 
 def test_an_expiry_does_nothing_to_a_paid_recap():
-    recap = RecapFactory(checkout_session_id="cs_test_paid")
+    recap = RecapFactory.create(checkout_session_id="cs_test_paid")
     _apply(recap, "checkout.session.completed", created=CREATED, payment_status="paid")
     _apply(recap, "checkout.session.expired", created=CREATED + 86400)
     assert recap.status == RecapStatus.PAID and recap.awaiting_payment_reason == ""
@@ -304,7 +304,7 @@ def test_an_expiry_does_nothing_to_a_paid_recap():
 def test_a_new_checkout_reopens_an_expired_recap():
     from recaps.services import recap_checkout_attach
 
-    recap = RecapFactory(checkout_session_id="cs_test_first")
+    recap = RecapFactory.create(checkout_session_id="cs_test_first")
     _apply(recap, "checkout.session.expired", created=CREATED)
     assert recap.status == RecapStatus.CHECKOUT_EXPIRED
     recap_checkout_attach(recap_id=recap.id, session_id="cs_test_second")

@@ -66,8 +66,8 @@ def test_paid_recap_renders_and_becomes_ready_through_http(
     settings.RENDER_TIMEOUT_SECONDS = 6.0
     settings.STRIPE_READ_TIMEOUT_SECONDS = 5.0
     fake_renderer.configure(callbacks=True, complete_after=0.05)
-    buyer = UserFactory()
-    event = EventFactory()
+    buyer = UserFactory.create()
+    event = EventFactory.create()
 
     # 1. The buyer starts a purchase: a recap waiting for payment, and a checkout session.
     response = requests.post(

@@ -171,7 +171,7 @@ def test_run_fake_renderer_signs_with_the_current_secret_during_a_rotation(
     monkeypatch.setenv("RENDERER_WEBHOOK_SECRET", rotation)
     reset_sources_cache()
     try:
-        recap = RecapFactory()
+        recap = RecapFactory.create()
         pay(recap)
         port = free_port()
         database = settings.DATABASES["default"]

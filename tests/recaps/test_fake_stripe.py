@@ -22,7 +22,7 @@ TIMEOUT = (1, 10)
 @pytest.mark.django_db
 def test_the_checkout_page_takes_a_browser_through_payment(fake_stripe, live_server):
     fake_stripe.webhook_url = f"{live_server.url}/webhooks/stripe/"
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     checkout = recap_checkout_create(recap=recap, buyer=recap.buyer)
 
     page = requests.get(checkout.url, timeout=TIMEOUT)
@@ -71,7 +71,7 @@ def test_run_fake_stripe_signs_with_the_current_secret_during_a_rotation(
         )
         with fake:
             fake.wait_listening(port, timeout=30)
-            recap = RecapFactory()
+            recap = RecapFactory.create()
             session = requests.post(
                 f"http://127.0.0.1:{port}/v1/checkout/sessions",
                 data={"mode": "payment", "metadata[recap_id]": str(recap.id)},

@@ -50,7 +50,7 @@ def test_one_handler_takes_every_checkout_session_event_ordered_by_session():
 
 
 def test_paid_once_on_duplicate_deliveries():
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     payload = session_event(recap.id)
     record_checkout_session(STRIPE, payload)
     recap.refresh_from_db()
@@ -66,7 +66,7 @@ def test_paid_once_on_duplicate_deliveries():
 
 
 def test_completed_but_unpaid_waits_for_async_payment_succeeded():
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     record_checkout_session(STRIPE, session_event(recap.id, paid="unpaid"))
     recap.refresh_from_db()
     assert recap.status == RecapStatus.PENDING_PAYMENT
@@ -79,7 +79,7 @@ def test_completed_but_unpaid_waits_for_async_payment_succeeded():
 
 
 def test_no_payment_required_counts_as_paid_without_a_charge():
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     payload = session_event(recap.id, paid="no_payment_required", pi=None)
     record_checkout_session(STRIPE, payload)
     recap.refresh_from_db()
@@ -89,7 +89,7 @@ def test_no_payment_required_counts_as_paid_without_a_charge():
 
 @pytest.mark.parametrize("payment_status", ["unpaid", None])
 def test_a_completion_that_is_not_paid_yet_is_ignored(payment_status):
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     record_checkout_session(STRIPE, session_event(recap.id, paid=payment_status))
     recap.refresh_from_db()
     assert recap.status == RecapStatus.PENDING_PAYMENT
@@ -115,7 +115,7 @@ def test_a_checkout_without_a_recap_is_not_ours():
 
 
 def test_a_second_payment_for_a_paid_recap_is_refused_for_a_refund():
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     record_checkout_session(STRIPE, session_event(recap.id, pi="pi_1"))
     with pytest.raises(PermanentHandlerError) as exc:
         record_checkout_session(STRIPE, session_event(recap.id, pi="pi_2"))
@@ -135,7 +135,7 @@ def post_stripe(client, payload):
 
 
 def test_through_the_inbox_duplicates_and_both_events_pay_once(client):
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     completed = session_event(recap.id)
     post_stripe(client, completed)
     post_stripe(client, completed)  # the same event again: dedup drops it

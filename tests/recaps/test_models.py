@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 
 
 def violates(name: str, **changes) -> None:
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     with pytest.raises(IntegrityError, match=name), transaction.atomic():
         RecapVideo.objects.filter(pk=recap.pk).update(**changes)
 
@@ -49,15 +49,15 @@ def test_a_free_recap_carries_no_payment():
 
 
 def test_one_payment_pays_one_recap():
-    RecapFactory(payment_reference="pi_same")
+    RecapFactory.create(payment_reference="pi_same")
     # PostgreSQL names the constraint, SQLite the columns.
     unique = "recap_payment_reference_unique|UNIQUE constraint failed: recap_videos.payment_ref"
     with pytest.raises(IntegrityError, match=unique):
-        RecapFactory(payment_reference="pi_same")
+        RecapFactory.create(payment_reference="pi_same")
 
 
 def test_one_side_effect_per_recap_and_type():
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     RecapSideEffect.objects.create(recap=recap, effect_type="render")
     unique = "recap_side_effect_unique|UNIQUE constraint failed: recap_side_effects.recap_id"
     with pytest.raises(IntegrityError, match=unique), transaction.atomic():
@@ -69,7 +69,7 @@ def test_one_side_effect_per_recap_and_type():
 def test_side_effect_defaults_are_in_the_database_too():
     from django.db import connection
 
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO recap_side_effects (recap_id, effect_type, key_generation, last_error,"

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 
 
 def test_creates_a_session_with_the_recap_id_in_its_metadata(fake_stripe):
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     checkout = recap_checkout_create(recap=recap, buyer=recap.buyer)
     recap.refresh_from_db()
     assert checkout.session_id == "cs_test_1" == recap.checkout_session_id
@@ -31,7 +31,7 @@ def test_creates_a_session_with_the_recap_id_in_its_metadata(fake_stripe):
 
 
 def test_a_second_request_gets_the_same_session(fake_stripe):
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     first = recap_checkout_create(recap=recap, buyer=recap.buyer)
     second = recap_checkout_create(recap=recap, buyer=recap.buyer)
     assert first == second and len(fake_stripe.sessions) == 1
@@ -39,7 +39,7 @@ def test_a_second_request_gets_the_same_session(fake_stripe):
 
 def test_the_sdk_timeout_is_explicit_and_bounded(fake_stripe):
     fake_stripe.mode = "hang"
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     started = time.monotonic()
     with pytest.raises(CheckoutUnavailable) as exc:
         recap_checkout_create(recap=recap, buyer=recap.buyer)
@@ -52,7 +52,7 @@ def test_the_sdk_timeout_is_explicit_and_bounded(fake_stripe):
 def test_sdk_retries_reuse_the_idempotency_key(fake_stripe, settings):
     settings.STRIPE_MAX_NETWORK_RETRIES = 1
     fake_stripe.mode = "error_500"
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     with pytest.raises(CheckoutUnavailable):
         recap_checkout_create(recap=recap, buyer=recap.buyer)
     keys = [r["idempotency_key"] for r in fake_stripe.requests]
@@ -61,7 +61,7 @@ def test_sdk_retries_reuse_the_idempotency_key(fake_stripe, settings):
 
 def test_without_an_api_key_nothing_is_sent(fake_stripe, settings):
     settings.STRIPE_API_KEY = ""
-    recap = RecapFactory()
+    recap = RecapFactory.create()
     with pytest.raises(CheckoutNotConfigured):
         recap_checkout_create(recap=recap, buyer=recap.buyer)
     assert fake_stripe.requests == []
