@@ -49,7 +49,8 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DB_NAME = "eventdrop_bench_inbox"
+# Recreated by every run: --database names another, so that two people can bench at once.
+DB_NAME = os.environ.get("EVENTDROP_BENCH_INBOX_DB", "eventdrop_bench_inbox")
 SETTINGS = "bench.settings_inbox"
 APP_NAME = "eventdrop-bench-inbox"  # PGAPPNAME of the workers' connections
 MAX_SECONDS_PER_RUN = 900
@@ -652,6 +653,7 @@ def _ingress_ack_rate(path: str) -> float:
 
 
 def main() -> int:
+    global DB_NAME
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--duplicates", type=float, default=0.02, help="fraction, 0..0.5")
@@ -666,6 +668,9 @@ def main() -> int:
     parser.add_argument("--py-spy", default=None, metavar="DIR")
     parser.add_argument("--pg-stats", action="store_true")
     parser.add_argument("--pg-port", type=int, default=5432)
+    parser.add_argument(
+        "--database", default=DB_NAME, help="database to (re)create and use (dropped first!)"
+    )
     parser.add_argument("--json-out", default=None, metavar="FILE")
     args = parser.parse_args()
     if not 1 <= args.events <= 500_000:
@@ -677,6 +682,7 @@ def main() -> int:
     if not 0 <= args.handlers <= 8:
         parser.error("--handlers must be between 0 and 8")
     ack = _ingress_ack_rate(args.ingress_json) if args.ingress_json else None
+    DB_NAME = args.database
 
     variants = [("current", ROOT)]
     if args.baseline:
