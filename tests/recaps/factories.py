@@ -1,7 +1,7 @@
 """Model factories for the recap tests.
 
 Typed by their model (DjangoModelFactory[Model]): call them as `RecapFactory.create(...)` where
-mypy should know the result is a RecapVideo. A plain `RecapFactory.create(...)` builds the same row,
+mypy should know the result is a RecapVideo. A plain `RecapFactory(...)` builds the same row,
 but factory_boy's metaclass hides that from the type checker (it sees a RecapFactory).
 """
 
