@@ -124,19 +124,30 @@ def render_rows(recap) -> int:
     return RecapSideEffect.objects.filter(recap=recap).count()
 
 
-def test_an_asynchronous_payment_that_succeeds_pays_once(client):
+def asynchronous_payment(*outcomes: str):
+    """The events of a checkout paid by an asynchronous method: completed (`unpaid`), then
+    each of `outcomes` ("succeeded", "failed") ten seconds after the one before, by
+    Stripe's clock."""
+
     def events(recap, session):
         return [
             checkout_event(recap, "checkout.session.completed", session=session, created=CREATED),
-            checkout_event(
-                recap,
-                "checkout.session.async_payment_succeeded",
-                session=session,
-                created=CREATED + 10,
+            *(
+                checkout_event(
+                    recap,
+                    f"checkout.session.async_payment_{outcome}",
+                    session=session,
+                    created=CREATED + 10 * n,
+                )
+                for n, outcome in enumerate(outcomes, start=1)
             ),
         ]
 
-    for order, recap in arrive_in_every_order(client, events):
+    return events
+
+
+def test_an_asynchronous_payment_that_succeeds_pays_once(client):
+    for order, recap in arrive_in_every_order(client, asynchronous_payment("succeeded")):
         assert (recap.status, recap.payment_reference) == (
             RecapStatus.PAID,
             payment_intent_of(recap.checkout_session_id),
@@ -145,18 +156,7 @@ def test_an_asynchronous_payment_that_succeeds_pays_once(client):
 
 
 def test_an_asynchronous_payment_that_fails_waits_for_payment_with_the_reason(client):
-    def events(recap, session):
-        return [
-            checkout_event(recap, "checkout.session.completed", session=session, created=CREATED),
-            checkout_event(
-                recap,
-                "checkout.session.async_payment_failed",
-                session=session,
-                created=CREATED + 10,
-            ),
-        ]
-
-    for order, recap in arrive_in_every_order(client, events):
+    for order, recap in arrive_in_every_order(client, asynchronous_payment("failed")):
         assert recap.status == RecapStatus.PENDING_PAYMENT, order
         assert recap.awaiting_payment_reason.startswith(
             f"The asynchronous payment of checkout {recap.checkout_session_id} failed"
@@ -165,23 +165,7 @@ def test_an_asynchronous_payment_that_fails_waits_for_payment_with_the_reason(cl
 
 
 def test_a_failure_older_than_a_handled_success_is_superseded_in_every_order(client):
-    def events(recap, session):
-        return [
-            checkout_event(recap, "checkout.session.completed", session=session, created=CREATED),
-            checkout_event(
-                recap,
-                "checkout.session.async_payment_failed",
-                session=session,
-                created=CREATED + 10,
-            ),
-            checkout_event(
-                recap,
-                "checkout.session.async_payment_succeeded",
-                session=session,
-                created=CREATED + 20,
-            ),
-        ]
-
+    events = asynchronous_payment("failed", "succeeded")
     orders = 0
     for order, recap in arrive_in_every_order(client, events):
         orders += 1
