@@ -35,6 +35,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
@@ -54,32 +55,44 @@ class StoreTimeout(OperationalError):
     """The row was not committed within the request's store deadline (it may be later)."""
 
 
-def _columns() -> tuple[list[str], list[str], list[Callable[[Any], Any]], dict]:
-    """Every column but the key, in the model's order: attribute and column names, a value
-    preparer per column (only where Django's adaptation does anything for PostgreSQL), and
-    the defaults."""
-    names, columns, preparers, defaults = [], [], [], {}
-    for model_field in RawEvent._meta.concrete_fields:
-        if model_field.primary_key:
-            continue
-        names.append(model_field.attname)
-        columns.append(model_field.column)
-        if model_field.get_internal_type() in ("JSONField", "GenericIPAddressField"):
-            preparers.append(_adapted_by(model_field))
-        else:
-            preparers.append(_as_is)
-        defaults[model_field.attname] = (
-            model_field.get_default if model_field.has_default() else _no_value
-        )
-    return names, columns, preparers, defaults
+@dataclass(frozen=True)
+class _Layout:
+    """Every column but the key, in the model's order (so `RawEvent(pk, *values)` is the
+    model's fast positional constructor): attribute and column names, a value preparer per
+    column (only where Django's adaptation does anything for PostgreSQL), and the defaults:
+    constants computed once, callables (timezone.now, dict) called per row."""
+
+    names: list[str]
+    columns: list[str]
+    preparers: list[Callable[[Any], Any]]
+    constants: list[Any]
+    factories: dict[str, tuple[int, Callable[[], Any]]]
+    index: dict[str, int]
+
+    @classmethod
+    def of_raw_event(cls) -> "_Layout":
+        names, columns, preparers, constants, factories = [], [], [], [], {}
+        for model_field in RawEvent._meta.concrete_fields:
+            if model_field.primary_key:
+                continue
+            position = len(names)
+            names.append(model_field.attname)
+            columns.append(model_field.column)
+            if model_field.get_internal_type() in ("JSONField", "GenericIPAddressField"):
+                preparers.append(_adapted_by(model_field))
+            else:
+                preparers.append(_as_is)
+            if model_field.has_default() and callable(model_field.default):
+                factories[model_field.attname] = (position, model_field.default)
+                constants.append(None)
+            else:  # a str, a number or None: safe to share between rows
+                constants.append(model_field.get_default() if model_field.has_default() else None)
+        index = {name: position for position, name in enumerate(names)}
+        return cls(names, columns, preparers, constants, factories, index)
 
 
 def _adapted_by(model_field) -> Callable[[Any], Any]:
     return lambda value: model_field.get_db_prep_save(value, connection=connection)
-
-
-def _no_value() -> None:
-    return None
 
 
 def _as_is(value: Any) -> Any:
@@ -115,18 +128,19 @@ class GroupCommit:
         self._lock = threading.Lock()
         self._queue: deque[_Row] = deque()
         self._writing = False  # a leader is writing; False implies an empty queue
-        self._layout: tuple[list[str], list[str], list[Callable[[Any], Any]], dict] | None = None
+        self._layout: _Layout | None = None
         self._statements: dict[int, str] = {}
 
-    def insert(self, fields: dict[str, Any], *, seconds: float) -> int:
-        """Store one row (RawEvent attnames to values) within `seconds`; its id, committed.
+    def insert(self, fields: dict[str, Any], *, seconds: float) -> RawEvent:
+        """Store one row (RawEvent attnames to values) within `seconds`; once committed, the
+        RawEvent it is (built positionally: no per-field defaults, no kwargs).
 
         Raises DatabaseError (StoreTimeout past the deadline): nothing may be acknowledged.
         """
         values = self._values(fields)
         if connection.in_atomic_block:
             with database_deadline(seconds):
-                return self._write_alone(values)
+                return RawEvent(self._write_alone(values), *values)
         row = _Row(values, time.monotonic() + seconds)
         with self._lock:
             self._queue.append(row)
@@ -152,7 +166,7 @@ class GroupCommit:
                 row.finish(error=self._timeout(seconds))
         if row.error is not None:
             raise row.error
-        return row.pk  # type: ignore[return-value]
+        return RawEvent(row.pk, *values)
 
     @staticmethod
     def _timeout(seconds: float) -> StoreTimeout:
@@ -236,25 +250,31 @@ class GroupCommit:
     # --- the statement -----------------------------------------------------------------------
 
     def _values(self, fields: dict[str, Any]) -> list[Any]:
-        names, _, _, defaults = self._columns()
-        unknown = fields.keys() - set(names)
-        if unknown:
-            raise TypeError(f"RawEvent has no column for {sorted(unknown)}")
-        return [fields[name] if name in fields else defaults[name]() for name in names]
+        layout = self._columns()
+        values = layout.constants.copy()
+        for name, value in fields.items():
+            position = layout.index.get(name)
+            if position is None:
+                raise TypeError(f"RawEvent has no column {name!r}")
+            values[position] = value
+        for name, (position, factory) in layout.factories.items():
+            if name not in fields:
+                values[position] = factory()
+        return values
 
     def _prepared(self, values: list[Any]) -> list[Any]:
-        _, _, preparers, _ = self._columns()
+        preparers = self._columns().preparers
         return [prepare(value) for prepare, value in zip(preparers, values, strict=True)]
 
-    def _columns(self) -> tuple[list[str], list[str], list[Callable[[Any], Any]], dict]:
+    def _columns(self) -> _Layout:
         if self._layout is None:  # on first use: the model is ready by then
-            self._layout = _columns()
+            self._layout = _Layout.of_raw_event()
         return self._layout
 
     def _statement(self, rows: int) -> str:
         statement = self._statements.get(rows)
         if statement is None:
-            columns = self._columns()[1]
+            columns = self._columns().columns
             quote = connection.ops.quote_name
             one = "(" + ", ".join(["%s"] * len(columns)) + ")"
             statement = (
