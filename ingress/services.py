@@ -85,8 +85,7 @@ def raw_event_store(
         "delivery_id": delivery_id[:255],
         "received_at": timezone.now(),
     }
-    pk = raw_rows.insert(fields, seconds=settings.WEBHOOK_STORE_TIMEOUT_SECONDS)
-    return RawEvent(pk=pk, **fields)
+    return raw_rows.insert(fields, seconds=settings.WEBHOOK_STORE_TIMEOUT_SECONDS)
 
 
 @dataclass(frozen=True)
