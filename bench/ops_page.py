@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +92,8 @@ def _fill(events: int, rng: random.Random) -> dict:
     raw_event_partitions_maintain(now=now - SPREAD)
     counts: dict[str, int] = {}
     for start in range(0, events, BATCH):
-        raw, plans = [], []
+        raw: list[RawEvent] = []
+        plans: list[tuple[str, datetime, datetime | None] | None] = []
         for n in range(start, min(start + BATCH, events)):
             source = _pick(rng, SOURCES)
             received_at = now - SPREAD * (n / events)  # n = 0 is the newest
@@ -123,7 +124,7 @@ def _fill(events: int, rng: random.Random) -> dict:
                     delivery = "dead"
             handled_at = (
                 verified_at + timedelta(seconds=handle_lag)
-                if delivery in ("done", "dead")
+                if verified_at is not None and delivery in ("done", "dead")
                 else None
             )
             counts[status] = counts.get(status, 0) + 1
@@ -149,7 +150,12 @@ def _fill(events: int, rng: random.Random) -> dict:
                     handled_at=handled_at,
                 )
             )
-            plans.append((delivery, verified_at, handled_at))
+            # A delivery exists only for a dispatched, hence verified, event.
+            plans.append(
+                (delivery, verified_at, handled_at)
+                if delivery is not None and verified_at is not None
+                else None
+            )
         stored = RawEvent.objects.bulk_create(raw)
         Delivery.objects.bulk_create(
             [
@@ -165,8 +171,9 @@ def _fill(events: int, rng: random.Random) -> dict:
                     created_at=verified_at,
                     finished_at=handled_at,
                 )
-                for event, (delivery, verified_at, handled_at) in zip(stored, plans, strict=True)
-                if delivery is not None
+                for event, plan in zip(stored, plans, strict=True)
+                if plan is not None
+                for delivery, verified_at, handled_at in [plan]
             ]
         )
     _fill_outbox(rng, now)
