@@ -15,6 +15,7 @@ RECAP_ALREADY_PAID = "This recap has already been paid with another payment."
 RECAP_NOT_PAYABLE = "Only a recap waiting for payment can be paid."
 RECAP_NOT_RETRYABLE = "Only a paid, rendering or failed recap can be rendered again."
 RECAP_NOT_RENDERED = "This recap was never sent to the render service."
+RECAP_PAYMENT_PAID_ANOTHER = "This payment already paid for another recap: refund one of them."
 RECAP_PAYMENT_FAILED_TOO_LATE = (
     "The payment failed after the recap was sent to the render service (it is {status}): "
     "chase the payment or write it off; the recap is not taken back."

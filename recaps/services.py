@@ -43,6 +43,7 @@ from recaps.errors import (
     RECAP_NOT_RENDERED,
     RECAP_NOT_YOURS,
     RECAP_PAYMENT_FAILED_TOO_LATE,
+    RECAP_PAYMENT_PAID_ANOTHER,
     CheckoutNotConfigured,
     CheckoutUnavailable,
     RecapAlreadyPaid,
@@ -142,7 +143,7 @@ def recap_checkout_create(*, recap: RecapVideo, buyer: User) -> Checkout:
         with stripe_client() as client:
             session = client.v1.checkout.sessions.create(
                 params=params,  # type: ignore[arg-type]
-                options={"idempotency_key": f"recap-checkout-{recap.id}"},
+                options={"idempotency_key": _checkout_idempotency_key(recap)},
             )
     except stripe.StripeError as exc:
         logger.warning(
@@ -155,6 +156,14 @@ def recap_checkout_create(*, recap: RecapVideo, buyer: User) -> Checkout:
         "recaps.checkout.created", extra={"recap_id": str(recap.id), "session_id": session.id}
     )
     return Checkout(session_id=session.id, url=session.url or "")
+
+
+def _checkout_idempotency_key(recap: RecapVideo) -> str:
+    """One session per recap however often it is asked for, except after that session
+    expired: Stripe would answer the expired one again (it keeps a key for 24 h)."""
+    if recap.status == RecapStatus.CHECKOUT_EXPIRED:
+        return f"recap-checkout-{recap.id}-after-{recap.checkout_session_id}"
+    return f"recap-checkout-{recap.id}"
 
 
 @transaction.atomic
@@ -209,6 +218,12 @@ def recap_mark_paid(
         raise RecapAlreadyPaid() if payment_reference else RecapAlreadyRedeemed()
     if recap.is_free and payment_reference:
         raise RecapStateConflict(RECAP_IS_FREE)
+    if payment_reference and (
+        RecapVideo.objects.filter(payment_reference=payment_reference).exclude(pk=recap.pk).exists()
+    ):
+        # Refused here, as a conflict, rather than by the UNIQUE constraint's IntegrityError,
+        # which would read as a transient failure and be retried for nothing.
+        raise RecapStateConflict(RECAP_PAYMENT_PAID_ANOTHER)
     if not recap.is_free and not payment_reference:
         raise RecapPermissionDenied(RECAP_NOT_FREE)
     recap.status = RecapStatus.PAID

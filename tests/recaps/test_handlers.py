@@ -10,7 +10,7 @@ from ingress.handlers import PermanentHandlerError, handlers_for
 from ingress.inbox import inbox_run_once
 from ingress.models import Delivery, RawEvent
 from outbox.models import RecapSideEffect
-from recaps.errors import RECAP_ALREADY_PAID, RECAP_NOT_FOUND
+from recaps.errors import RECAP_ALREADY_PAID, RECAP_NOT_FOUND, RECAP_PAYMENT_PAID_ANOTHER
 from recaps.handlers import BAD_RECAP_ID, record_checkout_session
 from recaps.models import RecapStatus
 from tests.recaps.factories import RecapFactory
@@ -112,6 +112,16 @@ def test_a_checkout_without_a_recap_is_not_ours():
     del payload["data"]["object"]["metadata"]
     record_checkout_session(STRIPE, payload)  # no error, nothing written
     assert not RecapSideEffect.objects.exists()
+
+
+def test_one_payment_for_two_recaps_is_refused_for_a_refund():
+    first, second = RecapFactory.create(), RecapFactory.create()
+    record_checkout_session(STRIPE, session_event(first.id, pi="pi_shared"))
+    with pytest.raises(PermanentHandlerError) as exc:
+        record_checkout_session(STRIPE, session_event(second.id, pi="pi_shared"))
+    assert str(exc.value) == RECAP_PAYMENT_PAID_ANOTHER
+    second.refresh_from_db()
+    assert second.status == RecapStatus.PENDING_PAYMENT
 
 
 def test_a_second_payment_for_a_paid_recap_is_refused_for_a_refund():

@@ -5,8 +5,14 @@ import time
 import pytest
 
 from recaps.errors import CHECKOUT_UNAVAILABLE, CheckoutNotConfigured, CheckoutUnavailable
-from recaps.services import recap_checkout_create
+from recaps.services import (
+    CheckoutEvent,
+    CheckoutEventKind,
+    checkout_event_apply,
+    recap_checkout_create,
+)
 from tests.recaps.factories import RecapFactory
+from tests.recaps.fixtures import T0
 
 pytestmark = pytest.mark.django_db
 
@@ -35,6 +41,24 @@ def test_a_second_request_gets_the_same_session(fake_stripe):
     first = recap_checkout_create(recap=recap, buyer=recap.buyer)
     second = recap_checkout_create(recap=recap, buyer=recap.buyer)
     assert first == second and len(fake_stripe.sessions) == 1
+
+
+def test_after_its_checkout_expired_a_recap_gets_a_new_session(fake_stripe):
+    recap = RecapFactory.create()
+    first = recap_checkout_create(recap=recap, buyer=recap.buyer)
+    checkout_event_apply(
+        recap_id=recap.id,
+        event=CheckoutEvent(
+            kind=CheckoutEventKind.EXPIRED, session_id=first.session_id, created_at=T0
+        ),
+    )
+    second = recap_checkout_create(recap=recap, buyer=recap.buyer)
+    recap.refresh_from_db()
+    assert second.session_id != first.session_id == "cs_test_1"
+    assert (recap.status, recap.checkout_session_id) == ("pending_payment", second.session_id)
+    assert fake_stripe.requests[-1]["idempotency_key"] == (
+        f"recap-checkout-{recap.id}-after-{first.session_id}"
+    )
 
 
 def test_the_sdk_timeout_is_explicit_and_bounded(fake_stripe):
