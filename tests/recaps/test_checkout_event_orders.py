@@ -99,7 +99,8 @@ def post_and_run(client, event) -> None:
 
 def arrive_in_every_order(client, make_events):
     """For each order: a fresh recap, its events POSTed one by one in that order, the
-    inbox run after each. Yields (order, recap) with the recap as it ended."""
+    inbox run after each. Yields (order, recap, statuses): the event types in arrival
+    order, the recap as it ended, and each event type's delivery status."""
     count = len(make_events(RecapFactory.build(), "cs_probe"))
     for order in itertools.permutations(range(count)):
         session = f"cs_test_{uuid.uuid4().hex[:16]}"
@@ -112,12 +113,15 @@ def arrive_in_every_order(client, make_events):
         deliveries = list(
             Delivery.objects.filter(
                 handler="recaps.handlers.record_checkout_session", id__gt=before
-            ).values_list("status", "last_error")
+            ).values_list("raw_event__event_type", "status", "last_error")
         )
         assert len(deliveries) == count, (order, deliveries)
         # Handled, or superseded by a newer event of the session: never dead, never waiting.
-        assert {status for status, _ in deliveries} <= {"done", "superseded"}, (order, deliveries)
-        yield [events[i].type.removeprefix("checkout.session.") for i in order], recap
+        statuses = {
+            kind.removeprefix("checkout.session."): status for kind, status, _ in deliveries
+        }
+        assert set(statuses.values()) <= {"done", "superseded"}, (order, deliveries)
+        yield [events[i].type.removeprefix("checkout.session.") for i in order], recap, statuses
 
 
 def render_rows(recap) -> int:
@@ -147,7 +151,7 @@ def asynchronous_payment(*outcomes: str):
 
 
 def test_an_asynchronous_payment_that_succeeds_pays_once(client):
-    for order, recap in arrive_in_every_order(client, asynchronous_payment("succeeded")):
+    for order, recap, _ in arrive_in_every_order(client, asynchronous_payment("succeeded")):
         assert (recap.status, recap.payment_reference) == (
             RecapStatus.PAID,
             payment_intent_of(recap.checkout_session_id),
@@ -156,7 +160,7 @@ def test_an_asynchronous_payment_that_succeeds_pays_once(client):
 
 
 def test_an_asynchronous_payment_that_fails_waits_for_payment_with_the_reason(client):
-    for order, recap in arrive_in_every_order(client, asynchronous_payment("failed")):
+    for order, recap, _ in arrive_in_every_order(client, asynchronous_payment("failed")):
         assert recap.status == RecapStatus.PENDING_PAYMENT, order
         assert recap.awaiting_payment_reason.startswith(
             f"The asynchronous payment of checkout {recap.checkout_session_id} failed"
@@ -167,13 +171,17 @@ def test_an_asynchronous_payment_that_fails_waits_for_payment_with_the_reason(cl
 def test_a_failure_older_than_a_handled_success_is_superseded_in_every_order(client):
     events = asynchronous_payment("failed", "succeeded")
     orders = 0
-    for order, recap in arrive_in_every_order(client, events):
+    for order, recap, statuses in arrive_in_every_order(client, events):
         orders += 1
         assert (recap.status, recap.payment_reference) == (
             RecapStatus.PAID,
             payment_intent_of(recap.checkout_session_id),
         ), order
         assert recap.awaiting_payment_reason == "" and render_rows(recap) == 1, order
+        # The success handled first: the older failure is recorded as superseded (by the
+        # inbox: one handler, one ordering key for the session), never run.
+        if order.index("async_payment_succeeded") < order.index("async_payment_failed"):
+            assert statuses["async_payment_failed"] == "superseded", (order, statuses)
     assert orders == 6
 
 
@@ -189,7 +197,7 @@ def test_a_full_coupon_counts_as_paid_without_a_charge(client):
             )
         ]
 
-    for _, recap in arrive_in_every_order(client, events):
+    for _, recap, _ in arrive_in_every_order(client, events):
         assert recap.status == RecapStatus.PAID
         assert recap.payment_reference == recap.checkout_session_id  # no PaymentIntent
         assert render_rows(recap) == 1
@@ -203,7 +211,7 @@ def test_an_expired_checkout_closes_the_unpaid_recap(client):
             )
         ]
 
-    for _, recap in arrive_in_every_order(client, events):
+    for _, recap, _ in arrive_in_every_order(client, events):
         assert recap.status == RecapStatus.CHECKOUT_EXPIRED
         assert recap.awaiting_payment_reason.startswith(
             f"Checkout {recap.checkout_session_id} expired unpaid"
@@ -227,7 +235,7 @@ def test_an_abandoned_checkout_expiring_does_nothing_to_the_checkout_that_paid(c
             ),
         ]
 
-    for order, recap in arrive_in_every_order(client, events):
+    for order, recap, _ in arrive_in_every_order(client, events):
         assert (recap.status, recap.payment_reference) == (
             RecapStatus.PAID,
             payment_intent_of(recap.checkout_session_id),
