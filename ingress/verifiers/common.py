@@ -21,9 +21,7 @@ from urllib.parse import parse_qsl
 from ingress.models import RejectionReason
 from ingress.verifiers.base import StoredRequest, Verdict
 
-if TYPE_CHECKING:
-    # The provider table (ingress/providers.py) imports the verifiers and ingress.sources
-    # imports the table, so Source is imported for the type checker only.
+if TYPE_CHECKING:  # at run time a circular import (ingress/verifiers/__init__.py)
     from ingress.sources import Source
 
 logger = logging.getLogger(__name__)
@@ -107,6 +105,13 @@ def required_header(request: StoredRequest, name: str, reason: RejectionReason) 
     if not value:
         raise Reject(reason)
     return value
+
+
+def signature_header(source: Source, request: StoredRequest) -> str:
+    """The request's signature header: the source's, which is its provider's (ingress/providers.py)
+    for every provider but `hmac`. The receive path stores nothing without it, but a row
+    re-verified after a configuration change may lack it."""
+    return required_header(request, source.signature_header, RejectionReason.MISSING_SIGNATURE)
 
 
 def sha256_hex(digest: str) -> str:

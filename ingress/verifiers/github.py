@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ingress.models import RejectionReason
 from ingress.verifiers.base import StoredRequest, Verdict
 from ingress.verifiers.common import (
     body_text,
@@ -19,16 +18,14 @@ from ingress.verifiers.common import (
     is_form_encoded,
     json_object,
     match_hex_hmac,
-    required_header,
     returns_verdict,
     scheme_hex_signature,
+    signature_header,
     usable_secrets,
     utf8_secret,
 )
 
-if TYPE_CHECKING:
-    # The provider table (ingress/providers.py) imports the verifiers and ingress.sources
-    # imports the table, so Source is imported for the type checker only.
+if TYPE_CHECKING:  # at run time a circular import (ingress/verifiers/__init__.py)
     from ingress.sources import Source
 
 SCHEME = "sha256"
@@ -37,7 +34,7 @@ SCHEME = "sha256"
 @returns_verdict
 def verify(source: Source, request: StoredRequest) -> Verdict:
     keys = usable_secrets(source, utf8_secret)
-    header = required_header(request, source.signature_header, RejectionReason.MISSING_SIGNATURE)
+    header = signature_header(source, request)
     signature = scheme_hex_signature(header, SCHEME)
     secret_index = match_hex_hmac(keys, request.body, [signature])
     _check_payload(request)

@@ -16,24 +16,22 @@ from ingress.verifiers.common import (
     body_text,
     json_only_body,
     match_hex_hmac,
-    required_header,
     returns_verdict,
     sha256_hex,
+    signature_header,
     string_field,
     usable_secrets,
     utf8_secret,
 )
 
-if TYPE_CHECKING:
-    # The provider table (ingress/providers.py) imports the verifiers and ingress.sources
-    # imports the table, so Source is imported for the type checker only.
+if TYPE_CHECKING:  # at run time a circular import (ingress/verifiers/__init__.py)
     from ingress.sources import Source
 
 
 @returns_verdict
 def verify(source: Source, request: StoredRequest) -> Verdict:
     keys = usable_secrets(source, utf8_secret)
-    header = required_header(request, source.signature_header, RejectionReason.MISSING_SIGNATURE)
+    header = signature_header(source, request)
     if not header.startswith(source.signature_prefix):
         raise Reject(RejectionReason.NO_MATCHING_SCHEME)
     signature = sha256_hex(header[len(source.signature_prefix) :])

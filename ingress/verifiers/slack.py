@@ -27,15 +27,14 @@ from ingress.verifiers.common import (
     required_header,
     returns_verdict,
     scheme_hex_signature,
+    signature_header,
     string_field,
     unix_timestamp,
     usable_secrets,
     utf8_secret,
 )
 
-if TYPE_CHECKING:
-    # The provider table (ingress/providers.py) imports the verifiers and ingress.sources
-    # imports the table, so Source is imported for the type checker only.
+if TYPE_CHECKING:  # at run time a circular import (ingress/verifiers/__init__.py)
     from ingress.sources import Source
 
 TIMESTAMP_HEADER = "x-slack-request-timestamp"
@@ -49,7 +48,7 @@ _RETRY_NUM = re.compile(r"[0-9]{1,4}")
 @returns_verdict
 def verify(source: Source, request: StoredRequest) -> Verdict:
     keys = usable_secrets(source, utf8_secret)
-    header = required_header(request, source.signature_header, RejectionReason.MISSING_SIGNATURE)
+    header = signature_header(source, request)
     # A signature without its timestamp cannot be checked: the header set is malformed.
     timestamp = required_header(request, TIMESTAMP_HEADER, RejectionReason.MALFORMED_HEADER)
     signed_at = unix_timestamp(timestamp)

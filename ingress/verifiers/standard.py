@@ -28,14 +28,13 @@ from ingress.verifiers.common import (
     json_only_body,
     required_header,
     returns_verdict,
+    signature_header,
     string_field,
     unix_timestamp,
     usable_secrets,
 )
 
-if TYPE_CHECKING:
-    # The provider table (ingress/providers.py) imports the verifiers and ingress.sources
-    # imports the table, so Source is imported for the type checker only.
+if TYPE_CHECKING:  # at run time a circular import (ingress/verifiers/__init__.py)
     from ingress.sources import Source
 
 TIMESTAMP_HEADER = "webhook-timestamp"
@@ -46,7 +45,7 @@ KEY_PREFIX = "whsec_"
 @returns_verdict
 def verify(source: Source, request: StoredRequest) -> Verdict:
     webhooks = usable_secrets(source, _webhook)
-    header = required_header(request, source.signature_header, RejectionReason.MISSING_SIGNATURE)
+    header = signature_header(source, request)
     msg_id = _message_id(source, request)
     signed_at = unix_timestamp(
         required_header(request, TIMESTAMP_HEADER, RejectionReason.MALFORMED_HEADER)

@@ -29,25 +29,23 @@ from ingress.verifiers.common import (
     body_text,
     check_timestamp,
     json_only_body,
-    required_header,
     returns_verdict,
     sha256_hex,
+    signature_header,
     string_field,
     unix_timestamp,
     usable_secrets,
     utf8_secret,
 )
 
-if TYPE_CHECKING:
-    # The provider table (ingress/providers.py) imports the verifiers and ingress.sources
-    # imports the table, so Source is imported for the type checker only.
+if TYPE_CHECKING:  # at run time a circular import (ingress/verifiers/__init__.py)
     from ingress.sources import Source
 
 
 @returns_verdict
 def verify(source: Source, request: StoredRequest) -> Verdict:
     keys = usable_secrets(source, _stripe_secret)
-    header = required_header(request, source.signature_header, RejectionReason.MISSING_SIGNATURE)
+    header = signature_header(source, request)
     signed_at = _parse_header(header)
     # The SDK signs the body's text, so bytes that are not UTF-8 cannot carry a Stripe
     # signature at all: they are reported as an unparseable body before any signature check.
