@@ -139,6 +139,37 @@ def test_a_key_runs_one_delivery_at_a_time_and_other_keys_go_on(ordered_handler)
     assert [call[2] for call in ordered_handler.calls] == [other.id, second.id]
 
 
+@pytest.fixture
+def unordered_handler():
+    calls: list[int] = []
+
+    def on_unordered(event, payload):
+        calls.append(event.id)
+
+    webhook_handler(provider="stripe", event_types=[UNORDERED_TYPE])(on_unordered)
+    yield calls
+    unregister(f"{on_unordered.__module__}.{on_unordered.__qualname__}")
+
+
+@pytest.mark.django_db
+def test_a_blocked_key_holds_back_neither_other_keys_nor_unordered_handlers(
+    ordered_handler, unordered_handler
+):
+    blocked = [store("cs_1", BASE_TIME + n, n=n) for n in range(20)]
+    raw_events_verify_batch()  # due first
+    free = store("cs_2", BASE_TIME, n=100)
+    unordered = [store(f"u_{n}", None, n=200 + n, event_type=UNORDERED_TYPE) for n in range(3)]
+    raw_events_verify_batch()
+    Delivery.objects.filter(raw_event_id=blocked[0].id).update(
+        status="processing", claimed_at=timezone.now()
+    )
+    # The blocked key's 19 due deliveries come first in due order; they take no room.
+    assert deliveries_run_due(limit=3) == 4  # 3 unordered + the free key's head
+    assert sorted(unordered_handler) == sorted(e.id for e in unordered)
+    assert [call[2] for call in ordered_handler.calls] == [free.id]
+    assert Delivery.objects.filter(status="pending").count() == 19
+
+
 @pytest.mark.django_db
 def test_ties_and_missing_event_times_go_by_received_order(ordered_handler):
     first = store("cs_1", BASE_TIME, n=1)
