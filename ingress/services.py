@@ -326,6 +326,7 @@ PAUSE_UNKNOWN_HANDLER = "No handler named {name!r} is registered."
 PAUSE_UNKNOWN_SOURCE = "No source named {name!r} is configured."
 PAUSE_ALREADY = "The {scope} is already paused (since {since:%Y-%m-%d %H:%M:%S} UTC)."
 RESUME_NOT_PAUSED = "The {scope} is not paused."
+RESUME_NO_RATE = "INBOX_RESUME_RELEASE_PER_SECOND is {rate}: set it above 0 to resume."
 
 
 class PauseRefused(EventDropError):
@@ -366,6 +367,8 @@ def handler_resume(*, handler: str = "", source: str = "") -> PauseChange:
     Deliveries that another active pause still covers are held again when they come due."""
     scope = _pause_scope(handler=handler, source=source, known=False)
     per_second = settings.INBOX_RESUME_RELEASE_PER_SECOND
+    if not per_second > 0:  # NaN too: a release at no rate would never end
+        raise PauseRefused(RESUME_NO_RATE.format(rate=per_second))
     with transaction.atomic():
         pause = (
             HandlerPause.objects.select_for_update()

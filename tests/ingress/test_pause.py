@@ -20,6 +20,7 @@ from ingress.services import (
     PAUSE_NEEDS_ONE_SCOPE,
     PAUSE_UNKNOWN_HANDLER,
     PAUSE_UNKNOWN_SOURCE,
+    RESUME_NO_RATE,
     RESUME_NOT_PAUSED,
     PauseRefused,
     handler_pause,
@@ -134,7 +135,7 @@ def test_pausing_a_source_holds_only_the_deliveries_of_its_events(
 
 
 @pytest.mark.django_db
-def test_pause_and_resume_refuse_what_they_cannot_do(push_handler):
+def test_pause_and_resume_refuse_what_they_cannot_do(push_handler, settings):
     name = handler_name("github", "push")
     refusals = {
         PAUSE_NEEDS_ONE_SCOPE.format(given="neither"): dict(),
@@ -156,6 +157,11 @@ def test_pause_and_resume_refuse_what_they_cannot_do(push_handler):
         scope=f"handler {name}", since=pause.paused_at
     )
     assert HandlerPause.objects.count() == 1
+    settings.INBOX_RESUME_RELEASE_PER_SECOND = 0.0
+    with pytest.raises(PauseRefused) as refused:
+        handler_resume(handler=name)
+    assert str(refused.value) == RESUME_NO_RATE.format(rate=0.0)
+    settings.INBOX_RESUME_RELEASE_PER_SECOND = 100.0
     handler_resume(handler=name)
     handler_pause(handler=name)  # a new pause after a resume is a new row
     assert HandlerPause.objects.filter(resumed_at__isnull=True).count() == 1
