@@ -4,7 +4,9 @@
 Three pieces, in the spirit of procrastinate's RetryStrategy / RetryDecision:
 
 - `classify(exc) -> Failure`: the ONE classification table (`CLASSIFICATION`, first match
-  wins). It sorts a failure into
+  wins). A domain error declares its own verdict by its base class (the error contract in
+  eventdrop/errors.py: PermanentError, DeferredError, ServiceFailure); the table reads that,
+  so this kernel module imports no app. It sorts a failure into
     transient  retried with backoff, and *charged* (it counts toward max_attempts);
     permanent  given up at once (the row goes `dead`);
     deferred   not the row's fault and nothing was tried (our own configuration): the row
@@ -30,27 +32,9 @@ from typing import Any, TypeVar
 from django.db import InterfaceError, OperationalError
 from django.db.models import Model, QuerySet
 
-from ingress.handlers import PermanentHandlerError
-from ingress.payloads import UnparseablePayload
-from outbox.errors import (
-    EventNotFound,
-    RenderCircuitOpen,
-    RenderConnectionFailed,
-    RenderDeadlineExceeded,
-    RenderHTTPError,
-    RenderNotConfigured,
-    RenderTimedOut,
-    RenderUnhealthy,
-    TooFewPhotos,
-)
+from eventdrop.errors import ClassifiedError, Disposition
 
 _Row = TypeVar("_Row", bound=Model)
-
-
-class Disposition(StrEnum):
-    TRANSIENT = "transient"
-    PERMANENT = "permanent"
-    DEFERRED = "deferred"
 
 
 @dataclass(frozen=True)
@@ -76,38 +60,21 @@ def _transient(error_class: str, **kwargs: Any) -> Failure:
     return Failure(Disposition.TRANSIENT, error_class, **kwargs)
 
 
-def _service(error_class: str, **kwargs: Any) -> Failure:
-    return Failure(Disposition.TRANSIENT, error_class, service_failure=True, **kwargs)
+def _as_declared(exc: ClassifiedError) -> Failure:
+    return Failure(
+        exc.disposition,
+        exc.error_class,
+        retry_after=exc.retry_after,
+        service_failure=exc.service_failure,
+    )
 
 
-def _permanent(error_class: str) -> Failure:
-    return Failure(Disposition.PERMANENT, error_class)
-
-
-def _http(exc: RenderHTTPError) -> Failure:
-    if exc.status == 429:
-        return _service("http_429", retry_after=exc.retry_after)
-    if exc.status >= 500:
-        return _service(f"http_{exc.status}")
-    return _permanent(f"http_{exc.status}")
-
-
-# The table: (exception type, verdict). First match wins; order subclasses first.
+# The table: (exception type, verdict). First match wins.
 CLASSIFICATION: tuple = (
-    # The breaker said no: nothing was asked, nothing is charged.
-    (RenderCircuitOpen, lambda exc: Failure(Disposition.DEFERRED, "circuit_open")),
-    # Our configuration is incomplete: not the row's fault. The dispatcher refuses to start
-    # without it; a row that meets it anyway is released, never charged, never killed.
-    (RenderNotConfigured, lambda exc: Failure(Disposition.DEFERRED, "not_configured")),
-    (RenderUnhealthy, lambda exc: _service("health_red")),
-    (RenderTimedOut, lambda exc: _service(f"{exc.phase}_timeout")),
-    (RenderDeadlineExceeded, lambda exc: _service("deadline_exceeded")),
-    (RenderConnectionFailed, lambda exc: _service("connection_error")),
-    (RenderHTTPError, _http),
-    (EventNotFound, lambda exc: _permanent("event_not_found")),
-    (TooFewPhotos, lambda exc: _permanent("too_few_photos")),
-    (PermanentHandlerError, lambda exc: _permanent("permanent_handler_error")),
-    (UnparseablePayload, lambda exc: _permanent("unparseable_payload")),
+    # Every domain error a retry machine can meet says its own verdict by deriving from a
+    # classified base in eventdrop/errors.py (the render errors: outbox/errors.py; a
+    # handler's PermanentHandlerError: ingress/handlers.py), so this kernel names no app.
+    (ClassifiedError, _as_declared),
     # Our own database: a deadlock, a serialization failure, a statement or lock timeout,
     # a restart. Retried like any transient error; never the row's death sentence.
     (OperationalError, lambda exc: _transient("database:OperationalError")),

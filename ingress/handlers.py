@@ -36,13 +36,15 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from eventdrop.errors import EventDropError
+from eventdrop.errors import PermanentError
 
 HandlerFunc = Callable[..., None]
 
 
-class PermanentHandlerError(EventDropError):
+class PermanentHandlerError(PermanentError):
     """The handler will never succeed on this event; do not retry it."""
+
+    permanent_reason = "permanent_handler_error"
 
 
 @dataclass(frozen=True)

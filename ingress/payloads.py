@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from eventdrop.errors import EventDropError
+from eventdrop.errors import PermanentError
 from ingress.encryption import decrypt_body, decrypt_headers
 from ingress.verifiers.base import StoredRequest
 from ingress.verifiers.common import (
@@ -24,16 +24,16 @@ from ingress.verifiers.common import (
 )
 
 if TYPE_CHECKING:
-    # eventdrop.retry imports this module for UnparseablePayload, possibly before the app
-    # registry is ready; the model is needed for the type checker only.
+    # The model is needed for the type checker only: this module stays importable before
+    # the app registry is ready.
     from ingress.models import RawEvent
 
 UNPARSEABLE_BODY = "The body is neither a JSON object nor a form the provider sends."
 _NO_TIME = datetime.min.replace(tzinfo=UTC)
 
 
-class UnparseablePayload(EventDropError):
-    pass
+class UnparseablePayload(PermanentError):
+    permanent_reason = "unparseable_payload"
 
 
 def raw_event_body(event: "RawEvent") -> bytes:
