@@ -335,7 +335,7 @@ def _wait_for_workers(cursor, procs, workers: int, log_dir: Path) -> None:
             "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s",
             (DB_NAME, APP_NAME),
         )
-        if cursor.fetchone()[0] >= workers:
+        if _scalar(cursor) >= workers:
             time.sleep(0.3)  # their first (idle) pass, on a snapshot without the backlog
             return
         time.sleep(0.05)
@@ -384,7 +384,7 @@ def _run(args, tree: Path, label: str) -> dict:
                         " OR EXISTS (SELECT 1 FROM ingress_delivery"
                         "  WHERE status IN ('pending', 'processing'))"
                     )
-                    if not cursor.fetchone()[0]:
+                    if not _scalar(cursor):
                         done_at = time.monotonic()
                         cpu.sample()
                         break
@@ -461,6 +461,12 @@ class _CpuMeter:
     @property
     def backends(self) -> float:
         return sum(self.backend_last[pid] - self.backend_start[pid] for pid in self.backend_last)
+
+
+def _scalar(cursor):
+    row = cursor.fetchone()
+    assert row is not None, "a one-row query returned no row"
+    return row[0]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -559,7 +565,7 @@ def _exactly_once_violations(watcher, events: int, distinct: int, handlers: int)
     with watcher.cursor() as cursor:
         for name, (sql, want) in _CHECKS.items():
             cursor.execute(sql, params)
-            got = cursor.fetchone()[0]
+            got = _scalar(cursor)
             if got != expected[want]:
                 violations.append(f"{name}: {got}, expected {expected[want]}")
     return violations

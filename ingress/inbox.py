@@ -240,7 +240,8 @@ def _row_set(fields, values: list[list]) -> list[tuple[str, list]]:
     """
     db = connections[DEFAULT_DB_ALIAS]  # not the proxy: it is asked once per value
     expressions: list[tuple[str, list]] = []
-    arrays, array_params = [], []
+    arrays: list[tuple[str, str]] = []
+    array_params: list[list] = []
     rows = len(values[0])
     for field, column in zip(fields, values, strict=True):
         db_type = field.cast_db_type(db)
