@@ -16,7 +16,10 @@ docs/benchmarks.md, "The production web server: gunicorn → granian"):
   own limits, its one INSERT and its 503 work exactly as under any WSGI server.
 - `DjangoThreads` then runs Django's WSGI handler on a thread pool with one hop from the
   loop to a thread and back per request (not Django's ASGI handler, which runs every sync
-  view on one shared thread: 146 webhooks/s where gunicorn did 729).
+  view on one shared thread: 146 webhooks/s where gunicorn did 729). `/webhooks/` goes to a
+  second handler of the same Django with only the middleware a provider's POST needs
+  (`webhook_handler`, issue 15); the threads' webhooks share their INSERTs and commits
+  (ingress/store.py, group commit).
 - A body the server cannot complete (shorter than its Content-Length when the client
   half-closes, broken chunked framing) arrives as `http.disconnect`: it is answered 400 if
   the connection still takes an answer, and never reaches Django, so it is never stored.
@@ -25,7 +28,9 @@ Settings come from the environment: `PORT` (8000), `WEB_BIND` or `HOST` (127.0.0
 every interface is a deployment decision, not a default), `WEB_CONCURRENCY` (processes, 2),
 `WEB_THREADS` (Django threads per process, 4: also the database connections per process),
 `WEB_HEADER_READ_TIMEOUT_SECONDS` (5) and `WEB_MAX_HEADER_BYTES` (64 KiB: granian answers 431
-past it; the receive view bounds each source lower, `max_header_bytes`) and
+past it; the receive view bounds each source lower, `max_header_bytes`),
+`WEB_MAX_CONCURRENT_REQUESTS` (64 per process: granian's backpressure, so at most that many
+bodies are buffered at once, each at most the body limit) and
 `ACK_ROLLUP_FLUSH_SECONDS` (60; 0 turns it off): how often each process adds what its ACK
 histogram counted to the database for the ops page's ACK p99 chart (console/ack_rollup.py).
 """
@@ -203,7 +208,7 @@ class DjangoThreads:
             chunks.append(message.get("body", b""))
             if message["type"] == HTTP_DISCONNECT or not message.get("more_body", False):
                 break
-        environ = build_environ(scope, io.BytesIO(b"".join(chunks)))
+        environ = build_environ(scope, io.BytesIO(b"".join(chunks)))  # type: ignore[arg-type]
         loop = asyncio.get_running_loop()
         app = self.webhook_app if scope["path"].startswith(WEBHOOK_PATH_PREFIX) else self.app
         status, headers, body = await loop.run_in_executor(self.executor, self._call, app, environ)
@@ -214,7 +219,7 @@ class DjangoThreads:
             pass  # the client left while the view ran; what it stored is stored
 
     @staticmethod
-    def _call(app, environ: dict) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    def _call(app, environ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         response: dict = {}
         written: list[bytes] = []
 
@@ -263,10 +268,10 @@ def webhook_handler():
     class WebhookHandler(WSGIHandler):
         def load_middleware(self, is_async=False):
             # BaseHandler.load_middleware for a sync chain, over the lean list.
-            self._view_middleware = []
-            self._template_response_middleware = []
-            self._exception_middleware = []
-            handler = convert_exception_to_response(self._get_response)
+            self._view_middleware: list = []
+            self._template_response_middleware: list = []
+            self._exception_middleware: list = []
+            handler = convert_exception_to_response(self._get_response)  # type: ignore[attr-defined]
             lean = [name for name in settings.MIDDLEWARE if name in WEBHOOK_MIDDLEWARE]
             for name in reversed(lean):
                 middleware = import_string(name)(handler)
@@ -363,6 +368,7 @@ def serve(config: WebServerConfig | None = None) -> None:
     from granian import Granian
     from granian.constants import HTTPModes, Interfaces
     from granian.http import HTTP1Settings
+    from granian.log import LogLevels
 
     config = config or WebServerConfig.from_environ()
     _empty_prometheus_multiproc_dir()
@@ -385,7 +391,7 @@ def serve(config: WebServerConfig | None = None) -> None:
             header_read_timeout=int(config.header_read_timeout_seconds * 1000),
             max_buffer_size=config.max_header_bytes,
         ),
-        log_level=os.environ.get("WEB_LOG_LEVEL", "info"),
+        log_level=LogLevels(os.environ.get("WEB_LOG_LEVEL", "info")),
     ).serve()
 
 

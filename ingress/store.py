@@ -71,7 +71,11 @@ class _Layout:
 
     @classmethod
     def of_raw_event(cls) -> "_Layout":
-        names, columns, preparers, constants, factories = [], [], [], [], {}
+        names: list[str] = []
+        columns: list[str] = []
+        preparers: list[Callable[[Any], Any]] = []
+        constants: list[Any] = []
+        factories: dict[str, tuple[int, Callable[[], Any]]] = {}
         for model_field in RawEvent._meta.concrete_fields:
             if model_field.primary_key:
                 continue
@@ -140,7 +144,7 @@ class GroupCommit:
         values = self._values(fields)
         if connection.in_atomic_block:
             with database_deadline(seconds):
-                return RawEvent(self._write_alone(values), *values)
+                return RawEvent(self._write_alone(values), *values)  # type: ignore[misc]
         row = _Row(values, time.monotonic() + seconds)
         with self._lock:
             self._queue.append(row)
@@ -166,7 +170,7 @@ class GroupCommit:
                 row.finish(error=self._timeout(seconds))
         if row.error is not None:
             raise row.error
-        return RawEvent(row.pk, *values)
+        return RawEvent(row.pk, *values)  # type: ignore[misc]
 
     @staticmethod
     def _timeout(seconds: float) -> StoreTimeout:

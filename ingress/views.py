@@ -1,7 +1,9 @@
 """The receive path: the only code that runs on a provider's clock.
 
-It answers from headers alone whatever it can (404/405/431/411/413/400), then does exactly
-one INSERT of the raw request and answers 202 with the new row's id. A body that is not
+It answers from headers alone whatever it can (404/405/431/411/413/400), then stores the raw
+request as one row and answers 202 with its id once that row is committed (the one INSERT may
+carry the rows of other requests of this process arriving at the same moment: group commit,
+ingress/store.py). A body that is not
 exactly what its framing declared (cut short, broken chunks) is a 400 and is never stored.
 No JSON parsing, no signature math, no business logic, no network call, no other query. The
 one exception is Slack's `url_verification` handshake, which Slack requires to be answered

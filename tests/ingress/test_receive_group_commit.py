@@ -16,7 +16,7 @@ from django.db import DatabaseError, connection
 
 from ingress.models import RawEvent
 from ingress.services import raw_event_store
-from ingress.sources import get_source
+from ingress.sources import all_sources
 from ingress.store import raw_rows
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -27,7 +27,7 @@ WAIT_SECONDS = 10.0
 def _store(body: bytes, headers: dict, outcomes: dict, key: str) -> None:
     try:
         event = raw_event_store(
-            source=get_source("stripe"),
+            source=all_sources()["stripe"],
             method="POST",
             path="/webhooks/stripe/",
             query_string="",
