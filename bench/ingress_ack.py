@@ -17,8 +17,9 @@ One run measures, on this machine and within a few minutes:
 3. **the no-write baseline**: the same requests at `/bench/noop/stripe/`, a view behind the
    same server and middleware that reads the body and answers 202 writing nothing.
 
-It prints ACK/s and p50/p95/p99 of each phase, the ceiling, and the two ratios (webhook /
-ceiling: the figure issue 15 sets at >= 0.5; webhook / no-write). Rows are checked: every 2xx
+It prints ACK/s, p50/p95/p99 and the server's CPU per answered request (its workers' user +
+system time from /proc) of each phase, the ceiling, and the two ratios (webhook / ceiling:
+the figure issue 15 sets at >= 0.5; webhook / no-write). Rows are checked: every 2xx
 must be a row (rows >= 2xx), and at most the requests still in flight when the load stopped
 may be rows without an answer counted (wrk stops on a clock). Otherwise it exits 1.
 
@@ -121,6 +122,7 @@ class Phase:
     p99_ms: float
     max_ms: float
     rows: int | None = None  # rows the phase stored (webhook phases)
+    server_cpu_us: float | None = None  # the server workers' CPU per 2xx (user + system)
     slow_answers: dict = field(default_factory=dict)
 
     @property
@@ -489,7 +491,8 @@ def http_rows() -> int:
 
     with psycopg.connect(f"{SERVER_URL}/{DB_NAME}", autocommit=True) as conn:
         query = "SELECT count(*) FROM ingress_rawevent WHERE remote_addr = %s"
-        return conn.execute(query, [HTTP_REMOTE_ADDR]).fetchone()[0]
+        (count,) = conn.execute(query, [HTTP_REMOTE_ADDR]).fetchall()[0]
+        return count
 
 
 # --- the server ----------------------------------------------------------------------------
@@ -569,6 +572,18 @@ def server_workers(server: subprocess.Popen) -> list[int]:
         ["ps", "-o", "pid=", "--ppid", str(server.pid)], capture_output=True, text=True
     )
     return [int(pid) for pid in out.stdout.split()]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU the processes have used so far (from /proc; 0 where unreadable)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def py_spy_start(server: subprocess.Popen, seconds: float, out_dir: str, tag: str) -> list:
@@ -671,8 +686,11 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
                         recorders = py_spy_start(
                             server, args.seconds, args.py_spy, f"{label}_{round_no}"
                         )
+                    workers = server_workers(server)
                     with SlowClients(port, slow) as slow_clients:
+                        cpu_before = cpu_seconds(workers)
                         figures = load(port, path, connections, args.seconds)
+                        cpu_used = cpu_seconds(workers) - cpu_before
                     if spying:
                         py_spy_report(recorders)
                     phase = Phase(
@@ -686,6 +704,8 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
                     )
                     if before is not None:
                         phase.rows = http_rows() - before
+                    if phase.ok:
+                        phase.server_cpu_us = cpu_used / phase.ok * 1e6
                     phases.append(phase)
                     print_phase(phase)
         finally:
@@ -696,16 +716,17 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
 def print_header() -> None:
     print(
         f"{'server':<9}{'rnd':>4} {'endpoint':<8}{'conns':>6}{'slow':>5}{'2xx':>8}{'other':>6}"
-        f"{'ACK/s':>8}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'rows':>8}"
+        f"{'ACK/s':>8}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'rows':>8}{'cpu us':>8}"
     )
 
 
 def print_phase(p: Phase) -> None:
     rows = "" if p.rows is None else str(p.rows)
+    cpu = "" if p.server_cpu_us is None else f"{p.server_cpu_us:.0f}"
     print(
         f"{p.server:<9}{p.round:>4} {p.endpoint:<8}{p.connections:>6}{p.slow_clients:>5}"
         f"{p.ok:>8}{p.other:>6}{p.rate:>8.0f}{p.p50_ms:>8.2f}{p.p95_ms:>8.2f}{p.p99_ms:>8.2f}"
-        f"{p.max_ms:>8.0f}{rows:>8}",
+        f"{p.max_ms:>8.0f}{rows:>8}{cpu:>8}",
         flush=True,
     )
 
