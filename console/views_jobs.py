@@ -8,6 +8,8 @@ the work is in console/bulk_jobs.py and console/pauses.py. Every write is a POST
 admin's CSRF protection and answers with a redirect (no resubmission on reload).
 """
 
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlencode
 
 from django.conf import settings
@@ -44,6 +46,16 @@ from ingress.sources import all_sources
 PROGRESS_REFRESH_SECONDS = 2
 LIST_LIMIT = 100
 FORM_FILTERS = (*FILTER_NAMES, "delivery_status")
+# The admin lists' "Bulk job from the selected rows" button (console/admin/bulk_links.py):
+# it posts the list's action form here with this name and the kind as its value.
+PREFILL_FIELD = "bulk_job_prefill"
+NOTHING_SELECTED_ON_LIST = (
+    "No rows were selected on the list: tick some rows, or use “Bulk job from this filter”."
+)
+ALL_SELECTED_ON_LIST = (
+    "“Select all” on the list selects by its filter, not by ids: use “Bulk job from this "
+    "filter” instead."
+)
 START_QUEUED = "Job #{id} queued: {total} rows, in batches, on a worker."
 CANCEL_DONE = "Job #{id}: {state}."
 
@@ -109,14 +121,30 @@ def job_list(request: HttpRequest) -> TemplateResponse:
     )
 
 
+def _prefill_from_selection(post) -> tuple[dict, list[str]]:
+    """The form's values for the rows ticked on an admin list (its action form's POST)."""
+    kind = post.get(PREFILL_FIELD, "")
+    if post.get("select_across") == "1":
+        return {"kind": kind}, [ALL_SELECTED_ON_LIST]
+    ids = [value for value in post.getlist("_selected_action") if value.isdigit()]
+    if not ids:
+        return {"kind": kind}, [NOTHING_SELECTED_ON_LIST]
+    return {"kind": kind, "ids": " ".join(ids)}, []
+
+
 @never_cache
 @staff_member_required
 def job_new(request: HttpRequest) -> HttpResponse:
-    """The job form; POST previews (counts, nothing touched) and shows the preview page."""
+    """The job form; POST previews (counts, nothing touched) and shows the preview page.
+
+    A POST from an admin list's selection (PREFILL_FIELD) only fills the form in.
+    """
     _require(request, WRITE_PERMISSION)
     errors: list[str] = []
-    values = request.POST if request.method == "POST" else request.GET
-    if request.method == "POST":
+    values: Mapping[str, Any] = request.POST if request.method == "POST" else request.GET
+    if request.method == "POST" and PREFILL_FIELD in request.POST:
+        values, errors = _prefill_from_selection(request.POST)
+    elif request.method == "POST":
         serializer = BulkJobInputSerializer(data=_input_from_post(request.POST))
         if serializer.is_valid():
             data = serializer.validated_data

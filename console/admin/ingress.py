@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
+from console.admin.bulk_links import deliveries_bulk_job_link, raw_events_bulk_job_link
 from console.admin.display import LastErrorColumn, status_badge, time_field, tone_badge
 from console.admin_actions import (
     ConfirmSpec,
@@ -29,6 +30,7 @@ from console.admin_actions import (
     operator_action,
 )
 from console.models import OperatorActionKind, OperatorActionVia, PayloadAccessKind
+from console.pauses import SOURCE_DISABLE_COST
 from console.presentation import (
     body_view,
     error_for_viewer,
@@ -113,6 +115,14 @@ class SourceFilter(NamesFilter):
 
     def names(self) -> list[str]:
         return sorted(all_sources())
+
+    def lookups(self, request, model_admin):
+        # A disabled source answers 404 (SOURCE_DISABLE_COST, written under the list).
+        sources = all_sources()
+        return [
+            (name, name if sources[name].enabled else f"{name} (disabled: answers 404)")
+            for name in self.names()
+        ]
 
 
 class ProviderFilter(NamesFilter):
@@ -428,6 +438,15 @@ class RawEventAdmin(OperatorAdmin):
         response["Content-Disposition"] = f'attachment; filename="raw-event-{event.id}.bin"'
         response["X-Content-Type-Options"] = "nosniff"
         return response
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = dict(extra_context or {})
+        extra_context["bulk_job"] = raw_events_bulk_job_link(request)
+        extra_context["source_disable_cost"] = SOURCE_DISABLE_COST
+        extra_context["disabled_sources"] = sorted(
+            name for name, source in all_sources().items() if not source.enabled
+        )
+        return super().changelist_view(request, extra_context=extra_context)
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         extra_context = dict(extra_context or {})
@@ -760,6 +779,11 @@ class DeliveryAdmin(LastErrorColumn, OperatorAdmin):
         return _without_messages(
             request, self.list_display, "short_error", "short_error_without_message"
         )
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = dict(extra_context or {})
+        extra_context["bulk_job"] = deliveries_bulk_job_link(request)
+        return super().changelist_view(request, extra_context=extra_context)
 
     def get_fields(self, request, obj=None):
         return _without_messages(request, self.fields, "last_error", "last_error_without_message")
