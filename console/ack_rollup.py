@@ -89,7 +89,9 @@ def ack_rollup_add(rows: dict[tuple[str, datetime], list[int]]) -> None:
     transaction, so a failure adds nothing and the caller may add the same rows again."""
     if not rows:
         return
-    params = [(source, hour, *counts) for (source, hour), counts in sorted(rows.items())]
+    params: list[tuple[str | datetime | int, ...]] = [
+        (source, hour, *counts) for (source, hour), counts in sorted(rows.items())
+    ]
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.executemany(_upsert_sql(), params)
 

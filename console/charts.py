@@ -7,7 +7,7 @@ a tooltip, and the legend writes each series' name — so nothing is said by col
 """
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -63,7 +63,7 @@ def _frame(
     def x(index: int) -> float:
         return LEFT + slot * index
 
-    parts = [
+    parts: list[str] = [
         format_html(
             '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {} {}" width="{}" height="{}" '
             'role="img" aria-label="{}" class="ops-chart-svg" id="chart-{}"><title>{}</title>',
@@ -95,8 +95,7 @@ def _frame(
         if index % 4 == 0 or index == len(hours) - 1:
             parts.append(
                 format_html(
-                    '<text x="{}" y="{}" font-size="10" text-anchor="middle" fill="#555">'
-                    "{}</text>",
+                    '<text x="{}" y="{}" font-size="10" text-anchor="middle" fill="#555">{}</text>',
                     _px(x(index) + slot / 2),
                     HEIGHT - 8,
                     hour.strftime("%H:00"),
@@ -116,7 +115,7 @@ def stacked_bars(
     key: str,
     title: str,
     hours: Sequence[datetime],
-    series: dict[str, Sequence[float]],
+    series: Mapping[str, Sequence[float | None]],
     fmt: Callable[[float], str] = lambda v: f"{v:g}",
     note: str = "",
 ) -> Chart:
@@ -156,7 +155,7 @@ def lines(
     key: str,
     title: str,
     hours: Sequence[datetime],
-    series: dict[str, Sequence[float | None]],
+    series: Mapping[str, Sequence[float | None]],
     fmt: Callable[[float], str],
     red_lines: dict[str, float] | None = None,
     note: str = "",

@@ -193,7 +193,8 @@ SLOS: dict[str, Slo] = {
     )
 }
 
-BREAKER_LEVELS = {
+# By the state's value (a row's state is read back as a plain string).
+BREAKER_LEVELS: dict[str, Level] = {
     BreakerState.CLOSED: Level.GREEN,
     BreakerState.HALF_OPEN: Level.YELLOW,
     BreakerState.OPEN: Level.RED,
@@ -402,7 +403,8 @@ def histogram_quantile(fraction: float, buckets: list[tuple[float, float]]) -> f
 def ack_latency(*, collectors: list | None = None) -> AckLatency:
     """ACK p99 over every source, since the process started (or, in multiprocess mode,
     since PROMETHEUS_MULTIPROC_DIR was last emptied). Prometheus has the windowed view."""
-    name = ACK_SECONDS.describe()[0].name
+    (family_described,) = ACK_SECONDS.describe()
+    name = family_described.name
     cumulative: dict[float, float] = defaultdict(float)
     for collector in collectors if collectors is not None else ack_latency_collectors():
         for family in collector.collect():
