@@ -131,7 +131,11 @@ def deliveries_release(
     scoped = _in_scope(
         Delivery.objects.filter(status=DeliveryStatus.HELD), handler=handler, source=source
     )
-    ids = list(scoped.order_by("raw_event_id", "id").values_list("id", flat=True))
+    rows = list(scoped.order_by("raw_event_id", "id").values_list("id", "raw_event_id", "handler"))
+    # What another active pause still covers stays held (and counted as held): released
+    # now, it would only be held again when due, and show as pending meanwhile.
+    still_paused = _paused_among(rows, besides=(handler, source))
+    ids = [delivery_id for delivery_id, _, _ in rows if delivery_id not in still_paused]
     if not ids:
         return 0
     table = connection.ops.quote_name(Delivery._meta.db_table)
@@ -302,7 +306,8 @@ def _hold_paused(rows: list[tuple]) -> list[tuple]:
 
 # --- ordered handlers: one delivery per key at a time, never an older after a newer ---------
 #
-# A key's *head* is its oldest unfinished delivery, by (event_time, raw_event_id). Only a
+# A key's *head* is its oldest unfinished delivery (held ones included: a key whose head
+# a pause holds waits for the resume, never runs past it), by (event_time, raw_event_id). Only a
 # head that is pending and due is ever claimed, and only by a worker holding the key's
 # transaction-level advisory lock, taken with pg_try_advisory_xact_lock — the SKIP LOCKED of
 # keys: a key another worker is deciding about right now is skipped this pass, never waited
@@ -315,11 +320,14 @@ def _hold_paused(rows: list[tuple]) -> list[tuple]:
 # A head in backoff holds its key back until it is due or dead: strict order means the
 # newer events wait behind the older one's retries. So does a running delivery whose worker
 # died, until deliveries_rearm_stale re-arms it (DELIVERY_STALE_AFTER_SECONDS). Other keys,
-# and unordered handlers, go on meanwhile. Cost: a few statements more per pass, only while
-# ordered deliveries are unfinished (the head query reads a partial index of those alone,
-# the per-key reads are three index probes a key). Open limit: the head query sorts every
-# unfinished ordered delivery each pass — about 0.1 s per pass at 20,000 of them on the
-# 2-core development machine — so a very large ordered backlog slows every pass.
+# and unordered handlers, go on meanwhile. Every such state has a deadline and a way out:
+# a head that fails for good dies (at once if permanent, after DELIVERY_MAX_ATTEMPTS if
+# not) and its key goes on; a head in backoff runs now if its event is replayed (attempts
+# reset); a dead worker's claim is re-armed as stale; a held head waits for its resume.
+# Cost: a few statements more per pass, only while ordered deliveries are unfinished (the
+# head query reads a partial index of those alone, the per-key reads are three index probes
+# a key). The head query reads every unfinished ordered delivery each pass: 12 ms at 20,000
+# of them on the idle 2-core machine, 40-50 ms beside a test run (bench/ordered_claim.py).
 
 # The advisory lock space of these keys: pg_try_advisory_xact_lock(ORDERING_LOCK_CLASS,
 # hashtext(handler || ' ' || key)). The two-int form is a key space of its own, apart from
@@ -335,7 +343,7 @@ def _key_sql(sql: str) -> str:
 _KEY_HEADS = _key_sql(
     "SELECT id FROM ("
     "  SELECT DISTINCT ON (handler, ordering_key) id, status, next_attempt_at"
-    "  FROM {table} WHERE ordering_key <> '' AND status IN ('pending', 'processing')"
+    "  FROM {table} WHERE ordering_key <> '' AND status IN ('pending', 'processing', 'held')"
     "  ORDER BY handler, ordering_key, event_time, raw_event_id"
     ") AS heads WHERE status = 'pending' AND next_attempt_at <= %s "
     "ORDER BY next_attempt_at LIMIT %s"
@@ -351,14 +359,20 @@ _KEY_PROBE = (
     "SELECT k.handler, k.key, r.status, r.id, r.event_time, r.raw_event_id FROM k"
     " CROSS JOIN LATERAL (SELECT status, id, event_time, raw_event_id FROM {table} AS d"
     "  WHERE d.handler = k.handler AND d.ordering_key = k.key AND d.ordering_key <> ''"
-    "  AND d.status = '%(status)s' ORDER BY d.event_time %(order)s, d.raw_event_id %(order)s"
+    "  AND d.status IN (%(status)s) ORDER BY d.event_time %(order)s, d.raw_event_id %(order)s"
     "  LIMIT 1) AS r"
 )
 _KEY_STATE = _key_sql(
     "WITH k AS (SELECT * FROM unnest(%s::text[], %s::text[]) AS k(handler, key)) "  # noqa: S608 (constants only)
     + " UNION ALL ".join(
         _KEY_PROBE.replace("%(status)s", status).replace("%(order)s", order)
-        for status, order in (("processing", "ASC"), ("pending", "ASC"), ("done", "DESC"))
+        # A held delivery is a head too: its key waits for its pause to end (if the probe
+        # finds it, the pending one is not the head), so a pause never reorders a key.
+        for status, order in (
+            ("'processing'", "ASC"),
+            ("'pending', 'held'", "ASC"),
+            ("'done'", "DESC"),
+        )
     )
 )
 
@@ -424,13 +438,17 @@ def _claim_key_heads(limit: int, now: datetime) -> tuple[list[tuple], set[int]]:
     return claimed, {raw_event_id for _, raw_event_id, _ in superseded}
 
 
-def _paused_among(rows: list[tuple[int, int, str]]) -> set[int]:
-    """The ids among (delivery id, raw event id, handler) that an active pause covers."""
+def _paused_among(
+    rows: list[tuple[int, int, str]], *, besides: tuple[str, str] | None = None
+) -> set[int]:
+    """The ids among (delivery id, raw event id, handler) that an active pause covers (any
+    but the (handler, source) pause `besides`, the one being resumed)."""
     if not rows:
         return set()
-    pauses = list(
-        HandlerPause.objects.filter(resumed_at__isnull=True).values_list("handler", "source")
-    )
+    active = HandlerPause.objects.filter(resumed_at__isnull=True)
+    if besides is not None:
+        active = active.exclude(handler=besides[0], source=besides[1])
+    pauses = list(active.values_list("handler", "source"))
     if not pauses:
         return set()
     handlers = {handler for handler, _ in pauses if handler}

@@ -233,7 +233,8 @@ class Delivery(models.Model):
     claimed_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
-    updated_at = models.DateTimeField(auto_now=True)
+    # No updated_at: every write of a delivery is a QuerySet.update() (claims and outcomes in
+    # bulk, fenced), which auto_now never moves; claimed_at and finished_at say when it ran.
     finished_at = models.DateTimeField(null=True, blank=True)
     # Ordered handlers only (HandlerSpec.ordering_key): the key's value in this event, and
     # the provider's event time (the received time when the handler declares none, or the
@@ -241,8 +242,11 @@ class Delivery(models.Model):
     ordering_key = models.CharField(max_length=255, blank=True, default="", db_default="")
     event_time = models.DateTimeField(null=True, blank=True)
     # A superseded delivery: the handled delivery of a newer event of its key that it lost
-    # to. No database constraint: the newer event can be the older partition's (an older
-    # event arriving late is the point), and dropping that must not wait on this row.
+    # to. An id, deliberately not a constraint: the newer event can be the older partition's
+    # (an older event arriving late is the point), and retention deletes a day's deliveries
+    # in raw SQL (ingress/partitions.py) — an ON DELETE SET NULL would make every such
+    # delete probe this column (an index on the inbox's hot INSERT) and write rows of other
+    # days. So it may dangle after retention: show it as an id, look it up, never assume it.
     superseded_by = models.ForeignKey(
         "self",
         null=True,
@@ -296,11 +300,12 @@ class Delivery(models.Model):
             models.Index(
                 fields=["handler", "raw_event"], condition=Q(status="held"), name="delivery_held"
             ),
-            # The head of each key (its oldest unfinished delivery) and whether one is running;
-            # and the newest handled one of a key, which an older one is superseded by.
+            # The head of each key (its oldest unfinished delivery, held ones included) and
+            # whether one is running; and the newest handled one of a key, which an older one
+            # is superseded by.
             models.Index(
                 fields=["handler", "ordering_key", "event_time", "raw_event"],
-                condition=~Q(ordering_key="") & Q(status__in=["pending", "processing"]),
+                condition=~Q(ordering_key="") & Q(status__in=["pending", "processing", "held"]),
                 name="delivery_key_unfinished",
             ),
             models.Index(

@@ -1,0 +1,196 @@
+"""Adversarial review of issue 13's pause and ordering promises (H7): the states an operator
+or an odd payload can push a key or a pause into, and that each one has a way out."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from ingress.deliveries import deliveries_rearm_stale, deliveries_run_due
+from ingress.handlers import PermanentHandlerError, unregister, webhook_handler
+from ingress.inbox import inbox_run_once, raw_events_verify_batch
+from ingress.models import Delivery, RawEvent
+from ingress.selectors import deliveries_held_count
+from ingress.services import handler_pause, handler_resume, raw_events_replay_batch
+from tests.ingress.test_ordering import BASE_TIME, ORDERED_TYPE, delivery_of
+from tests.ingress.test_ordering import store as store_ordered
+from tests.support.signing import store_signed_stripe_event
+
+pytestmark = [pytest.mark.postgres]
+
+HANDLER = "tests.ingress.test_ordering_pause_review.on_review_ordered"
+calls: list[int] = []  # raw event ids, in the order the handler ran them
+poisoned: set[int] = set()  # raw event ids the handler refuses for good
+
+
+def on_review_ordered(event, payload):
+    if event.id in poisoned:
+        raise PermanentHandlerError("refused for good")
+    calls.append(event.id)
+
+
+@pytest.fixture
+def ordered():
+    calls.clear()
+    poisoned.clear()
+    webhook_handler(
+        provider="stripe",
+        event_types=[ORDERED_TYPE],
+        ordering_key="data.object.id",
+        event_time="created",
+    )(on_review_ordered)
+    yield
+    unregister(HANDLER)
+
+
+def ran() -> list[int]:
+    return list(calls)
+
+
+@pytest.fixture
+def two_stripe_sources(settings):
+    # A second Stripe endpoint (say, another account) with the same secret: one key's events
+    # can arrive through either.
+    settings.WEBHOOK_SOURCES = {
+        **settings.WEBHOOK_SOURCES,
+        "stripe_eu": {"provider": "stripe", "secrets_env": "STRIPE_WEBHOOK_SECRET"},
+    }
+
+
+@pytest.mark.django_db
+def test_resuming_a_source_leaves_held_what_a_handler_pause_still_covers(ordered):
+    event = store_ordered("cs_1", BASE_TIME, n=1)
+    handler_pause(handler=HANDLER)
+    handler_pause(source="stripe")
+    inbox_run_once()
+    assert delivery_of(event).status == "held"
+
+    change = handler_resume(source="stripe")
+
+    # Still held (and counted as held on the ops page), not released to be re-held later.
+    assert change.deliveries == 0
+    assert delivery_of(event).status == "held"
+    assert deliveries_held_count() == 1
+    assert handler_resume(handler=HANDLER).deliveries == 1
+    inbox_run_once()
+    assert ran() == [event.id]
+
+
+@pytest.mark.django_db
+def test_a_held_head_keeps_its_key_waiting_so_the_key_stays_in_order(ordered, two_stripe_sources):
+    # The key's older event came through the paused source, its newer one through the other.
+    older = store_ordered("cs_1", BASE_TIME + 1, n=1)
+    newer = store_ordered("cs_1", BASE_TIME + 2, n=2)
+    RawEvent.objects.filter(id=older.id).update(source="stripe_eu")
+    handler_pause(source="stripe_eu")
+    for _ in range(3):
+        inbox_run_once()
+    assert ran() == []  # the newer one waits behind its key's held head
+    assert (delivery_of(older).status, delivery_of(newer).status) == ("held", "pending")
+
+    handler_resume(source="stripe_eu")
+    for _ in range(3):
+        inbox_run_once()
+    assert ran() == [older.id, newer.id]  # in order; nothing superseded by the pause
+    assert delivery_of(older).status == "done"
+
+
+@pytest.mark.django_db
+def test_a_permanently_failing_head_dies_and_lets_its_key_go_on(ordered):
+    poison = store_ordered("cs_1", BASE_TIME + 1, n=1)
+    nxt = store_ordered("cs_1", BASE_TIME + 2, n=2)
+    poisoned.add(poison.id)
+    inbox_run_once()
+    assert delivery_of(poison).status == "dead"
+    inbox_run_once()
+    assert ran() == [nxt.id]
+    # A plain replay of the dead head, once fixed, cannot run it after the newer one...
+    poisoned.clear()
+    raw_events_replay_batch(raw_event_ids=[poison.id])
+    inbox_run_once()
+    assert delivery_of(poison).status == "superseded"
+    # ...a forced one does.
+    raw_events_replay_batch(raw_event_ids=[poison.id], force=True)
+    inbox_run_once()
+    assert ran() == [nxt.id, poison.id]
+
+
+@pytest.mark.django_db
+def test_a_head_in_long_backoff_is_released_now_by_a_replay(ordered):
+    head = store_ordered("cs_1", BASE_TIME + 1, n=1)
+    behind = store_ordered("cs_1", BASE_TIME + 2, n=2)
+    raw_events_verify_batch()
+    Delivery.objects.filter(raw_event_id=head.id).update(
+        attempts=3, next_attempt_at=timezone.now() + timedelta(hours=6)
+    )
+    assert deliveries_run_due() == 0  # the key waits for its head, by design
+    # The operator's way out: replay the head ("try it now"), attempts reset.
+    raw_events_replay_batch(raw_event_ids=[head.id])
+    deliveries_run_due()
+    deliveries_run_due()
+    assert ran() == [head.id, behind.id]
+
+
+@pytest.mark.django_db
+def test_a_dead_worker_holding_a_key_is_rearmed_and_its_key_keeps_order(ordered):
+    head = store_ordered("cs_1", BASE_TIME + 1, n=1)
+    behind = store_ordered("cs_1", BASE_TIME + 2, n=2)
+    raw_events_verify_batch()
+    long_ago = timezone.now() - timedelta(hours=1)
+    # Claimed by a worker that died: processing, never finished.
+    Delivery.objects.filter(raw_event_id=head.id).update(
+        status="processing", claimed_at=long_ago, attempts=1, total_attempts=1
+    )
+    assert deliveries_run_due() == 0  # the key's running delivery holds it
+    assert deliveries_rearm_stale() == 1
+    deliveries_run_due()
+    deliveries_run_due()
+    assert ran() == [head.id, behind.id]
+
+
+@pytest.mark.django_db
+def test_a_stale_rearm_of_a_paused_handler_is_held_not_run(ordered):
+    head = store_ordered("cs_1", BASE_TIME + 1, n=1)
+    raw_events_verify_batch()
+    Delivery.objects.filter(raw_event_id=head.id).update(
+        status="processing",
+        claimed_at=timezone.now() - timedelta(hours=1),
+        attempts=1,
+        total_attempts=1,
+    )
+    handler_pause(handler=HANDLER)
+    assert deliveries_rearm_stale() == 1
+    assert deliveries_run_due() == 0
+    row = delivery_of(head)
+    assert (row.status, row.total_attempts) == ("held", 1)  # charged once, by its dead worker
+    assert ran() == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "key",
+    ["a\x00b", "\ud800lone", {"nested": 1}, ["a"], 7, True, None, ""],
+    ids=["nul", "lone-surrogate", "object", "array", "number", "bool", "null", "empty"],
+)
+def test_an_odd_ordering_key_never_breaks_the_inbox(ordered, key):
+    body = {"id": "evt_odd", "object": "event", "type": ORDERED_TYPE, "created": BASE_TIME}
+    body["data"] = {"object": {"id": key}}
+    event = store_signed_stripe_event(json.dumps(body).encode())  # ensure_ascii: \u escapes
+    other = store_ordered("cs_1", BASE_TIME, n=1)
+
+    inbox_run_once()
+
+    event.refresh_from_db()
+    if isinstance(key, str) and key != key.encode("utf-8", "replace").decode().replace("\x00", ""):
+        # Text PostgreSQL cannot store: the verify side refuses the event, visibly, before
+        # any delivery (and its key) is written; the rest of the batch goes on.
+        assert (event.signature_status, ran()) == ("rejected", [other.id])
+        return
+    assert sorted(ran()) == sorted([event.id, other.id])
+    row = delivery_of(event)
+    assert row.status == "done"
+    if isinstance(key, dict | list) or key in (None, ""):
+        assert row.ordering_key == ""  # no usable key: delivered unordered
+    else:
+        assert row.ordering_key != ""
