@@ -2,9 +2,11 @@
 or an odd payload can push a key or a pause into, and that each one has a way out."""
 
 import json
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from ingress.deliveries import deliveries_rearm_stale, deliveries_run_due
@@ -22,11 +24,14 @@ pytestmark = [pytest.mark.postgres]
 HANDLER = "tests.ingress.test_ordering_pause_review.on_review_ordered"
 calls: list[int] = []  # raw event ids, in the order the handler ran them
 poisoned: set[int] = set()  # raw event ids the handler refuses for good
+instead: list = []  # a test's own behaviour for the handler, when set
 
 
 def on_review_ordered(event, payload):
     if event.id in poisoned:
         raise PermanentHandlerError("refused for good")
+    if instead:
+        instead[0](event, payload)
     calls.append(event.id)
 
 
@@ -34,6 +39,7 @@ def on_review_ordered(event, payload):
 def ordered():
     calls.clear()
     poisoned.clear()
+    instead.clear()
     webhook_handler(
         provider="stripe",
         event_types=[ORDERED_TYPE],
@@ -194,3 +200,43 @@ def test_an_odd_ordering_key_never_breaks_the_inbox(ordered, key):
         assert row.ordering_key == ""  # no usable key: delivered unordered
     else:
         assert row.ordering_key != ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pause_while_a_delivery_runs_lets_it_finish_and_holds_its_retry(ordered):
+    event = store_ordered("cs_1", BASE_TIME + 1, n=1)
+    raw_events_verify_batch()
+    started, go_on = threading.Event(), threading.Event()
+
+    def slow_then_fail(event, payload):
+        started.set()
+        assert go_on.wait(20)
+        raise RuntimeError("downstream unavailable")  # transient: retried, with a backoff
+
+    errors: list[BaseException] = []
+
+    def worker():
+        try:
+            deliveries_run_due()
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    instead.append(slow_then_fail)
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        assert started.wait(20)
+        change = handler_pause(handler=HANDLER)  # mid-run: the running one is not held
+        assert (change.deliveries, delivery_of(event).status) == (0, "processing")
+    finally:
+        go_on.set()
+        thread.join(20)
+    assert errors == []
+    row = delivery_of(event)
+    assert (row.status, row.attempts) == ("pending", 1)  # its failure recorded, in backoff
+    # When its retry comes due the pause holds it, uncharged.
+    assert deliveries_run_due(now=row.next_attempt_at + timedelta(seconds=1)) == 0
+    row = delivery_of(event)
+    assert (row.status, row.attempts, row.total_attempts) == ("held", 1, 1)
