@@ -19,8 +19,9 @@ from django.db import InterfaceError, OperationalError
 from django.shortcuts import get_object_or_404
 from django.utils.http import is_same_domain
 from rest_framework import serializers
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import ParseError, PermissionDenied
 from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.parsers import JSONParser
 from rest_framework.permissions import SAFE_METHODS, BasePermission, IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -163,10 +164,26 @@ class SameSiteWrites(BasePermission):
         return origin is None or _origin_is_ours(request, origin)
 
 
+NESTED_TOO_DEEP = "JSON parse error - nested too deeply."
+
+
+class BoundedJSONParser(JSONParser):
+    """DRF's JSON parser, with a body nested too deeply to decode answered as malformed:
+    the json module raises RecursionError there, not the ValueError DRF turns into a 400,
+    so `[[[[…]]]]` a few hundred kilobytes long was a 500."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError as exc:
+            raise ParseError(NESTED_TOO_DEEP) from exc
+
+
 class ConsoleApi(APIView):
     """Every console endpoint: staff, same-site writes, and the one permission it names."""
 
     required_permission = ""
+    parser_classes = [BoundedJSONParser]
 
     def get_permissions(self):
         return [IsAdminUser(), SameSiteWrites(), has_perm(self.required_permission)()]

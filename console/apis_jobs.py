@@ -76,10 +76,21 @@ class BulkJobFiltersSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class LengthFirstListField(serializers.ListField):
+    """A ListField that refuses an over-long list before validating its items: DRF checks
+    max_length only after every item, so a million ids cost a million validations (and an
+    error listing the bad ones) before the one answer that matters, "too many"."""
+
+    def to_internal_value(self, data):
+        if self.max_length is not None and isinstance(data, list) and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
+        return super().to_internal_value(data)
+
+
 class BulkJobInputSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=BulkJobKind.choices)
     filters = BulkJobFiltersSerializer(required=False, default=dict)
-    ids = serializers.ListField(
+    ids = LengthFirstListField(
         child=serializers.IntegerField(min_value=1, max_value=MAX_ID),
         required=False,
         allow_empty=False,

@@ -62,6 +62,7 @@ from console.models import (
     OperatorActionOutcome,
 )
 from eventdrop.errors import EventDropError
+from ingress.handlers import all_handlers
 from ingress.models import (
     Delivery,
     DeliveryAttempt,
@@ -94,6 +95,9 @@ NOTHING_SELECTED = "The selection is empty: nothing to preview."
 TOO_MANY_IDS = "{count} ids given; at most {limit} can be selected by id (use a filter)."
 NOT_A_FILTER = "{name} does not apply to {kind}."
 UNKNOWN_IDS = "Unknown ids: {ids}."
+UNKNOWN_HANDLER = (
+    "No handler is registered as “{name}” and no delivery names it (registered: {names})."
+)
 WINDOW_ORDER = "received_before must be later than received_after."
 NOT_PREVIEWED = "Job #{id} is {state}: only a previewed job can be started."
 EMPTY_JOB = "Job #{id} selected no rows: there is nothing to start."
@@ -275,7 +279,19 @@ def _clean_filters(kind: str, filters: dict) -> dict:
     after, before = filters.get("received_after"), filters.get("received_before")
     if after and before and after >= before:
         raise BulkJobError(WINDOW_ORDER, field="received_before")
+    if cleaned.get("handler"):
+        _check_handler(cleaned["handler"])
     return cleaned
+
+
+def _check_handler(name: str) -> None:
+    """A misspelt handler is named, not answered as an empty selection. A handler removed
+    since its deliveries were made still selects them (dead ones wait for a re-arm)."""
+    registered = sorted(spec.name for spec in all_handlers())
+    if name in registered or Delivery.objects.filter(handler=name).exists():
+        return
+    shown = ", ".join(registered[:10]) + (" …" if len(registered) > 10 else "")
+    raise BulkJobError(UNKNOWN_HANDLER.format(name=name, names=shown or "none"), field="handler")
 
 
 def bulk_job_preview(
