@@ -98,7 +98,29 @@ def api_exception_handler(exc, context):
     return exception_handler(exc, context)
 
 
-class UncountedLimitOffsetPagination(LimitOffsetPagination):
+# Bounds of a page request: beyond them PostgreSQL's LIMIT/OFFSET (bigint) overflowed into
+# a 500 ("bigint out of range") for ?limit= or ?offset= of 20 digits.
+MAX_PAGE_LIMIT = 1000
+MAX_PAGE_OFFSET = 1_000_000_000
+OFFSET_TOO_LARGE = "Ensure this value is less than or equal to {limit}; narrow the filters instead."
+
+
+class ConsolePagination(LimitOffsetPagination):
+    """limit/offset as DRF has them (a limit above MAX_PAGE_LIMIT is capped to it, as DRF
+    caps at max_limit), with an offset past MAX_PAGE_OFFSET refused with a 400."""
+
+    max_limit = MAX_PAGE_LIMIT
+
+    def get_offset(self, request):
+        offset = super().get_offset(request)
+        if offset > MAX_PAGE_OFFSET:
+            raise serializers.ValidationError(
+                {self.offset_query_param: [OFFSET_TOO_LARGE.format(limit=MAX_PAGE_OFFSET)]}
+            )
+        return offset
+
+
+class UncountedLimitOffsetPagination(ConsolePagination):
     """limit/offset without the COUNT(*): on a store of months of webhooks a count of every
     matching row costs more than the page itself. `next` is set when one more row exists."""
 
@@ -489,7 +511,7 @@ class OperatorActionListApi(ConsoleApi):
     required_permission = "console.view_operatoraction"
 
     def get(self, request: Request) -> Response:
-        paginator = LimitOffsetPagination()
+        paginator = ConsolePagination()
         page = paginator.paginate_queryset(operator_action_list(), request, view=self)
         return paginator.get_paginated_response(
             OperatorActionOutputSerializer(page, many=True).data

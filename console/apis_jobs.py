@@ -14,12 +14,11 @@ an operator action), previewing, starting and cancelling `console.operate`.
 
 from django.shortcuts import get_object_or_404
 from rest_framework import serializers, status
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from console.apis import MAX_ID, ConsoleApi, OperatorActionOutputSerializer
+from console.apis import MAX_ID, ConsoleApi, ConsolePagination, OperatorActionOutputSerializer
 from console.bulk_jobs import (
     MAX_SELECTED_IDS,
     BulkJobError,
@@ -162,7 +161,7 @@ def _refused(exc: BulkJobError) -> serializers.ValidationError:
 
 class BulkJobListApi(JobsApi):
     def get(self, request: Request) -> Response:
-        paginator = LimitOffsetPagination()
+        paginator = ConsolePagination()
         page = paginator.paginate_queryset(bulk_job_list(), request, view=self)
         return paginator.get_paginated_response(BulkJobOutputSerializer(page, many=True).data)
 

@@ -429,3 +429,21 @@ def test_a_replay_job_of_a_paused_handler_runs_nothing_until_resume(
     assert handlers_resume(actor=operator, via="api", handler=handler).succeeded == 1
     deliveries_run_due()
     assert sorted(push_handler.calls) == [e.id for e in events]
+
+
+# --- page bounds on every console list ------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/api/jobs/", "/api/raw-events/", "/api/operator-actions/"])
+def test_an_offset_past_the_bound_is_a_400_naming_it(api, path):
+    stored_events(1)
+    response = api.get(path, {"offset": "100000000000000000000"})
+    assert response.status_code == 400, response.content[:300]
+    assert list(response.json()) == ["offset"]
+
+
+@pytest.mark.parametrize("path", ["/api/jobs/", "/api/raw-events/", "/api/operator-actions/"])
+def test_a_huge_limit_is_capped_not_a_500(api, path):
+    stored_events(2)
+    response = api.get(path, {"limit": "100000000000000000000"})
+    assert response.status_code == 200, response.content[:300]
