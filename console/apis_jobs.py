@@ -32,6 +32,15 @@ from console.ops import VIEW_OPS_PERMISSION
 from console.pauses import handlers_pause, handlers_resume, pauses_active
 from console.services import acting_user
 from ingress.models import DeliveryStatus, RejectionReason, SignatureStatus
+from outbox.models import SideEffectStatus
+
+# The `status` filter is the row's own status: which values that is, per kind.
+STATUSES_PER_KIND = {
+    BulkJobKind.REPLAY_RAW_EVENTS: SignatureStatus.values,
+    BulkJobKind.REARM_DELIVERIES: DeliveryStatus.values,
+    BulkJobKind.REARM_SIDE_EFFECTS: SideEffectStatus.values,
+}
+NOT_A_STATUS = "Not a status of {kind}; one of: {statuses}."
 
 READ_PERMISSION = "console.view_operatoraction"
 WRITE_PERMISSION = "console.operate"
@@ -97,6 +106,19 @@ class BulkJobInputSerializer(serializers.Serializer):
     )
 
     def validate(self, attrs):
+        status_filter = attrs.get("filters", {}).get("status")
+        statuses = STATUSES_PER_KIND[attrs["kind"]]
+        if status_filter and status_filter not in statuses:
+            # Else a raw event's status on deliveries (say) selects nothing, said as "empty".
+            raise serializers.ValidationError(
+                {
+                    "filters": {
+                        "status": [
+                            NOT_A_STATUS.format(kind=attrs["kind"], statuses=", ".join(statuses))
+                        ]
+                    }
+                }
+            )
         reason = attrs.get("filters", {}).get("reason")
         if (
             attrs["kind"] == BulkJobKind.REPLAY_RAW_EVENTS

@@ -162,6 +162,23 @@ def test_an_unknown_handler_is_named_not_an_empty_selection(api, kind):
     assert "registered" in errors["handler"][0]
 
 
+@pytest.mark.parametrize(
+    ("kind", "status"),
+    [
+        ("replay_raw_events", "dead"),
+        ("rearm_deliveries", "verified"),
+        ("rearm_side_effects", "held"),
+        ("rearm_side_effects", "rejected"),
+    ],
+)
+def test_a_status_of_another_kind_of_row_is_named(api, kind, status):
+    stored_events(2)
+    response = api.post("/api/jobs/", {"kind": kind, "filters": {"status": status}}, format="json")
+    assert response.status_code == 400
+    assert "Not a status of" in response.json()["filters"]["status"][0]
+    assert not BulkJob.objects.exists()
+
+
 def test_a_filter_matching_nothing_is_refused_and_creates_no_job(api):
     stored_events(2, source="github")
     response = api.post(
