@@ -326,8 +326,9 @@ def _hold_paused(rows: list[tuple]) -> list[tuple]:
 # reset); a dead worker's claim is re-armed as stale; a held head waits for its resume.
 # Cost: a few statements more per pass, only while ordered deliveries are unfinished (the
 # head query reads a partial index of those alone, the per-key reads are three index probes
-# a key). The head query reads every unfinished ordered delivery each pass: 12 ms at 20,000
-# of them on the idle 2-core machine, 40-50 ms beside a test run (bench/ordered_claim.py).
+# a key). Finding the heads walks the keys (a skip scan, up to _SKIP_SCAN_MAX_KEYS of them)
+# rather than sorting every unfinished ordered delivery: a large backlog on few keys costs
+# little; past that many keys the sorted read is used (bench/ordered_claim.py).
 
 # The advisory lock space of these keys: pg_try_advisory_xact_lock(ORDERING_LOCK_CLASS,
 # hashtext(handler || ' ' || key)). The two-int form is a key space of its own, apart from
@@ -340,6 +341,8 @@ def _key_sql(sql: str) -> str:
     return sql.replace("{table}", connection.ops.quote_name(Delivery._meta.db_table))
 
 
+# The heads of every key: one sorted read of all unfinished ordered deliveries. Its cost
+# grows with the deliveries, however few keys they share.
 _KEY_HEADS = _key_sql(
     "SELECT id FROM ("
     "  SELECT DISTINCT ON (handler, ordering_key) id, status, next_attempt_at"
@@ -348,6 +351,55 @@ _KEY_HEADS = _key_sql(
     ") AS heads WHERE status = 'pending' AND next_attempt_at <= %s "
     "ORDER BY next_attempt_at LIMIT %s"
 )
+# The same heads by a skip scan of the key index: one descent per key (the first entry
+# after the previous key), so its cost grows with the keys, however many deliveries wait
+# behind them — a backlog on few keys (a blocked or paused one) costs a few index probes.
+# Walked only up to _SKIP_SCAN_MAX_KEYS keys: past that (many keys, few deliveries each)
+# the sorted read above is the cheaper one, and the claim falls back to it (the heads are
+# the same either way). bench/ordered_claim.py measures both.
+_KEY_HEADS_SKIP_SCAN = _key_sql(
+    "WITH RECURSIVE heads AS ("
+    "  (SELECT 1 AS n, handler, ordering_key, id, status, next_attempt_at FROM {table}"
+    "   WHERE ordering_key <> '' AND status IN ('pending', 'processing', 'held')"
+    "   ORDER BY handler, ordering_key, event_time, raw_event_id LIMIT 1)"
+    "  UNION ALL"
+    "  SELECT h.n + 1, nxt.* FROM heads AS h CROSS JOIN LATERAL ("
+    "   SELECT handler, ordering_key, id, status, next_attempt_at FROM {table} AS d"
+    "   WHERE d.ordering_key <> '' AND d.status IN ('pending', 'processing', 'held')"
+    "   AND (d.handler, d.ordering_key) > (h.handler, h.ordering_key)"
+    "   ORDER BY d.handler, d.ordering_key, d.event_time, d.raw_event_id LIMIT 1"
+    "  ) AS nxt WHERE h.n <= %s"
+    ") SELECT id, status = 'pending' AND next_attempt_at <= %s, next_attempt_at, n FROM heads"
+)
+_SKIP_SCAN_MAX_KEYS = 200
+# After a walk found more keys than that, this worker goes straight to the sorted read for
+# this many passes before walking again: the many-keys case pays for one wasted walk (about
+# 2 ms at 200 keys) every so often, not every pass.
+_SORTED_READ_PASSES = 20
+
+
+@dataclass
+class _HeadReadChoice:
+    sorted_passes_left: int = 0
+
+
+_head_read = _HeadReadChoice()  # per worker process; only a cost decision, never a verdict
+
+
+def _key_head_candidates(cursor, limit: int, now: datetime) -> list[int]:
+    """The ids of up to `limit` key heads that are pending and due, the longest due first."""
+    if _head_read.sorted_passes_left <= 0:  # (threads of one worker may race here: harmless)
+        cursor.execute(_KEY_HEADS_SKIP_SCAN, [_SKIP_SCAN_MAX_KEYS, now])
+        rows = cursor.fetchall()
+        if not rows or rows[-1][3] <= _SKIP_SCAN_MAX_KEYS:  # the walk saw every key
+            due = sorted((at, id) for id, claimable, at, _ in rows if claimable)
+            return [id for _, id in due[:limit]]
+        _head_read.sorted_passes_left = _SORTED_READ_PASSES  # more keys than the walk takes
+    _head_read.sorted_passes_left -= 1
+    cursor.execute(_KEY_HEADS, [now, limit])
+    return [row[0] for row in cursor.fetchall()]
+
+
 _KEY_LOCKS = (
     "SELECT k.n, pg_try_advisory_xact_lock(%s, hashtext(k.handler || ' ' || k.key)) "
     "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS k(handler, key, n) ORDER BY k.n"
@@ -382,8 +434,7 @@ def _claim_key_heads(limit: int, now: datetime) -> tuple[list[tuple], set[int]]:
     and the raw events of the heads it superseded instead (they lost to a newer handled
     event of their key)."""
     with connection.cursor() as cursor:
-        cursor.execute(_KEY_HEADS, [now, limit])
-        candidates = [row[0] for row in cursor.fetchall()]
+        candidates = _key_head_candidates(cursor, limit, now)
     if not candidates:
         return [], set()
     rows = list(

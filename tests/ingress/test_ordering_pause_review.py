@@ -240,3 +240,32 @@ def test_a_pause_while_a_delivery_runs_lets_it_finish_and_holds_its_retry(ordere
     assert deliveries_run_due(now=row.next_attempt_at + timedelta(seconds=1)) == 0
     row = delivery_of(event)
     assert (row.status, row.attempts, row.total_attempts) == ("held", 1, 1)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("max_keys", [1000, 4, 3])
+def test_the_skip_scan_and_the_sorted_read_find_the_same_key_heads(ordered, monkeypatch, max_keys):
+    from ingress import deliveries
+
+    monkeypatch.setattr(deliveries, "_SKIP_SCAN_MAX_KEYS", max_keys)  # 4 keys; 3: falls back
+    monkeypatch.setattr(deliveries, "_head_read", deliveries._HeadReadChoice())
+    events = {
+        key: [store_ordered(key, BASE_TIME + n, n=n) for n in (1, 2)]
+        for key in ("running", "backoff", "held", "due")
+    }
+    raw_events_verify_batch()
+    now = timezone.now()
+    heads = {key: delivery_of(pair[0]).id for key, pair in events.items()}
+    Delivery.objects.filter(id=heads["running"]).update(status="processing", claimed_at=now)
+    Delivery.objects.filter(id=heads["backoff"]).update(next_attempt_at=now + timedelta(hours=1))
+    Delivery.objects.filter(id=heads["held"]).update(status="held")
+
+    with connection.cursor() as cursor:
+        found = deliveries._key_head_candidates(cursor, 100, now)
+        cursor.execute(deliveries._KEY_HEADS, [now, 100])
+        sorted_read = [row[0] for row in cursor.fetchall()]
+
+    assert found == sorted_read == [heads["due"]]  # nothing behind a running/backoff/held head
+    # A walk that met more keys than it may take sends the next passes to the sorted read.
+    fell_back = deliveries._SORTED_READ_PASSES - 1
+    assert deliveries._head_read.sorted_passes_left == (fell_back if max_keys < 4 else 0)
