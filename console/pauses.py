@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import IntegrityError
 from django.utils import timezone
 
 from console.models import (
@@ -41,6 +42,9 @@ SOURCE_DISABLE_COST = (
     "pause the source's handlers instead."
 )
 PAUSED = "paused {scope}: {count} deliveries held"
+# Two operators (or one double click) pausing the same scope at once: both found it not
+# paused, the database's one-active-pause constraint let one in.
+PAUSED_CONCURRENTLY = "The {scope} was paused by another request at the same moment."
 RESUMED = "resumed {scope}: {count} deliveries released over {seconds}"
 
 
@@ -87,9 +91,15 @@ def _record(
     )
     try:
         result = change()
-    except PauseRefused as exc:
+    except (PauseRefused, IntegrityError) as exc:
+        # change() runs in its own transaction: a violated constraint rolled back only it.
+        detail = (
+            str(exc)
+            if isinstance(exc, PauseRefused)
+            else PAUSED_CONCURRENTLY.format(scope=_scope(handler, source))
+        )
         outcome = OperatorActionOutcome.REFUSED
-        item: dict[str, object] = {"outcome": ItemOutcome.REFUSED, "detail": str(exc)}
+        item: dict[str, object] = {"outcome": ItemOutcome.REFUSED, "detail": detail}
         record.refused = 1
     else:
         outcome = OperatorActionOutcome.SUCCEEDED

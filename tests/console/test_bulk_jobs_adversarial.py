@@ -4,6 +4,7 @@ Real PostgreSQL connections for the races (threads, each with its own connection
 worker killed mid-batch is in test_bulk_jobs_kill.py.
 """
 
+import contextlib
 import json
 import threading
 
@@ -464,3 +465,31 @@ def test_a_huge_limit_is_capped_not_a_500(api, path):
     stored_events(2)
     response = api.get(path, {"limit": "100000000000000000000"})
     assert response.status_code == 200, response.content[:300]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pause_clicked_twice_at_once_pauses_once_and_records_the_other_as_refused(
+    operator, monkeypatch
+):
+    from console import pauses
+
+    # Both clicks read "not paused yet" before either inserts: the race the unique
+    # constraint on an active pause decides. Widened so that it always happens here.
+    real_create = HandlerPause.objects.create
+    both_read = threading.Barrier(2)
+
+    def create(**fields):
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_read.wait(5)
+        return real_create(**fields)
+
+    monkeypatch.setattr(HandlerPause.objects, "create", create)
+    results = _in_threads(
+        [lambda: pauses.handlers_pause(actor=operator, via="api", source="github")] * 2
+    )
+    assert all(isinstance(r, OperatorAction) for r in results), results
+    outcomes = sorted(r.outcome for r in results)
+    assert outcomes == ["refused", "succeeded"], results
+    assert HandlerPause.objects.filter(source="github", resumed_at__isnull=True).count() == 1
+    # Neither record is left `running`.
+    assert not OperatorAction.objects.filter(finished_at__isnull=True).exists()
