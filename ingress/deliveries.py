@@ -88,6 +88,19 @@ def deliveries_for_event(
             # Unreadable: delivered unordered, and its handler says why (a permanent error).
             payload = None
         ordering = {spec.name: spec.ordering_of(payload) for spec in specs if spec.ordered}
+    paused: set[str] = set()
+    if any(key for key, _ in ordering.values()):
+        # An ordered delivery a pause covers is created `held`: created pending behind its
+        # key's held head it would wait unseen (the claim only looks at a key's head), not
+        # shown or counted as held. One read of the (few) active pauses, for ordered events
+        # only; an unordered one is held by the claim when due.
+        pauses = HandlerPause.objects.filter(resumed_at__isnull=True)
+        paused = {
+            spec.name
+            for handler, source in pauses.values_list("handler", "source")
+            for spec in specs
+            if spec.name == handler or source == event.source
+        }
     deliveries = []
     for spec in specs:
         key, event_time = ordering.get(spec.name, ("", None))
@@ -95,6 +108,9 @@ def deliveries_for_event(
             Delivery(
                 raw_event_id=event.id,
                 handler=spec.name,
+                status=DeliveryStatus.HELD
+                if key and spec.name in paused
+                else DeliveryStatus.PENDING,
                 next_attempt_at=now,
                 ordering_key=key,
                 event_time=(event_time or event.received_at) if key else None,
@@ -186,21 +202,31 @@ def deliveries_arm_for_replay(
     rearms = (*_REPLAY_REARMS, DeliveryStatus.SUPERSEDED) if force else _REPLAY_REARMS
     # Only the rows to re-arm are locked, in id order: a running delivery is never waited
     # for (its batch, which also stamps the event handled, would wait for our event lock).
-    armed_ids = list(
+    armed = list(
         rows.filter(status__in=rearms)
         .select_for_update()
         .order_by("id")
-        .values_list("id", "raw_event_id")
+        .values_list("id", "raw_event_id", "handler")
     )
-    Delivery.objects.filter(id__in=[delivery_id for delivery_id, _ in armed_ids]).update(
-        status=DeliveryStatus.PENDING,
-        attempts=0,
-        next_attempt_at=now,
-        claimed_at=None,
-        finished_at=None,
-        superseded_by=None,
-        forced=force,
-    )
+    armed_ids = [(delivery_id, raw_event_id) for delivery_id, raw_event_id, _ in armed]
+    # What an active pause covers is armed `held` at once: visible and counted as held, and
+    # an ordered key's later deliveries are not left pending behind a held head (the claim
+    # would never reach them to hold them: only a key's head is looked at).
+    paused = _paused_among(armed)
+    for status, ids in (
+        (DeliveryStatus.PENDING, [i for i, _ in armed_ids if i not in paused]),
+        (DeliveryStatus.HELD, [i for i, _ in armed_ids if i in paused]),
+    ):
+        if ids:
+            Delivery.objects.filter(id__in=ids).update(
+                status=status,
+                attempts=0,
+                next_attempt_at=now,
+                claimed_at=None,
+                finished_at=None,
+                superseded_by=None,
+                forced=force,
+            )
     handled = {(event_id, handler) for event_id, handler, _ in existing}
     new: list[Delivery] = []
     for event in events:
@@ -210,6 +236,9 @@ def deliveries_arm_for_replay(
             if (event.id, spec.name) not in handled
         ]
         new += deliveries_for_event(event, specs, now)
+    held_new = _paused_among([(n, d.raw_event_id, d.handler) for n, d in enumerate(new)])
+    for n in held_new:
+        new[n].status = DeliveryStatus.HELD
     # ignore_conflicts: a settle of the same event that created the row since our read wins
     # (then it is pending and due already).
     Delivery.objects.bulk_create(new, ignore_conflicts=True)

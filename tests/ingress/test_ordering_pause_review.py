@@ -12,7 +12,7 @@ from django.utils import timezone
 from ingress.deliveries import deliveries_rearm_stale, deliveries_run_due
 from ingress.handlers import PermanentHandlerError, unregister, webhook_handler
 from ingress.inbox import inbox_run_once, raw_events_verify_batch
-from ingress.models import Delivery, RawEvent
+from ingress.models import Delivery, DeliveryAttempt, RawEvent
 from ingress.selectors import deliveries_held_count
 from ingress.services import handler_pause, handler_resume, raw_events_replay_batch
 from tests.ingress.test_ordering import BASE_TIME, ORDERED_TYPE, delivery_of
@@ -269,3 +269,93 @@ def test_the_skip_scan_and_the_sorted_read_find_the_same_key_heads(ordered, monk
     # A walk that met more keys than it may take sends the next passes to the sorted read.
     fell_back = deliveries._SORTED_READ_PASSES - 1
     assert deliveries._head_read.sorted_passes_left == (fell_back if max_keys < 4 else 0)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_two_real_workers_rearm_a_dead_workers_key_and_keep_it_in_order(tmp_path):
+    """A worker died holding a key's head (processing, long ago); two real `process_inbox`
+    workers re-arm it as stale and run the key's events strictly in event-time order (the
+    recaps' ordered checkout handler; a checkout of another product returns at once)."""
+    from tests.ingress.test_pause import _wait
+    from tests.support.processes import app_env, start_manage
+
+    checkout = "recaps.handlers.record_checkout_session"
+    keys = ["cs_dead", "cs_a", "cs_b"]
+    stored: dict[str, list[int]] = {key: [] for key in keys}
+    for n in range(4):
+        for key in keys:
+            body = {"id": f"evt_{key}_{n}", "object": "event", "created": BASE_TIME + n}
+            body |= {"type": "checkout.session.completed", "data": {"object": {"id": key}}}
+            stored[key].append(store_signed_stripe_event(json.dumps(body).encode()).id)
+    raw_events_verify_batch()
+    deliveries = Delivery.objects.filter(handler=checkout)
+    assert deliveries.exclude(ordering_key="").count() == 12
+    deliveries.filter(raw_event_id=stored["cs_dead"][0]).update(
+        status="processing",
+        claimed_at=timezone.now() - timedelta(hours=1),
+        attempts=1,
+        total_attempts=1,
+    )
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+    env = app_env(url, INBOX_IDLE_SLEEP_SECONDS="0.05", INBOX_BATCH_SIZE="2")
+    workers = [
+        start_manage(["process_inbox"], env, log=tmp_path / f"inbox-{n}.log") for n in range(2)
+    ]
+    try:
+        _wait(
+            lambda: deliveries.filter(status="done").count() == 12,
+            workers,
+            timeout=60,
+            what="every delivery done",
+        )
+    finally:
+        for worker in workers:
+            worker.stop()
+    for key in keys:
+        runs = list(
+            DeliveryAttempt.objects.filter(delivery__handler=checkout, delivery__ordering_key=key)
+            .order_by("started_at", "id")
+            .values_list("delivery__raw_event_id", flat=True)
+        )
+        assert runs == stored[key], key  # each once, in event-time order, nothing superseded
+
+
+@pytest.mark.django_db
+def test_a_forced_replay_while_paused_is_held_and_still_forced_after_the_resume(
+    ordered, settings
+):
+    settings.INBOX_RESUME_RELEASE_PER_SECOND = 1000.0
+    newer = store_ordered("cs_1", BASE_TIME + 2, n=2)
+    inbox_run_once()
+    older = store_ordered("cs_1", BASE_TIME + 1, n=1)
+    inbox_run_once()
+    assert delivery_of(older).status == "superseded"
+    handler_pause(handler=HANDLER)
+
+    raw_events_replay_batch(raw_event_ids=[older.id, newer.id], force=True)
+    inbox_run_once()
+    inbox_run_once()
+    assert {delivery_of(e).status for e in (older, newer)} == {"held"}
+    assert ran() == [newer.id]
+
+    handler_resume(handler=HANDLER)
+    for _ in range(3):
+        deliveries_run_due(now=timezone.now() + timedelta(seconds=1))  # the release is due
+    # Forced: the older runs despite the newer handled before, then the newer, in key order.
+    assert ran() == [newer.id, older.id, newer.id]
+    assert (delivery_of(older).status, delivery_of(older).forced) == ("done", True)
+
+
+@pytest.mark.django_db
+def test_a_new_event_of_a_paused_ordered_handler_is_held_even_behind_a_held_head(ordered):
+    head = store_ordered("cs_1", BASE_TIME + 1, n=1)
+    raw_events_verify_batch()
+    handler_pause(handler=HANDLER)
+    later = store_ordered("cs_1", BASE_TIME + 2, n=2)
+    for _ in range(2):
+        inbox_run_once()
+    # Not left pending (and uncounted) behind its key's held head.
+    assert (delivery_of(head).status, delivery_of(later).status) == ("held", "held")
+    assert deliveries_held_count() == 2
