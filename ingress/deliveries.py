@@ -258,14 +258,19 @@ def deliveries_rearm_dead(delivery_ids: list[int], *, now: datetime) -> int:
     # replay and a re-arm of the same events never deadlock.
     events = dead.values("raw_event_id")
     list(RawEvent.objects.select_for_update().filter(id__in=events).order_by("id").values("id"))
-    rows = list(dead.select_for_update().order_by("id").values_list("id", "raw_event_id"))
-    Delivery.objects.filter(id__in=[delivery_id for delivery_id, _ in rows]).update(
-        status=DeliveryStatus.PENDING,
-        attempts=0,
-        next_attempt_at=now,
-        claimed_at=None,
-        finished_at=None,
+    locked = list(
+        dead.select_for_update().order_by("id").values_list("id", "raw_event_id", "handler")
     )
+    rows = [(delivery_id, raw_event_id) for delivery_id, raw_event_id, _ in locked]
+    paused = _paused_among(locked)  # armed held, as a replay arms them (see there)
+    for status, ids in (
+        (DeliveryStatus.PENDING, [i for i, _ in rows if i not in paused]),
+        (DeliveryStatus.HELD, [i for i, _ in rows if i in paused]),
+    ):
+        if ids:
+            Delivery.objects.filter(id__in=ids).update(
+                status=status, attempts=0, next_attempt_at=now, claimed_at=None, finished_at=None
+            )
     # The event is no longer handled: its lag shows again until the delivery finishes.
     RawEvent.objects.filter(id__in={raw_event_id for _, raw_event_id in rows}).update(
         handled_at=None

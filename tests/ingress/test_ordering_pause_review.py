@@ -359,3 +359,20 @@ def test_a_new_event_of_a_paused_ordered_handler_is_held_even_behind_a_held_head
     # Not left pending (and uncounted) behind its key's held head.
     assert (delivery_of(head).status, delivery_of(later).status) == ("held", "held")
     assert deliveries_held_count() == 2
+
+
+@pytest.mark.django_db
+def test_a_dead_delivery_rearmed_while_paused_is_held(ordered):
+    from ingress.services import deliveries_rearm_batch
+
+    dead = store_ordered("cs_1", BASE_TIME + 1, n=1)
+    poisoned.add(dead.id)
+    inbox_run_once()
+    assert delivery_of(dead).status == "dead"
+    handler_pause(handler=HANDLER)
+    head = store_ordered("cs_1", BASE_TIME, n=0)  # an older one, held: the key's head
+    inbox_run_once()
+
+    assert deliveries_rearm_batch(delivery_ids=[delivery_of(dead).id]).rearmed == 1
+    inbox_run_once()
+    assert (delivery_of(head).status, delivery_of(dead).status) == ("held", "held")
