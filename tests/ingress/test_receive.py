@@ -252,13 +252,13 @@ def test_headers_under_the_source_limit_are_stored(client):
 
 
 def test_max_header_bytes_is_a_per_source_option(client, monkeypatch):
-    from ingress.sources import get_source, reset_sources_cache
+    from ingress.sources import all_sources, reset_sources_cache
 
     monkeypatch.setenv("WEBHOOK_STRIPE_MAX_HEADER_BYTES", "4096")
     reset_sources_cache()
     try:
-        assert get_source("stripe").max_header_bytes == 4096
-        assert get_source("github").max_header_bytes == 32 * 1024
+        assert all_sources()["stripe"].max_header_bytes == 4096
+        assert all_sources()["github"].max_header_bytes == 32 * 1024
         response = post(client, "stripe", **_padding_headers(5_000), **STRIPE_HEADERS)
     finally:
         monkeypatch.delenv("WEBHOOK_STRIPE_MAX_HEADER_BYTES")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -20,7 +21,7 @@ from django.db import connection
 from ingress.models import RawEvent
 from ingress.sources import get_source
 
-STRIPE_HEADERS = {"HTTP_STRIPE_SIGNATURE": "t=1700000000,v1=deadbeef"}
+STRIPE_HEADERS: dict[str, Any] = {"HTTP_STRIPE_SIGNATURE": "t=1700000000,v1=deadbeef"}
 READ_CHUNK = 64 * 1024  # what the view asks the stream for at a time
 
 
@@ -215,6 +216,7 @@ GUNICORN_LIMIT = 4096
 
 
 def _wait_until_listening(server: subprocess.Popen, port: int) -> None:
+    assert server.stderr is not None  # started with stderr=PIPE
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         assert server.poll() is None, server.stderr.read().decode(errors="replace")
@@ -259,7 +261,8 @@ def gunicorn_port(transactional_db):
     finally:
         server.terminate()
         server.wait(timeout=15)
-        server.stderr.close()
+        if server.stderr:
+            server.stderr.close()
 
 
 def _post_chunked(port: int, chunks: list[bytes]) -> tuple[int, bytes]:

@@ -124,7 +124,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
             return params
         if pooler not in POOLERS:
             raise ImproperlyConfigured(f"Unknown pooler {pooler!r}; supported: {POOLERS}")
-        if params.get("cursor_factory") is base.ServerBindingCursor or params.get(
+        # django-stubs 5.2 lack the psycopg 3 cursor classes Django defines in this module.
+        server_binding = base.ServerBindingCursor  # type: ignore[attr-defined]
+        if params.get("cursor_factory") is server_binding or params.get(
             "prepare_threshold"
         ):
             # Server-side binding and prepared statements live in one server session, which
