@@ -553,14 +553,23 @@ def _paused_among(
     }
 
 
-def _mark_events_handled(raw_event_ids: set[int], now: datetime) -> None:
-    """Stamp handled_at on events whose deliveries have all finished (done or dead)."""
+def _mark_events_handled(
+    raw_event_ids: set[int], now: datetime, *, received: list[datetime] | None = None
+) -> None:
+    """Stamp handled_at on events whose deliveries have all finished (done or dead).
+
+    `received`: the events' received_at when the caller has them. The table is partitioned
+    by day on it and an id alone prunes nothing, so the UPDATE would probe every day's
+    partition (90 kept + 7 ahead in production); bounded by the oldest and newest it reads
+    only theirs.
+    """
     unfinished = Delivery.objects.filter(
         raw_event_id=OuterRef("id"), status__in=UNFINISHED_DELIVERY_STATUSES
     )
-    RawEvent.objects.filter(id__in=raw_event_ids, handled_at__isnull=True).exclude(
-        Exists(unfinished)
-    ).update(handled_at=now)
+    rows = RawEvent.objects.filter(id__in=raw_event_ids, handled_at__isnull=True)
+    if received:
+        rows = rows.filter(received_at__range=(min(received), max(received)))
+    rows.exclude(Exists(unfinished)).update(handled_at=now)
 
 
 def _call_handler(claimed: _Claimed, events: dict[int, RawEvent]) -> None:
@@ -803,9 +812,10 @@ def _run_claimed_batch(
             )
             DeliveryAttempt.objects.bulk_create(attempts)
             done_ids = {a.delivery_id for a in attempts}
-            _mark_events_handled(
-                {item.raw_event_id for item in claimed if item.id in done_ids}, finished
-            )
+            done_events = {item.raw_event_id for item in claimed if item.id in done_ids}
+            # A delivery is done only if its event was read (_call_handler), so all are here.
+            received = [events[n].received_at for n in done_events]
+            _mark_events_handled(done_events, finished, received=received)
     return failures
 
 

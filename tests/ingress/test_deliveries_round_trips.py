@@ -98,6 +98,10 @@ def test_a_batch_of_returning_handlers_costs_one_statement_per_delivery(writer):
     # per handler: SAVEPOINT, the handler's statement, RELEASE SAVEPOINT).
     per_delivery = (len(runs[12]) - len(runs[3])) / (12 - 3)
     assert per_delivery == 1, (runs[3], runs[12])
+    # The handled stamp names the events' received_at range: the partition key, so the
+    # UPDATE reads their day's partition only, not every day's (by id alone).
+    (stamp,) = [sql for sql in runs[12] if '"handled_at" =' in sql and sql.startswith("UPDATE")]
+    assert '"received_at" BETWEEN' in stamp, stamp
     assert len(effects()) == 15
     assert DeliveryAttempt.objects.filter(outcome="done").count() == 15
     assert RawEvent.objects.filter(handled_at__isnull=True).count() == 0
