@@ -289,13 +289,14 @@ def role_names(kinds: Sequence[str] | None = None, prefix: str | None = None) ->
 
 @contextlib.contextmanager
 def handler_role(using: str = "default") -> Iterator[None]:
-    """Run a webhook handler as DATABASE_HANDLER_ROLE, inside the caller's savepoint.
+    """Run webhook handlers as DATABASE_HANDLER_ROLE, inside the caller's savepoint or
+    transaction: one handler, or a whole batch of them (ingress/deliveries.py).
 
-    SET LOCAL lasts to the end of the transaction unless undone: a handler that raises has
-    its savepoint rolled back, which undoes the SET with it; one that returns is switched
-    back here, so the delivery's own bookkeeping runs as the inbox role again. One query
-    and two SETs per handler call, only when the setting is on. Unset (one
-    role for everything, `make run`, SQLite): nothing happens.
+    SET LOCAL lasts to the end of the transaction unless undone: handlers that raise have
+    their savepoint (or transaction) rolled back, which undoes the SET with it; once they
+    return the role is switched back here, so the deliveries' own bookkeeping runs as the
+    inbox role again. One query and two SETs per use, only when the setting is on. Unset
+    (one role for everything, `make run`, SQLite): nothing happens.
     """
     role = settings.DATABASE_HANDLER_ROLE
     if not role or connections[using].vendor != "postgresql":

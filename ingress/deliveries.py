@@ -18,6 +18,7 @@ once its charged attempts reach DELIVERY_MAX_ATTEMPTS.
 Replay and re-arm by an operator are in ingress/services.py.
 """
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -651,9 +652,7 @@ def _call_handler(claimed: _Claimed, events: dict[int, RawEvent]) -> None:
     if spec is None:
         raise PermanentHandlerError(HANDLER_MISSING.format(name=claimed.handler))
     payload = parse_payload(raw_event_headers(event), raw_event_body(event))
-    # As DATABASE_HANDLER_ROLE when set: the inbox's own role cannot touch business tables.
-    with handler_role():
-        spec.func(event, payload)
+    spec.func(event, payload)
 
 
 def _record_failure(failure: _Failure) -> None:
@@ -844,38 +843,45 @@ def _run_claimed_batch(
     failures: list[_Failure] = []
     with transaction.atomic():
         attempts: list[DeliveryAttempt] = []
-        for item in claimed:
-            if known is not None and item.id == known.claimed.id:
-                failures.append(known)
-                continue
-            started = timezone.now()
-            try:
-                if isolated:
-                    with transaction.atomic():
+        # Handlers run as DATABASE_HANDLER_ROLE when set (the inbox's own role cannot touch
+        # business tables): optimistically one switch for the whole batch, not one per
+        # handler (a query and two SETs each); should a handler raise, the batch's rollback
+        # undoes it. Isolated, one per handler, inside its savepoint, whose rollback undoes
+        # the switch of a handler that raised.
+        batch_role = contextlib.nullcontext() if isolated else handler_role()
+        with batch_role:
+            for item in claimed:
+                if known is not None and item.id == known.claimed.id:
+                    failures.append(known)
+                    continue
+                started = timezone.now()
+                try:
+                    if isolated:
+                        with transaction.atomic(), handler_role():
+                            _call_handler(item, events)
+                    else:
                         _call_handler(item, events)
-                else:
-                    _call_handler(item, events)
-            except Exception as exc:
-                failure = _Failure(item, classify(exc), _describe(exc), started)
-                if not isolated:
-                    # Out of the batch's atomic(): the batch rolls back, _run_claimed reruns it.
-                    raise _HandlerRaised(failure, exc) from exc
-                # eventdrop.retry.classify, the table the outbox uses too: PermanentHandlerError
-                # and an unparseable body are permanent; our database's errors and anything
-                # unclassified are retried (a handler only sees verified events, and a bug
-                # fixed by the next deploy should not have killed the event meanwhile),
-                # bounded by max_attempts; dead deliveries can be re-armed from the console.
-                failures.append(failure)
-                continue
-            attempts.append(
-                DeliveryAttempt(
-                    delivery_id=item.id,
-                    number=item.number,
-                    started_at=started,
-                    finished_at=timezone.now(),
-                    outcome=DeliveryAttempt.Outcome.DONE,
+                except Exception as exc:
+                    failure = _Failure(item, classify(exc), _describe(exc), started)
+                    if not isolated:
+                        # Out of the batch's atomic(): the batch rolls back, _run_claimed reruns it.
+                        raise _HandlerRaised(failure, exc) from exc
+                    # eventdrop.retry.classify, the table the outbox uses too: PermanentHandlerError
+                    # and an unparseable body are permanent; our database's errors and anything
+                    # unclassified are retried (a handler only sees verified events, and a bug
+                    # fixed by the next deploy should not have killed the event meanwhile),
+                    # bounded by max_attempts; dead deliveries can be re-armed from the console.
+                    failures.append(failure)
+                    continue
+                attempts.append(
+                    DeliveryAttempt(
+                        delivery_id=item.id,
+                        number=item.number,
+                        started_at=started,
+                        finished_at=timezone.now(),
+                        outcome=DeliveryAttempt.Outcome.DONE,
+                    )
                 )
-            )
         if attempts:
             finished = timezone.now()
             Delivery.objects.filter(id__in=[a.delivery_id for a in attempts]).update(
