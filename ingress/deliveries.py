@@ -20,7 +20,8 @@ Replay and re-arm by an operator are in ingress/services.py.
 
 import contextlib
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -119,6 +120,149 @@ def deliveries_for_event(
             )
         )
     return deliveries
+
+
+# --- run at settle: a fresh event's deliveries in the transaction that settled it --------
+#
+# The worker's pass (ingress/inbox.py, inbox_run_once) runs a freshly verified event's
+# handlers in the very transaction that verified it, when nothing needs the claim below: its
+# handlers are all unordered (an ordered one waits for its key's turn), none is paused, and
+# none raised at settle lately. Its deliveries are then inserted `done`, one `done` attempt
+# each, and the event stamped handled in the same verdict UPDATE — instead of inserted
+# `pending`, claimed (`processing`), the event read back, run, marked `done` and stamped
+# handled in three more transactions. Exactly once holds as it does for a claimed batch: the
+# handlers' writes, the deliveries, their attempts and the verdicts commit together or not
+# at all (a crash leaves the events `pending`, claimed again).
+#
+# Should a handler raise, the run is rolled back to its savepoint (nothing of it stays) and
+# the events' deliveries are inserted `pending` as usual: the claim runs them, and charges,
+# retries or gives up a failing one exactly as before (its first run at settle was never an
+# attempt). That handler is then left to the claim for _SETTLE_RUN_COOLDOWN_SECONDS, so a
+# handler failing for every event does not run twice per event. A batch that fails at COMMIT
+# (a handler's write checked only then, PostgreSQL's deferred foreign keys) is settled again
+# without running handlers (ingress/inbox.py), and settle runs rest for that long.
+
+_SETTLE_RUN_COOLDOWN_SECONDS = 60.0
+
+
+@dataclass
+class _SettleRunCooldown:
+    handlers: dict[str, float] = field(default_factory=dict)  # handler -> monotonic deadline
+    everything_until: float = 0.0
+
+
+# Per worker process; only a cost decision (run now, or let the claim run it), never a verdict.
+_settle_cooldown = _SettleRunCooldown()
+
+
+def deliveries_settle_run_rest() -> None:
+    """No handler runs at settle in this process for a while (a settle batch failed at COMMIT)."""
+    _settle_cooldown.everything_until = time.monotonic() + _SETTLE_RUN_COOLDOWN_SECONDS
+
+
+def deliveries_runnable_at_settle(
+    routed: list[tuple[RawEvent, list[HandlerSpec]]],
+) -> list[tuple[RawEvent, list[HandlerSpec]]]:
+    """The (event, handlers) among freshly settled ones whose handlers may run at settle
+    (see above). One read of the active pauses, only if any event qualifies otherwise."""
+    clock = time.monotonic()
+    if clock < _settle_cooldown.everything_until or connection.vendor != "postgresql":
+        # Not under SQLite (`make run`, one worker): its claimed path is the one it needs.
+        return []
+    cooled = {name for name, until in _settle_cooldown.handlers.items() if clock < until}
+    candidates = [
+        (event, specs)
+        for event, specs in routed
+        if specs and not any(spec.ordered or spec.name in cooled for spec in specs)
+    ]
+    if not candidates:
+        return []
+    pauses = list(
+        HandlerPause.objects.filter(resumed_at__isnull=True).values_list("handler", "source")
+    )
+    if not pauses:
+        return candidates
+    handlers = {handler for handler, _ in pauses if handler}
+    sources = {source for _, source in pauses if source}
+    return [
+        (event, specs)
+        for event, specs in candidates
+        if event.source not in sources and not any(spec.name in handlers for spec in specs)
+    ]
+
+
+class SettleRunRaised(Exception):
+    """A handler raised while run at settle: the caller rolls the run back to its savepoint
+    and inserts the deliveries `pending` instead."""
+
+
+def deliveries_run_at_settle(
+    runnable: list[tuple[RawEvent, list[HandlerSpec]]], now: datetime
+) -> datetime:
+    """Run these events' handlers in the caller's transaction and savepoint, and insert their
+    deliveries `done` with one `done` attempt each. Returns when they finished (the events'
+    handled_at, which the caller's verdict UPDATE writes). Raises SettleRunRaised (its cause
+    the handler's exception) once a handler raises; the caller rolls back the savepoint.
+    """
+    runs: list[tuple[int, str, datetime, datetime]] = []  # event id, handler, started, finished
+    # As DATABASE_HANDLER_ROLE when set: one switch for the whole run, not one per handler
+    # (the inbox's own bookkeeping below runs as the inbox role again).
+    with handler_role():
+        for event, specs in runnable:
+            payload = None
+            for spec in specs:
+                started = timezone.now()
+                try:
+                    if payload is None:
+                        payload = parse_payload(raw_event_headers(event), raw_event_body(event))
+                    spec.func(event, payload)
+                except Exception as exc:
+                    _settle_cooldown.handlers[spec.name] = (
+                        time.monotonic() + _SETTLE_RUN_COOLDOWN_SECONDS
+                    )
+                    raise SettleRunRaised(spec.name) from exc
+                runs.append((event.id, spec.name, started, timezone.now()))
+    finished = runs[-1][3]
+    table = connection.ops.quote_name(Delivery._meta.db_table)
+    attempt_table = connection.ops.quote_name(DeliveryAttempt._meta.db_table)
+    started_at = runs[0][2]
+    with connection.cursor() as cursor:
+        # One statement for both tables: the deliveries (every column named: a test checks
+        # the list against the model), finished when the run did, as a claimed batch's are,
+        # and their attempts, each with its handler's own start and finish.
+        cursor.execute(
+            _SETTLE_RUN_INSERT.format(delivery=table, attempt=attempt_table),
+            [
+                [r[0] for r in runs],
+                [r[1] for r in runs],
+                [r[2] for r in runs],
+                [r[3] for r in runs],
+                DeliveryStatus.DONE,
+                now,
+                started_at,
+                now,
+                finished,
+                DeliveryAttempt.Outcome.DONE,
+            ],
+        )
+        if cursor.rowcount != len(runs):
+            # A delivery of a pending event already existed (a conflict): not ours to finish.
+            raise SettleRunRaised(f"inserted {cursor.rowcount} of {len(runs)} deliveries")
+    return finished
+
+
+_SETTLE_RUN_INSERT = (
+    "WITH r AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[],"
+    " %s::timestamptz[]) AS r(raw_event_id, handler, started_at, finished_at)),"
+    " d AS (INSERT INTO {delivery} (raw_event_id, handler, status, attempts, total_attempts,"
+    "  next_attempt_at, claimed_at, last_error, created_at, finished_at, ordering_key,"
+    "  event_time, superseded_by_id, forced)"
+    "  SELECT r.raw_event_id, r.handler, %s, 1, 1, %s, %s, '', %s, %s, '', NULL,"
+    "  NULL, false FROM r ON CONFLICT DO NOTHING RETURNING id, raw_event_id, handler)"
+    " INSERT INTO {attempt} (delivery_id, number, started_at, finished_at, outcome, error)"
+    " SELECT d.id, 1, r.started_at, r.finished_at, %s, '' FROM d"
+    " JOIN r ON r.raw_event_id = d.raw_event_id AND r.handler = d.handler"
+)
 
 
 # --- operator re-arms, holds and releases (called by ingress/services.py) ------------------

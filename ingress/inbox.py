@@ -8,7 +8,9 @@ verified on its stored bytes, its verdict recorded, its dedup key settled (a uni
 decides the winner) and one Delivery row created per registered handler (built by
 ingress.deliveries.deliveries_for_event). The batch is settled under one savepoint and
 committed once — verdicts, dedup keys and deliveries together; a crash in between leaves
-the events `pending` and they are simply claimed again.
+the events `pending` and they are simply claimed again. In the worker's pass the deliveries
+that need no claim (every handler unordered, none paused) are run right there, in that same
+transaction, and inserted `done` (ingress/deliveries.py, "run at settle").
 
 One bad row never blocks the others. Should settling the batch raise for anything but our
 database being unavailable, its savepoint is rolled back and the same locked rows are
@@ -42,15 +44,18 @@ from eventdrop.logformat import raised_at
 from eventdrop.retry import RetryPolicy
 from ingress.deliveries import (
     DATABASE_UNAVAILABLE,
+    SettleRunRaised,
     deliveries_for_event,
     deliveries_rearm_stale,
+    deliveries_run_at_settle,
     deliveries_run_due,
+    deliveries_runnable_at_settle,
+    deliveries_settle_run_rest,
 )
 from ingress.encryption import keyring
-from ingress.handlers import handlers_for
+from ingress.handlers import HandlerSpec, handlers_for
 from ingress.models import (
     DedupKey,
-    Delivery,
     DispatchStatus,
     RawEvent,
     RawEventOrigin,
@@ -96,14 +101,17 @@ def _verdict_for(event: RawEvent) -> Verdict:
     return verdict
 
 
-def raw_events_settle(events: list[RawEvent], now: datetime) -> None:
+def raw_events_settle(events: list[RawEvent], now: datetime, *, run_handlers: bool = False) -> int:
     """Verify, dedup and fan out a batch of events locked by the caller's transaction.
 
     raw_events_verify_batch calls it under the claim; raw_event_reverify (ingress/services.py)
-    on the one row it locked.
+    on the one row it locked. `run_handlers` (the worker's pass): the deliveries that need no
+    claim are run here, in this transaction (ingress/deliveries.py, "run at settle").
+    Returns how many deliveries it ran.
     """
     verdicts = {event.id: _verdict_for(event) for event in events}
     accepted: list[RawEvent] = []
+    ran: dict[int, int] = {}  # event id -> deliveries run at settle
     for event in events:
         verdict = verdicts[event.id]
         event.verify_count += 1
@@ -144,7 +152,7 @@ def raw_events_settle(events: list[RawEvent], now: datetime) -> None:
                     key__in=[key for _, key in taken], source__in={source for source, _ in taken}
                 )
             }
-        deliveries: list[Delivery] = []
+        routed: list[tuple[RawEvent, list[HandlerSpec]]] = []
         for event in accepted:
             winner = winners.get((event.source, event.dedup_key))
             if winner is not None and winner != event.id:
@@ -155,10 +163,20 @@ def raw_events_settle(events: list[RawEvent], now: datetime) -> None:
             event.dispatch_status = (
                 DispatchStatus.DISPATCHED if specs else DispatchStatus.NO_HANDLER
             )
-            deliveries += deliveries_for_event(event, specs, now)
-        _insert_all(deliveries)
+            routed.append((event, specs))
+        runnable = deliveries_runnable_at_settle(routed) if run_handlers else []
+        ran = _run_at_settle(events, runnable, now)
+        _insert_all(
+            [
+                delivery
+                for event, specs in routed
+                if event.id not in ran
+                for delivery in deliveries_for_event(event, specs, now)
+            ]
+        )
 
-    _save_settled(events)
+    if not ran:  # else written with them, under their savepoint
+        _save_settled(events)
     logger.info(
         "ingress.verify.batch_settled",
         extra={
@@ -166,8 +184,41 @@ def raw_events_settle(events: list[RawEvent], now: datetime) -> None:
             "verified": len(accepted),
             "rejected": len(events) - len(accepted),
             "duplicates": sum(e.dispatch_status == DispatchStatus.DUPLICATE for e in accepted),
+            "delivered": sum(ran.values()),
         },
     )
+    return sum(ran.values())
+
+
+def _run_at_settle(
+    events: list[RawEvent], runnable: list[tuple[RawEvent, list[HandlerSpec]]], now: datetime
+) -> dict[int, int]:
+    """Run the runnable events' handlers and write the whole batch's verdicts, those events
+    stamped handled, under a savepoint; returns {event id: deliveries run}. Should a handler
+    raise, the savepoint is rolled back and nothing is returned: the caller inserts every
+    delivery `pending` and writes the verdicts, as without `run_handlers`.
+    """
+    if not runnable:
+        return {}
+    try:
+        with transaction.atomic():
+            handled_at = deliveries_run_at_settle(runnable, now)
+            for event, _ in runnable:
+                event.handled_at = handled_at
+            _save_settled(events, handled=True)
+    except SettleRunRaised as raised:
+        for event, _ in runnable:
+            event.handled_at = None
+        logger.info(
+            "ingress.verify.settle_run_rolled_back",
+            extra={
+                "events": len(runnable),
+                "handler": str(raised),
+                "error": type(raised.__cause__).__name__ if raised.__cause__ else "",
+            },
+        )
+        return {}
+    return {event.id: len(specs) for event, specs in runnable}
 
 
 # The columns raw_events_settle decides, written for the whole batch by one UPDATE … FROM
@@ -187,7 +238,7 @@ _SETTLED_COLUMNS = (
 )
 
 
-def _save_settled(events: list[RawEvent]) -> None:
+def _save_settled(events: list[RawEvent], *, handled: bool = False) -> None:
     """One UPDATE for the batch's verdicts, each row found by (id, received_at).
 
     Not Model.bulk_update, whose CASE-per-column SQL costs more Python time than the
@@ -197,7 +248,8 @@ def _save_settled(events: list[RawEvent]) -> None:
     """
     meta = RawEvent._meta
     by_column = {field.column: field for field in meta.concrete_fields}
-    fields = [by_column[column] for column in ("id", "received_at", *_SETTLED_COLUMNS)]
+    columns = (*_SETTLED_COLUMNS, "handled_at") if handled else _SETTLED_COLUMNS
+    fields = [by_column[column] for column in ("id", "received_at", *columns)]
     if connection.vendor != "postgresql":
         # SQLite (`make run`): no unnest; a statement per row, run in process, costs little.
         for event in events:
@@ -309,8 +361,33 @@ def raw_events_verify_batch(*, limit: int | None = None, now: datetime | None = 
     same locked rows are settled one by one (`_settle_one_by_one`), so a poison row costs
     its batch one slower pass instead of stalling it.
     """
+    return _verify_batch(limit=limit, now=now, run_handlers=False)[0]
+
+
+def _verify_and_run_batch(limit: int | None) -> tuple[int, int]:
+    """raw_events_verify_batch that also runs the deliveries needing no claim (the worker's
+    pass): (events settled, deliveries run). A batch that fails at COMMIT — a handler's write
+    checked only then — is claimed and settled again without running handlers, so its
+    deliveries are run by the claim, which isolates the failing one; and handlers rest from
+    running at settle for a while (ingress/deliveries.py)."""
+    try:
+        return _verify_batch(limit=limit, now=None, run_handlers=True)
+    except DATABASE_UNAVAILABLE:
+        raise
+    except Exception as exc:
+        logger.warning(
+            "ingress.verify.settle_run_commit_failed", extra={"error": type(exc).__name__}
+        )
+        deliveries_settle_run_rest()
+        return _verify_batch(limit=limit, now=None, run_handlers=False)
+
+
+def _verify_batch(
+    *, limit: int | None, now: datetime | None, run_handlers: bool
+) -> tuple[int, int]:
     limit = limit or settings.INBOX_BATCH_SIZE
     now = now or timezone.now()
+    ran = 0
     with transaction.atomic():
         events = list(
             RawEvent.objects.select_for_update(skip_locked=True)
@@ -325,7 +402,7 @@ def raw_events_verify_batch(*, limit: int | None = None, now: datetime | None = 
         if events:
             try:
                 with transaction.atomic():
-                    raw_events_settle(events, now)
+                    ran = raw_events_settle(events, now, run_handlers=run_handlers)
             except DATABASE_UNAVAILABLE:
                 raise
             except Exception as exc:
@@ -333,8 +410,9 @@ def raw_events_verify_batch(*, limit: int | None = None, now: datetime | None = 
                     "ingress.verify.batch_failed",
                     extra={"events": len(events), "error": type(exc).__name__},
                 )
+                ran = 0
                 _settle_one_by_one([event.id for event in events], now)
-    return len(events)
+    return len(events), ran
 
 
 def _settle_one_by_one(ids: list[int], now: datetime) -> None:
@@ -422,8 +500,9 @@ class InboxPass:
 
 
 def inbox_run_once(*, limit: int | None = None) -> InboxPass:
-    """One pass of the worker: re-arm stale, verify a batch, run a batch of deliveries."""
+    """One pass of the worker: re-arm stale, verify a batch (running the deliveries that
+    need no claim right there), run a batch of claimed deliveries."""
     rearmed = deliveries_rearm_stale()
-    verified = raw_events_verify_batch(limit=limit)
+    verified, ran = _verify_and_run_batch(limit)
     delivered = deliveries_run_due(limit=limit)
-    return InboxPass(verified=verified, delivered=delivered, rearmed=rearmed)
+    return InboxPass(verified=verified, delivered=ran + delivered, rearmed=rearmed)

@@ -1,0 +1,224 @@
+"""The worker's pass runs a fresh event's deliveries in the transaction that settled it
+(issue 15, end to end), and handlers switch to DATABASE_HANDLER_ROLE once per batch.
+
+An event whose handlers are all unordered, unpaused and not resting after a failure needs no
+claim: its deliveries are inserted `done` with their attempt and the event stamped handled,
+all with its verdict — no `pending` → `processing` → `done` round of the delivery row, no
+read-back of the event (ingress/deliveries.py, "run at settle"). Whatever a handler does
+wrong there (raise, or write what only fails at COMMIT) ends as it did before: the claim
+runs, charges and retries it, and every write is committed once. Transactional tests: the
+savepoint's rollback and the COMMIT-time failure only happen for real when the batch commits.
+"""
+
+import uuid
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from ingress import deliveries
+from ingress.deliveries import _SETTLE_RUN_INSERT, deliveries_run_due
+from ingress.handlers import unregister, webhook_handler
+from ingress.inbox import inbox_run_once
+from ingress.models import Delivery, DeliveryAttempt, HandlerPause, RawEvent
+from tests.support.signing import store_signed_stripe_event, stripe_event
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+EVENT_TYPE = "test.settle_run.ordinary"
+EFFECTS_TABLE = "test_settle_run_effect"
+
+
+class Writer:
+    """A registered handler writing one row per call; `fail_on` raises, `dangle_on` writes a
+    row whose foreign key fails only at COMMIT (Django's are deferred)."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.fail_on: set[int] = set()
+        self.dangle_on: set[int] = set()
+
+        def on_settle_run_event(event, payload):
+            self.calls.append(event.id)
+            if event.id in self.fail_on:
+                raise RuntimeError("this event fails")
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {EFFECTS_TABLE} (raw_event_id) VALUES (%s)",  # noqa: S608
+                    [event.id],
+                )
+            if event.id in self.dangle_on:
+                now = timezone.now()
+                DeliveryAttempt.objects.create(
+                    delivery_id=10**12, number=1, started_at=now, finished_at=now, outcome="done"
+                )
+
+        webhook_handler(provider="stripe", event_types=[EVENT_TYPE])(on_settle_run_event)
+        self.name = f"{on_settle_run_event.__module__}.{on_settle_run_event.__qualname__}"
+
+
+@pytest.fixture
+def writer():
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE {EFFECTS_TABLE} (raw_event_id bigint NOT NULL)")
+    handler = Writer()
+    yield handler
+    unregister(handler.name)
+    # The rest after a failure is per process: not carried into the next test.
+    deliveries._settle_cooldown = deliveries._SettleRunCooldown()
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE {EFFECTS_TABLE}")
+
+
+def effects() -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT raw_event_id FROM {EFFECTS_TABLE} ORDER BY raw_event_id")  # noqa: S608
+        return [row[0] for row in cursor.fetchall()]
+
+
+def stored(count: int, prefix: str) -> list[RawEvent]:
+    return [
+        store_signed_stripe_event(stripe_event(f"evt_{prefix}_{n}", EVENT_TYPE))
+        for n in range(count)
+    ]
+
+
+def delivery_writes(statements: list[str]) -> list[str]:
+    """The claim's UPDATE to `processing` and the batch's to `done`."""
+    return [
+        sql
+        for sql in statements
+        if sql.startswith('UPDATE "ingress_delivery" SET "status" = ')
+        and sql.split(" = ", 1)[1].split(",", 1)[0] in ("'processing'", "'done'")
+    ]
+
+
+def test_a_fresh_event_is_delivered_with_its_verdict_without_a_claim(writer):
+    events = stored(4, "fresh")
+    with CaptureQueriesContext(connection) as captured:
+        result = inbox_run_once()
+    statements = [query["sql"] for query in captured.captured_queries]
+
+    assert (result.verified, result.delivered) == (4, 4)
+    # Never claimed (`processing`) nor marked done afterwards: inserted done.
+    assert delivery_writes(statements) == [], statements
+    assert sorted(writer.calls) == effects() == sorted(e.id for e in events)
+    rows = Delivery.objects.filter(raw_event_id__in=[e.id for e in events])
+    assert {(d.status, d.attempts, d.total_attempts, d.last_error) for d in rows} == {
+        ("done", 1, 1, "")
+    }
+    for delivery in rows:
+        [attempt] = DeliveryAttempt.objects.filter(delivery=delivery)
+        assert (attempt.number, attempt.outcome) == (1, "done")
+        assert delivery.claimed_at is not None and delivery.finished_at is not None
+        assert delivery.claimed_at <= attempt.started_at <= attempt.finished_at
+        assert attempt.finished_at <= delivery.finished_at
+        event = RawEvent.objects.get(id=delivery.raw_event_id)
+        assert (event.signature_status, event.dispatch_status) == ("verified", "dispatched")
+        assert event.handled_at == delivery.finished_at
+    # Nothing left for the claim.
+    assert deliveries_run_due() == 0
+
+
+def test_a_raising_handler_leaves_the_batch_to_the_claim_which_charges_it_alone(writer):
+    events = stored(5, "raise")
+    failing = events[2]
+    writer.fail_on = {failing.id}
+
+    result = inbox_run_once()
+
+    assert (result.verified, result.delivered) == (5, 5)
+    ok_ids = sorted(e.id for e in events if e.id != failing.id)
+    assert effects() == ok_ids  # the run at settle was rolled back: committed once, by the claim
+    bad = Delivery.objects.get(raw_event_id=failing.id)
+    assert (bad.status, bad.attempts, bad.total_attempts) == ("pending", 1, 1)
+    assert bad.last_error == "RuntimeError: this event fails"
+    assert list(DeliveryAttempt.objects.filter(delivery=bad).values_list("outcome")) == [
+        ("transient",)
+    ]
+    for delivery in Delivery.objects.filter(raw_event_id__in=ok_ids):
+        assert (delivery.status, delivery.attempts) == ("done", 1)
+        assert DeliveryAttempt.objects.filter(delivery=delivery).count() == 1
+    assert RawEvent.objects.get(id=failing.id).handled_at is None
+    assert RawEvent.objects.filter(id__in=ok_ids, handled_at__isnull=True).count() == 0
+
+    # The handler that raised rests from running at settle: the next event goes by the claim.
+    writer.calls.clear()
+    [later] = stored(1, "after")
+    with CaptureQueriesContext(connection) as captured:
+        inbox_run_once()
+    claims = delivery_writes([query["sql"] for query in captured.captured_queries])
+    assert len(claims) == 2, claims
+    assert writer.calls.count(later.id) == 1
+    assert Delivery.objects.get(raw_event_id=later.id).status == "done"
+
+
+def test_a_write_failing_at_commit_settles_the_batch_again_for_the_claim(writer):
+    events = stored(3, "dangle")
+    dangling = events[1]
+    writer.dangle_on = {dangling.id}
+
+    result = inbox_run_once()  # does not raise: the worker loop would back off for seconds
+
+    assert result.verified == 3
+    assert set(RawEvent.objects.values_list("signature_status", flat=True)) == {"verified"}
+    ok_ids = sorted(e.id for e in events if e.id != dangling.id)
+    assert effects() == ok_ids
+    bad = Delivery.objects.get(raw_event_id=dangling.id)
+    assert (bad.status, bad.attempts) == ("pending", 1)
+    assert bad.last_error.startswith("IntegrityError"), bad.last_error
+    assert set(
+        Delivery.objects.filter(raw_event_id__in=ok_ids).values_list("status", "attempts")
+    ) == {("done", 1)}
+    assert not DeliveryAttempt.objects.filter(delivery_id=10**12).exists()
+
+
+def test_a_paused_handler_is_not_run_at_settle(writer):
+    HandlerPause.objects.create(handler=writer.name)
+    [event] = stored(1, "paused")
+
+    inbox_run_once()
+
+    assert writer.calls == [] and effects() == []
+    assert Delivery.objects.get(raw_event_id=event.id).status == "held"
+    assert RawEvent.objects.get(id=event.id).handled_at is None
+
+
+def test_the_settle_insert_names_every_column_of_a_delivery():
+    named = _SETTLE_RUN_INSERT.split("INSERT INTO {delivery} (", 1)[1].split(")", 1)[0]
+    columns = {column.strip() for column in named.split(",")}
+    model = {f.column for f in Delivery._meta.concrete_fields if not f.primary_key}
+    assert columns == model
+
+
+@pytest.fixture
+def handler_role(settings, writer):
+    """A role the handlers switch to, allowed to write the writer's table only."""
+    name = f"eventdrop_test_handler_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {name} NOLOGIN")
+        cursor.execute(f"GRANT INSERT ON {EFFECTS_TABLE} TO {name}")
+    settings.DATABASE_HANDLER_ROLE = name
+    yield name
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP OWNED BY {name}")
+        cursor.execute(f"DROP ROLE {name}")
+
+
+@pytest.mark.parametrize("where", ["claimed", "at settle"])
+def test_handlers_switch_role_once_per_batch(writer, handler_role, where):
+    if where == "claimed":
+        # A handler resting after a failure is run by the claim.
+        deliveries._settle_cooldown.handlers[writer.name] = float("inf")
+    events = stored(6, f"role_{where.replace(' ', '_')}")
+    with CaptureQueriesContext(connection) as captured:
+        result = inbox_run_once()
+    assert result.delivered == 6
+    switches = [q["sql"] for q in captured.captured_queries if "SET LOCAL ROLE" in q["sql"]]
+    # To the handler role and back: once for the batch (it was twice per delivery).
+    assert len(switches) == 2, switches
+    assert effects() == sorted(e.id for e in events)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_user")
+        assert cursor.fetchone()[0] != handler_role
