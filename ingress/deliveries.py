@@ -207,11 +207,12 @@ def deliveries_run_at_settle(
     runs: list[tuple[int, str, datetime, datetime]] = []  # event id, handler, started, finished
     # As DATABASE_HANDLER_ROLE when set: one switch for the whole run, not one per handler
     # (the inbox's own bookkeeping below runs as the inbox role again).
+    clock = timezone.now()  # one reading between two handlers: the one's end, the next's start
     with handler_role():
         for event, specs in runnable:
             payload = None
             for spec in specs:
-                started = timezone.now()
+                started = clock
                 try:
                     if payload is None:
                         payload = parse_payload(raw_event_headers(event), raw_event_body(event))
@@ -221,7 +222,8 @@ def deliveries_run_at_settle(
                         time.monotonic() + _SETTLE_RUN_COOLDOWN_SECONDS
                     )
                     raise SettleRunRaised(spec.name) from exc
-                runs.append((event.id, spec.name, started, timezone.now()))
+                clock = timezone.now()
+                runs.append((event.id, spec.name, started, clock))
     finished = runs[-1][3]
     table = connection.ops.quote_name(Delivery._meta.db_table)
     attempt_table = connection.ops.quote_name(DeliveryAttempt._meta.db_table)
