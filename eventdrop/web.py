@@ -14,19 +14,25 @@ docs/benchmarks.md, "The production web server: gunicorn → granian"):
   client costs a coroutine and a few kilobytes while it lasts, never a thread, and it is cut
   off with 408 at the deadline. Only complete bodies reach the receive view, so the view's
   own limits, its one INSERT and its 503 work exactly as under any WSGI server.
-- `DjangoThreads` then runs Django's WSGI handler on a thread pool with one hop from the
-  loop to a thread and back per request (not Django's ASGI handler, which runs every sync
-  view on one shared thread: 146 webhooks/s where gunicorn did 729). `/webhooks/` goes to a
-  second handler of the same Django with only the middleware a provider's POST needs
-  (`webhook_handler`, issue 15); the threads' webhooks share their INSERTs and commits
-  (ingress/store.py, group commit).
+- `/webhooks/` never leaves the event loop (`WebhooksOnTheLoop`, issue 15): Django's handler
+  runs there as an async chain behind only the middleware a provider's POST needs
+  (`webhook_handler`), the receive view is a coroutine, and the rows of the requests waiting
+  at the same moment share one INSERT and one commit on the loop's own asyncio connections
+  (ingress/store.py, LoopGroupCommit). Per webhook there is no thread hop and no lock handed
+  between threads, which was most of what a webhook cost (docs/benchmarks.md).
+- Everything else (console, API, metrics: sync views, the ORM) goes to `DjangoThreads`,
+  Django's WSGI handler on a thread pool with one hop from the loop to a thread and back per
+  request (not Django's ASGI handler, which runs every sync view on one shared thread: 146
+  webhooks/s where gunicorn did 729).
 - A body the server cannot complete (shorter than its Content-Length when the client
   half-closes, broken chunked framing) arrives as `http.disconnect`: it is answered 400 if
   the connection still takes an answer, and never reaches Django, so it is never stored.
 
 Settings come from the environment: `PORT` (8000), `WEB_BIND` or `HOST` (127.0.0.1: binding
 every interface is a deployment decision, not a default), `WEB_CONCURRENCY` (processes, 2),
-`WEB_THREADS` (Django threads per process, 4: also the database connections per process),
+`WEB_THREADS` (Django threads per process, 4, each with its database connection: the console
+and API), `WEB_STORE_CONNECTIONS` (1: the asyncio connections per process that write
+webhooks),
 `WEB_HEADER_READ_TIMEOUT_SECONDS` (5) and `WEB_MAX_HEADER_BYTES` (64 KiB: granian answers 431
 past it; the receive view bounds each source lower, `max_header_bytes`),
 `WEB_MAX_CONCURRENT_REQUESTS` (64 per process: granian's backpressure, so at most that many
@@ -41,6 +47,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
+from typing import Any
 
 HTTP_DISCONNECT = "http.disconnect"
 
@@ -55,6 +62,7 @@ class WebServerConfig:
     max_header_bytes: int
     ack_rollup_flush_seconds: float = 60
     max_concurrent_requests: int = 64
+    store_connections: int = 1
 
     def __post_init__(self) -> None:
         if self.processes < 1 or self.threads < 1:
@@ -63,6 +71,8 @@ class WebServerConfig:
             raise ValueError("WEB_HEADER_READ_TIMEOUT_SECONDS must be above 0 and at most 60")
         if self.ack_rollup_flush_seconds < 0:
             raise ValueError("ACK_ROLLUP_FLUSH_SECONDS must be 0 (off) or above")
+        if self.store_connections < 1:
+            raise ValueError("WEB_STORE_CONNECTIONS must be at least 1")
         if self.max_concurrent_requests < self.threads:
             raise ValueError("WEB_MAX_CONCURRENT_REQUESTS must be at least WEB_THREADS")
 
@@ -80,6 +90,7 @@ class WebServerConfig:
             max_header_bytes=max(8192, int(env.get("WEB_MAX_HEADER_BYTES") or 64 * 1024)),
             ack_rollup_flush_seconds=float(env.get("ACK_ROLLUP_FLUSH_SECONDS") or 60),
             max_concurrent_requests=int(env.get("WEB_MAX_CONCURRENT_REQUESTS") or 64),
+            store_connections=int(env.get("WEB_STORE_CONNECTIONS") or 1),
         )
 
 
@@ -191,27 +202,21 @@ class DjangoThreads:
     none of its views streams. The environ is a2wsgi's (`build_environ`), the subtle part.
     """
 
-    def __init__(self, app, *, threads: int, webhook_app=None):
+    def __init__(self, app, *, threads: int):
         from concurrent.futures import ThreadPoolExecutor
 
         self.app = app
-        self.webhook_app = webhook_app or app
         # Each thread keeps its own database connection (CONN_MAX_AGE), as under gunicorn.
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="django")
 
     async def __call__(self, scope, receive, send) -> None:
         from a2wsgi.wsgi import build_environ
 
-        chunks: list[bytes] = []
-        while True:  # BufferedBody replays the whole body as one message
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if message["type"] == HTTP_DISCONNECT or not message.get("more_body", False):
-                break
-        environ = build_environ(scope, io.BytesIO(b"".join(chunks)))  # type: ignore[arg-type]
+        environ = build_environ(scope, io.BytesIO(await _whole_body(receive)))  # type: ignore[arg-type]
         loop = asyncio.get_running_loop()
-        app = self.webhook_app if scope["path"].startswith(WEBHOOK_PATH_PREFIX) else self.app
-        status, headers, body = await loop.run_in_executor(self.executor, self._call, app, environ)
+        status, headers, body = await loop.run_in_executor(
+            self.executor, self._call, self.app, environ
+        )
         try:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
@@ -256,41 +261,152 @@ WEBHOOK_MIDDLEWARE = frozenset(
 WEBHOOK_PATH_PREFIX = "/webhooks/"
 
 
+class _OnTheLoop:
+    """A MiddlewareMixin middleware in an async chain, its hooks called on the event loop.
+
+    Django's own async mode (MiddlewareMixin.__acall__) runs process_request and
+    process_response each through sync_to_async, on a thread: two thread hops per middleware
+    per request. The hooks of WEBHOOK_MIDDLEWARE compute headers and redirects from the
+    request alone, no I/O, so they run here where they are.
+    """
+
+    def __init__(self, middleware_class, get_response):
+        from asgiref.sync import markcoroutinefunction
+
+        self.middleware = middleware_class(get_response)
+        self.get_response = get_response
+        self.process_request = getattr(self.middleware, "process_request", None)
+        self.process_response = getattr(self.middleware, "process_response", None)
+        markcoroutinefunction(self)
+
+    async def __call__(self, request):
+        response = self.process_request(request) if self.process_request else None
+        response = response or await self.get_response(request)
+        if self.process_response:
+            response = self.process_response(request, response)
+        return response
+
+
 def webhook_handler():
-    """Django's WSGI handler for `/webhooks/`: the same URLconf, views, signals and error
-    handling, behind only WEBHOOK_MIDDLEWARE. The other six middleware would do nothing for
-    a provider's POST but cost every one of them a call on the hottest path there is."""
+    """Django's handler for `/webhooks/`, as an async chain: the same URLconf, views, signals
+    and error handling, behind only WEBHOOK_MIDDLEWARE, run on the server's event loop by
+    WebhooksOnTheLoop. The other six middleware would do nothing for a provider's POST but
+    cost every one of them a call on the hottest path there is."""
     from django.conf import settings
+    from django.core.handlers.base import BaseHandler
     from django.core.handlers.exception import convert_exception_to_response
-    from django.core.handlers.wsgi import WSGIHandler
     from django.utils.module_loading import import_string
 
-    class WebhookHandler(WSGIHandler):
-        def load_middleware(self, is_async=False):
-            # BaseHandler.load_middleware for a sync chain, over the lean list.
+    class WebhookHandler(BaseHandler):
+        def load_middleware(self, is_async=True):
+            # BaseHandler.load_middleware for an async chain over the lean list; none of the
+            # lean middleware has view, template-response or exception hooks.
             self._view_middleware: list = []
             self._template_response_middleware: list = []
             self._exception_middleware: list = []
-            handler = convert_exception_to_response(self._get_response)  # type: ignore[attr-defined]
+            handler = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
             lean = [name for name in settings.MIDDLEWARE if name in WEBHOOK_MIDDLEWARE]
             for name in reversed(lean):
-                middleware = import_string(name)(handler)
-                if hasattr(middleware, "process_view"):
-                    self._view_middleware.insert(0, middleware.process_view)
-                if hasattr(middleware, "process_template_response"):
-                    self._template_response_middleware.append(
-                        middleware.process_template_response
-                    )
-                if hasattr(middleware, "process_exception"):
-                    self._exception_middleware.append(middleware.process_exception)
+                middleware = _OnTheLoop(import_string(name), handler)
+                for hook in ("process_view", "process_template_response", "process_exception"):
+                    if hasattr(middleware.middleware, hook):
+                        raise RuntimeError(f"{name} has {hook}: not for the webhook chain")
                 handler = convert_exception_to_response(middleware)
             self._middleware_chain = handler
 
-    return WebhookHandler()
+    handler = WebhookHandler()
+    handler.load_middleware()
+    return handler
+
+
+class WebhooksOnTheLoop:
+    """ASGI app for `/webhooks/`: Django's async handler run on granian's event loop.
+
+    The receive view is a coroutine (ingress/views.py) and its row is written by the loop's
+    group commit (ingress/store.py, LoopGroupCommit, on `store_connections` asyncio
+    connections of this process), so a webhook costs no thread at all: no hop from the loop
+    to a thread and back, no lock handed between threads. The request is the WSGIRequest the
+    thread path builds (a2wsgi's environ), so the view sees the same META either way.
+    """
+
+    def __init__(self, *, store_connections: int):
+        # Bound once here, not imported per request (this module imports no Django at import).
+        from a2wsgi.wsgi import build_environ
+        from django.core import signals
+        from django.core.handlers.wsgi import WSGIRequest, get_script_name
+        from django.db import connections
+        from django.urls import set_script_prefix
+
+        from ingress.store import raw_rows_on_loop
+
+        self._build_environ, self._signals = build_environ, signals
+        self._script_name, self._set_script_prefix = get_script_name, set_script_prefix
+        self._store = raw_rows_on_loop
+        self.handler = webhook_handler()
+        self.store_connections = store_connections
+        # On SQLite (make run) there are no asyncio connections: the view stores through the
+        # threads' path (asgiref's sync thread), which serialises writes as SQLite does anyway.
+        self.store_on_loop = connections["default"].vendor == "postgresql"
+        self.request_class = WSGIRequest
+
+    async def __call__(self, scope, receive, send) -> None:
+        loop = asyncio.get_running_loop()
+        if self.store_on_loop and not self._store.serves(loop):
+            self._store.serve(loop, max_connections=self.store_connections)
+        body_file = io.BytesIO(await _whole_body(receive))
+        # a2wsgi's Environ TypedDict does not know the keys WSGI servers add.
+        environ: dict[str, Any] = self._build_environ(scope, body_file)  # type: ignore[arg-type,assignment]
+        # BufferedBody let the request through with its whole body: one without a
+        # Content-Length is complete too (what `wsgi.input_terminated` says under gunicorn).
+        environ["wsgi.input_terminated"] = True
+        # What WSGIHandler.__call__ does around get_response (its signal receivers are
+        # Django's per-thread connection housekeeping: this thread holds no connection).
+        self._set_script_prefix(self._script_name(environ))
+        self._signals.request_started.send(sender=self.__class__, environ=environ)
+        response = await self.handler.get_response_async(self.request_class(environ))
+        headers = [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in response.items()
+        ]
+        headers += [
+            (b"set-cookie", cookie.output(header="").strip().encode("latin-1"))
+            for cookie in response.cookies.values()
+        ]
+        body = response.content
+        response.close()  # request_finished
+        try:
+            start = {"type": "http.response.start", "status": response.status_code}
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        except (OSError, RuntimeError):
+            pass  # the client left while the view ran; what it stored is stored
+
+
+async def _whole_body(receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:  # BufferedBody replays the whole body as one message
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if message["type"] == HTTP_DISCONNECT or not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class _ByPath:
+    """`/webhooks/` to the loop, everything else (console, API, metrics) to the threads."""
+
+    def __init__(self, *, webhooks, rest):
+        self.webhooks, self.rest = webhooks, rest
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["path"].startswith(WEBHOOK_PATH_PREFIX):
+            await self.webhooks(scope, receive, send)
+        else:
+            await self.rest(scope, receive, send)
 
 
 class _LifespanAccepted:
-    """granian sends ASGI lifespan events; Django has nothing to do at start-up or shutdown."""
+    """granian sends ASGI lifespan events: nothing to do at start-up; at shutdown the
+    webhook store's asyncio connections are closed."""
 
     def __init__(self, app):
         self.app = app
@@ -302,6 +418,9 @@ class _LifespanAccepted:
                 if message["type"] == "lifespan.startup":
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
+                    from ingress.store import raw_rows_on_loop
+
+                    await raw_rows_on_loop.aclose()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         await self.app(scope, receive, send)
@@ -335,10 +454,9 @@ def application():
     )
     return _LifespanAccepted(
         BufferedBody(
-            DjangoThreads(
-                complete_body(django_app),
-                threads=config.threads,
-                webhook_app=complete_body(webhook_handler()),
+            _ByPath(
+                webhooks=WebhooksOnTheLoop(store_connections=config.store_connections),
+                rest=DjangoThreads(complete_body(django_app), threads=config.threads),
             ),
             timeout_seconds=settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS,
             max_body_bytes=max(largest_source_limit, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0),

@@ -6,12 +6,14 @@ console, the API and the commands call. The inbox's own writes (verify, dedup, f
 ingress/inbox.py, running deliveries in ingress/deliveries.py.
 """
 
+import asyncio
 import hashlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
@@ -29,7 +31,7 @@ from ingress.handlers import get_handler
 from ingress.inbox import raw_events_settle
 from ingress.models import Delivery, DispatchStatus, HandlerPause, RawEvent, SignatureStatus
 from ingress.sources import Source, all_sources
-from ingress.store import raw_rows
+from ingress.store import raw_rows, raw_rows_on_loop
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +69,63 @@ def raw_event_store(
     lost connection. Past it, or on any other database error, DatabaseError propagates and
     nothing may be acknowledged.
     """
+    fields = _raw_event_fields(
+        source, method, path, query_string, headers, body, remote_addr
+    )
+    return raw_rows.insert(fields, seconds=settings.WEBHOOK_STORE_TIMEOUT_SECONDS)
+
+
+async def raw_event_store_async(
+    *,
+    source: Source,
+    method: str,
+    path: str,
+    query_string: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    remote_addr: str | None,
+) -> int:
+    """raw_event_store for the async receive view: the same row, the same promises; the
+    stored row's id.
+
+    On the web server's event loop the row is written by the loop's group commit
+    (ingress/store.py `LoopGroupCommit`), with no thread involved; anywhere else (a WSGI
+    server, the test client) raw_event_store runs on the request's own thread, so it sees
+    that thread's connection and transaction.
+    """
+    if raw_rows_on_loop.serves(asyncio.get_running_loop()):
+        fields = _raw_event_fields(
+            source, method, path, query_string, headers, body, remote_addr
+        )
+        return await raw_rows_on_loop.insert(
+            fields, seconds=settings.WEBHOOK_STORE_TIMEOUT_SECONDS
+        )
+    event = await sync_to_async(raw_event_store)(
+        source=source,
+        method=method,
+        path=path,
+        query_string=query_string,
+        headers=headers,
+        body=body,
+        remote_addr=remote_addr,
+    )
+    return event.pk
+
+
+def _raw_event_fields(
+    source: Source,
+    method: str,
+    path: str,
+    query_string: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    remote_addr: str | None,
+) -> dict[str, object]:
     delivery_id = headers.get(source.delivery_id_header, "") if source.delivery_id_header else ""
     # Encrypted here, in Python, before the one INSERT (when RAW_EVENT_ENCRYPTION_KEYS is
     # set); the hash is of the plaintext. Cost per request: docs/benchmarks.md.
     stored_body, stored_headers, body_encryption = encrypt_request(body, dict(headers))
-    fields = {
+    return {
         "source": source.name,
         "provider": source.provider,
         "method": method,
@@ -85,7 +139,6 @@ def raw_event_store(
         "delivery_id": delivery_id[:255],
         "received_at": timezone.now(),
     }
-    return raw_rows.insert(fields, seconds=settings.WEBHOOK_STORE_TIMEOUT_SECONDS)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,10 @@ Inside a transaction (a caller's `atomic()`, tests) a row is never written on an
 connection: it is inserted alone, in the caller's transaction.
 """
 
+import asyncio
+import datetime
+import json
+import select
 import threading
 import time
 from collections import deque
@@ -38,9 +42,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+import psycopg
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, connections
 
 from eventdrop.db import database_deadline
+from eventdrop.db.postgresql.base import open_async_connection
 from ingress.models import RawEvent
 
 # A bound on one statement's size; a process has far fewer threads than this (WEB_THREADS).
@@ -68,6 +74,7 @@ class _Layout:
     constants: list[Any]
     factories: dict[str, tuple[int, Callable[[], Any]]]
     index: dict[str, int]
+    inlinable: list[int]  # constant defaults that can be written into the statement
 
     @classmethod
     def of_raw_event(cls) -> "_Layout":
@@ -92,7 +99,12 @@ class _Layout:
             else:  # a str, a number or None: safe to share between rows
                 constants.append(model_field.get_default() if model_field.has_default() else None)
         index = {name: position for position, name in enumerate(names)}
-        return cls(names, columns, preparers, constants, factories, index)
+        inlinable = [
+            position
+            for position, constant in enumerate(constants)
+            if names[position] not in factories and _inlinable(constant)
+        ]
+        return cls(names, columns, preparers, constants, factories, index, inlinable)
 
 
 def _adapted_by(model_field) -> Callable[[Any], Any]:
@@ -125,15 +137,118 @@ class _Row:
         self.woken.set()
 
 
-class GroupCommit:
-    """The per-process queue of rows waiting to be stored (see the module docstring)."""
+class _RawEventRows:
+    """What both group commits share: a RawEvent row as a list of values, and the statement
+    that inserts a batch of them."""
 
     def __init__(self) -> None:
+        self._layout: _Layout | None = None
+        self._statements: dict[tuple[Any, tuple[int, ...]], str] = {}
+
+    def _values(self, fields: dict[str, Any]) -> list[Any]:
+        layout = self._columns()
+        values = layout.constants.copy()
+        for name, value in fields.items():
+            position = layout.index.get(name)
+            if position is None:
+                raise TypeError(f"RawEvent has no column {name!r}")
+            values[position] = value
+        for name, (position, factory) in layout.factories.items():
+            if name not in fields:
+                values[position] = factory()
+        return values
+
+    def _prepared(self, values: list[Any]) -> list[Any]:
+        preparers = self._columns().preparers
+        return [prepare(value) for prepare, value in zip(preparers, values, strict=True)]
+
+    def _columns(self) -> _Layout:
+        if self._layout is None:  # on first use: the model is ready by then
+            self._layout = _Layout.of_raw_event()
+        return self._layout
+
+    def _batch(self, rows: Sequence[list[Any]]) -> tuple[str, list[Any]]:
+        """The INSERT of `rows` and its parameters.
+
+        A column every row of the batch leaves at its constant default (17 of the 29 on the
+        receive path: the verdict, dispatch and retry columns a new row starts with) is
+        written into the statement as that constant instead of a parameter per row: what a
+        batch costs in Python is mostly psycopg adapting parameters one by one.
+        """
+        layout = self._columns()
+        inlined = self._inlined(rows)
+        key = (len(rows), inlined)
+        statement = self._statements.get(key)
+        if statement is None:
+            statement = self._statements[key] = self._render(len(rows), set(inlined))
+        if inlined:
+            preparers = [
+                (position, prepare)
+                for position, prepare in enumerate(layout.preparers)
+                if position not in inlined
+            ]
+            params = [
+                prepare(values[position]) for values in rows for position, prepare in preparers
+            ]
+        else:
+            params = [value for values in rows for value in self._prepared(values)]
+        return statement, params
+
+    def _inlined(self, rows: Sequence[list[Any]]) -> tuple[int, ...]:
+        """The inlinable columns every row leaves at its default (the one object the layout
+        holds: `is`, not `==`, so a value a caller set is never mistaken for it)."""
+        constants = self._columns().constants
+        inlined = [p for p in self._columns().inlinable if rows[0][p] is constants[p]]
+        for values in rows[1:]:
+            kept = [p for p in inlined if values[p] is constants[p]]
+            if len(kept) != len(inlined):
+                inlined = kept
+        return tuple(inlined)
+
+    def _render(self, rows: int, inlined: set[int]) -> str:
+        layout = self._columns()
+        quote = connection.ops.quote_name
+        one = (
+            "("
+            + ", ".join(
+                _literal(layout.constants[position]) if position in inlined else "%s"
+                for position in range(len(layout.columns))
+            )
+            + ")"
+        )
+        return (
+            f"INSERT INTO {quote(RawEvent._meta.db_table)} "  # noqa: S608 (names and constants)
+            f"({', '.join(quote(column) for column in layout.columns)}) "
+            f"VALUES {', '.join([one] * rows)} RETURNING {quote(RawEvent._meta.pk.column)}"
+        )
+
+
+def _literal(constant: Any) -> str:
+    """A model default as SQL (only those _Layout marks inlinable: no quote or backslash)."""
+    if constant is None:
+        return "NULL"
+    if isinstance(constant, bool):
+        return "TRUE" if constant else "FALSE"
+    if isinstance(constant, int):
+        return str(constant)
+    return f"'{constant}'"
+
+
+def _inlinable(constant: Any) -> bool:
+    if constant is None or isinstance(constant, (bool, int)):
+        return True
+    return isinstance(constant, str) and not any(char in constant for char in "'\\\x00%")
+
+
+class GroupCommit(_RawEventRows):
+    """The per-process queue of rows waiting to be stored (see the module docstring), for
+    server threads: each writes on its own thread's Django connection."""
+
+    def __init__(self) -> None:
+        super().__init__()
         self._lock = threading.Lock()
         self._queue: deque[_Row] = deque()
         self._writing = False  # a leader is writing; False implies an empty queue
-        self._layout: _Layout | None = None
-        self._statements: dict[int, str] = {}
 
     def insert(self, fields: dict[str, Any], *, seconds: float) -> RawEvent:
         """Store one row (RawEvent attnames to values) within `seconds`; once committed, the
@@ -246,48 +361,277 @@ class GroupCommit:
             return self._execute(rows)
 
     def _execute(self, rows: Sequence[list[Any]]) -> list[int]:
-        params = [value for values in rows for value in self._prepared(values)]
         with _server_bound_cursor() as cursor:
-            cursor.execute(self._statement(len(rows)), params)
+            cursor.execute(*self._batch(rows))
             return sorted(pk for (pk,) in cursor.fetchall())
 
-    # --- the statement -----------------------------------------------------------------------
 
-    def _values(self, fields: dict[str, Any]) -> list[Any]:
+class _QueuedRow:
+    """A row waiting on the event loop: its outcome, and a future that wakes its request."""
+
+    __slots__ = ("deadline", "error", "pk", "taken", "values", "woken")
+
+    def __init__(self, values: list[Any], deadline: float, woken: asyncio.Future):
+        self.values = values
+        self.deadline = deadline
+        self.woken = woken
+        self.pk: int | None = None
+        self.error: BaseException | None = None
+        self.taken = False  # in a batch being written
+
+    @property
+    def finished(self) -> bool:
+        return self.pk is not None or self.error is not None
+
+    def finish(self, pk: int | None = None, error: BaseException | None = None) -> None:
+        if not self.finished:  # the first outcome counts: a late commit after a 503 stays one
+            self.pk, self.error = pk, error
+        if not self.woken.done():  # a request that timed out cancelled the future it awaited
+            self.woken.set_result(None)
+
+
+class LoopGroupCommit(_RawEventRows):
+    """Group commit on the web server's event loop: the receive path without threads.
+
+    The production server runs `/webhooks/` as an async view on granian's event loop
+    (eventdrop/web.py), and its rows are written here on asyncio psycopg connections
+    (eventdrop.db.postgresql's `open_async_connection`: the same parameters, role and bounds
+    as the process's own Django connection). Requests queue their row and await it; up to
+    `max_connections` writer tasks each take everything queued (at most MAX_ROWS_PER_BATCH),
+    write it as one INSERT, committed once, and answer each row with its id. While one batch
+    commits the next one gathers, so a lone request is written at once and under load a batch
+    is whatever arrived during a commit, as with the threads' GroupCommit. No thread hop, no
+    lock, no wake-up of another thread per request: that per-request cost was most of what
+    the thread path spent (docs/benchmarks.md).
+
+    The same promises as GroupCommit: every wait inside the request's store deadline (a
+    batch is written under the earliest deadline of its rows, connecting included, with one
+    reconnect on a lost connection); a row still queued at its deadline leaves unwritten;
+    a row the database refuses alone fails alone; any other failure fails the batch (503s).
+    Errors are Django's (`DatabaseError` and its subclasses), as from the ORM.
+
+    Used only on the loop it serves (`serve()`); any other caller (a sync view under WSGI,
+    the test client's per-request loop) stores through the threads' GroupCommit.
+    """
+
+    def __init__(self, *, alias: str = "default") -> None:
+        super().__init__()
+        self.alias = alias
+        self.max_connections = 1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: deque[_QueuedRow] = deque()
+        self._idle: list[Any] = []  # open connections no writer holds
+        self._writers: set[asyncio.Task] = set()
+        self._wrapper: Any = None  # the alias's DatabaseWrapper, bound by serve()
+
+    def serve(self, loop: asyncio.AbstractEventLoop, *, max_connections: int) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        if loop is not self._loop:
+            # Connections of another loop (a test's, run and gone) cannot be awaited here.
+            for held in self._idle:
+                held.pgconn.finish()
+            self._idle.clear()
+        self._loop, self.max_connections = loop, max_connections
+        # Django keeps a DatabaseWrapper per asyncio context: looked up per batch, each
+        # request's task would build one of its own. It only translates errors here.
+        self._wrapper = connections[self.alias]
+
+    async def aclose(self) -> None:
+        """Close the idle connections (the server's shutdown; the writers hold none then)."""
+        idle, self._idle = self._idle, []
+        for held in idle:
+            await held.close()
+
+    def serves(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return loop is self._loop
+
+    async def insert(self, fields: dict[str, Any], *, seconds: float) -> int:
+        """Store one row within `seconds` (as GroupCommit.insert), awaiting its commit; its id
+        (the receive view answers with nothing else, so no model instance is built).
+
+        Raises DatabaseError (StoreTimeout past the deadline): nothing may be acknowledged.
+        """
+        values = self._values(fields)
+        loop = asyncio.get_running_loop()
+        row = _QueuedRow(values, time.monotonic() + seconds, loop.create_future())
+        self._queue.append(row)
+        if len(self._writers) < self.max_connections:
+            writer = loop.create_task(self._write_queued())
+            self._writers.add(writer)
+            writer.add_done_callback(self._writers.discard)
+        await self._outcome(row, seconds)
+        if row.error is not None:
+            raise row.error
+        assert row.pk is not None  # finished, without an error
+        return row.pk
+
+    async def _outcome(self, row: _QueuedRow, seconds: float) -> None:
+        try:
+            async with asyncio.timeout(max(0.0, row.deadline - time.monotonic())):
+                await row.woken
+            return
+        except TimeoutError:
+            pass
+        if row.finished:
+            return
+        if not row.taken:  # still queued at its deadline: it leaves unwritten
+            self._queue.remove(row)
+            row.finish(error=GroupCommit._timeout(seconds))
+            return
+        # Its batch is being written under a deadline no later than its own.
+        row.woken = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(_HANDBACK_SECONDS):
+                await row.woken
+        except TimeoutError:
+            row.finish(error=GroupCommit._timeout(seconds))
+
+    # --- the writers -------------------------------------------------------------------------
+
+    async def _write_queued(self) -> None:
+        held = None
+        try:
+            while self._queue:
+                batch = self._take_batch()
+                if batch:
+                    held = await self._write(batch, held)
+        finally:
+            if held is not None and not held.closed:
+                self._idle.append(held)
+
+    def _take_batch(self) -> list[_QueuedRow]:
+        now = time.monotonic()
+        batch: list[_QueuedRow] = []
+        while self._queue and len(batch) < MAX_ROWS_PER_BATCH:
+            row = self._queue.popleft()
+            if row.deadline <= now:
+                row.finish(error=GroupCommit._timeout(0))
+                continue
+            row.taken = True
+            batch.append(row)
+        return batch
+
+    async def _write(self, batch: list[_QueuedRow], held):
+        """Write one batch (on `held`, or a connection taken or opened for it) and answer its
+        rows; the connection to keep for the next batch, or None."""
+        wrapper = self._wrapper
+        try:
+            with database_deadline(min(row.deadline for row in batch) - time.monotonic()):
+                with wrapper.wrap_database_errors:
+                    held = held or await self._connection()
+                    try:
+                        held, pks = await self._insert(held, [row.values for row in batch])
+                    except psycopg.Error as exc:
+                        if len(batch) == 1 or isinstance(
+                            exc, (psycopg.OperationalError, psycopg.InterfaceError)
+                        ):
+                            raise
+                        pks = None
+                if pks is None:
+                    # A row the database refused on its own: write each alone, so it alone fails.
+                    for row in batch:
+                        try:
+                            with wrapper.wrap_database_errors:
+                                held, (pk,) = await self._insert(held, [row.values])
+                            row.finish(pk=pk)
+                        except DatabaseError as row_error:
+                            row.finish(error=row_error)
+                    return held
+        except BaseException as exc:
+            for row in batch:
+                row.finish(error=exc)
+            if not isinstance(exc, Exception):
+                raise
+            return None if held is None or held.closed else held
+        for row, pk in zip(batch, pks, strict=True):
+            row.finish(pk=pk)
+        return held
+
+    async def _insert(self, held, rows: Sequence[list[Any]]):
+        try:
+            return held, await self._execute(held, rows)
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            if not held.broken:
+                raise  # our own bound (the connection was closed, not lost), or refused
+            # Lost (a restart the idle check did not see yet, a reset on send): reconnect once
+            # and INSERT again, inside the same deadline; a copy that did commit is a
+            # `duplicate` for the inbox, as in GroupCommit._insert.
+            await held.close()
+            held = await open_async_connection(self.alias)
+            return held, await self._execute(held, rows)
+
+    async def _execute(self, held, rows: Sequence[list[Any]]) -> list[int]:
+        cursor = await held.execute(*self._json_batch(rows))
+        return sorted(pk for (pk,) in await cursor.fetchall())
+
+    def _json_batch(self, rows: Sequence[list[Any]]) -> tuple[str, list[Any]]:
+        """The batch as one JSON parameter that PostgreSQL turns into rows of the table.
+
+        `json_populate_recordset(NULL::ingress_rawevent, …)` gives each value the column's
+        own type by the column's own input function, as a parameter of that type would be:
+        the body as bytea's hex form (exact bytes), the timestamp in ISO 8601 with its
+        offset, the headers as a JSON object for the jsonb column. A value a column refuses
+        fails the statement as the VALUES form does. Measured (docs/benchmarks.md): psycopg
+        adapting 12 parameters a row, one by one in Python, cost more than everything else a
+        webhook does in Python; one `json.dumps` of the batch runs in C. The statement text
+        never changes (psycopg converts it once; per batch size it would parse it again).
+        """
         layout = self._columns()
-        values = layout.constants.copy()
-        for name, value in fields.items():
-            position = layout.index.get(name)
-            if position is None:
-                raise TypeError(f"RawEvent has no column {name!r}")
-            values[position] = value
-        for name, (position, factory) in layout.factories.items():
-            if name not in fields:
-                values[position] = factory()
-        return values
-
-    def _prepared(self, values: list[Any]) -> list[Any]:
-        preparers = self._columns().preparers
-        return [prepare(value) for prepare, value in zip(preparers, values, strict=True)]
-
-    def _columns(self) -> _Layout:
-        if self._layout is None:  # on first use: the model is ready by then
-            self._layout = _Layout.of_raw_event()
-        return self._layout
-
-    def _statement(self, rows: int) -> str:
-        statement = self._statements.get(rows)
+        inlined = self._inlined(rows)
+        key = ("json", inlined)
+        statement = self._statements.get(key)
         if statement is None:
-            columns = self._columns().columns
             quote = connection.ops.quote_name
-            one = "(" + ", ".join(["%s"] * len(columns)) + ")"
-            statement = (
-                f"INSERT INTO {quote(RawEvent._meta.db_table)} "  # noqa: S608 (names, no input)
-                f"({', '.join(quote(column) for column in columns)}) "
-                f"VALUES {', '.join([one] * rows)} RETURNING {quote(RawEvent._meta.pk.column)}"
+            table = quote(RawEvent._meta.db_table)
+            selected = ", ".join(
+                _literal(layout.constants[position])
+                if position in inlined
+                else f"r.{quote(column)}"
+                for position, column in enumerate(layout.columns)
             )
-            self._statements[rows] = statement
-        return statement
+            statement = self._statements[key] = (
+                f"INSERT INTO {table} "  # noqa: S608 (names and constants)
+                f"({', '.join(quote(column) for column in layout.columns)}) "
+                f"SELECT {selected} FROM json_populate_recordset(NULL::{table}, %s::json) AS r "
+                f"RETURNING {quote(RawEvent._meta.pk.column)}"
+            )
+        sent = [position for position in range(len(layout.columns)) if position not in inlined]
+        columns = layout.columns
+        document = json.dumps(
+            [{columns[position]: values[position] for position in sent} for values in rows],
+            default=_json_scalar,
+            separators=(",", ":"),
+        )
+        return statement, [document]
+
+    async def _connection(self):
+        """An idle connection that still looks alive, or a new one (within the deadline)."""
+        while self._idle:
+            held = self._idle.pop()
+            if not held.closed and not held.broken and not _hung_up(held.fileno()):
+                return held
+            await held.close()
+        return await open_async_connection(self.alias)
+
+
+def _json_scalar(value: Any) -> str:
+    """A value json.dumps has no form for, in the text form PostgreSQL's input function of
+    its column reads."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            raise TypeError("a naive datetime has no instant to store")
+        return value.isoformat()
+    raise TypeError(f"no JSON form for {type(value).__name__}")
+
+
+def _hung_up(fileno: int) -> bool:
+    """An idle connection's socket is readable only when the server hung up (as is_usable())."""
+    poller = select.poll()
+    poller.register(fileno, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _server_bound_cursor():
@@ -322,3 +666,5 @@ def _connection_lost() -> bool:
 
 # One per process: the rows of every server thread of this process.
 raw_rows = GroupCommit()
+# One per web process: the rows of the async receive view on the server's event loop.
+raw_rows_on_loop = LoopGroupCommit()

@@ -106,23 +106,62 @@ def _call(handler, path: str, **extra) -> tuple[int, dict[str, str]]:
     return answer["status"], answer["headers"]
 
 
+def _asgi_call(app, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str]]:
+    import asyncio
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(name.lower().encode(), value.encode()) for name, value in headers.items()],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8000),
+    }
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    async def call_and_close():
+        from ingress.store import raw_rows_on_loop
+
+        await app(scope, receive, send)
+        await raw_rows_on_loop.aclose()
+
+    asyncio.run(call_and_close())
+    start = sent[0]
+    return start["status"], {name.decode(): value.decode() for name, value in start["headers"]}
+
+
 @pytest.mark.django_db(transaction=True)
 def test_webhooks_run_behind_only_the_middleware_they_need():
     from django.core.handlers.wsgi import WSGIHandler
 
-    from eventdrop.web import webhook_handler
+    from eventdrop.web import WebhooksOnTheLoop
     from ingress.models import RawEvent
 
-    signed = {"HTTP_STRIPE_SIGNATURE": "t=1,v1=00"}
-    status, headers = _call(webhook_handler(), "/webhooks/stripe/", **signed)
+    on_the_loop = WebhooksOnTheLoop(store_connections=1)
+    body = b'{"id": "evt_lean"}'
+    signed = {"Host": "testserver", "Content-Type": "application/json",
+              "Content-Length": str(len(body)), "Stripe-Signature": "t=1,v1=00"}
+    status, headers = _asgi_call(on_the_loop, "/webhooks/stripe/", signed, body)
     assert status == 202
-    assert bytes(RawEvent.objects.get().body) == b'{"id": "evt_lean"}'
+    assert bytes(RawEvent.objects.get().body) == body
     # Security headers stay; the clickjacking header (a page's) and the session do not.
-    assert headers["X-Content-Type-Options"] == "nosniff"
-    assert "X-Frame-Options" not in headers
-    assert "X-Frame-Options" in _call(WSGIHandler(), "/webhooks/stripe/", **signed)[1]
+    assert headers["x-content-type-options"] == "nosniff"
+    assert "x-frame-options" not in headers
+    full_stack = _call(WSGIHandler(), "/webhooks/stripe/", HTTP_STRIPE_SIGNATURE="t=1,v1=00")
+    assert "X-Frame-Options" in full_stack[1]
     # The Host check (CommonMiddleware) still answers 400 before anything is stored.
-    assert _call(webhook_handler(), "/webhooks/stripe/", HTTP_HOST="evil.example", **signed)[
-        0
-    ] == 400
+    evil = {**signed, "Host": "evil.example"}
+    assert _asgi_call(on_the_loop, "/webhooks/stripe/", evil, body)[0] == 400
     assert RawEvent.objects.count() == 2

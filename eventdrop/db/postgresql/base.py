@@ -32,6 +32,12 @@ places, all for a server that stops answering or restarts (issue 8, findings 5 a
    bounds above are unchanged: PgBouncer queueing a query for a busy or frozen server is one
    more wait that `wait()` ends.
 
+5. `open_async_connection()` opens a `BoundedAsyncConnection` (psycopg's asyncio connection,
+   with the same bounded `wait()`) from a DATABASES entry, exactly as this backend would open
+   its own connection: the same parameters, role, connect timeout fitted to the deadline and,
+   behind a pooler, the same statement_timeout check. The receive path's group commit on the
+   web server's event loop (ingress/store.py) writes through these.
+
 Not supported: Django's connection pool (OPTIONS["pool"]); the bound lives on the
 connection class, which the pool would choose itself.
 """
@@ -41,6 +47,7 @@ import re
 import select
 
 import psycopg
+import psycopg.sql
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.postgresql import base
 from psycopg.connection import _WAIT_INTERVAL
@@ -80,10 +87,7 @@ class BoundedConnection(psycopg.Connection):
     client_wait_timeout: float | None = None
 
     def wait(self, gen, interval=_WAIT_INTERVAL, timeout=None):
-        bound = self.client_wait_timeout
-        left = deadline_seconds_left()
-        if left is not None and (bound is None or left < bound):
-            bound = left
+        bound = _wait_bound(self.client_wait_timeout)
         if bound is None or (timeout is not None and timeout <= bound):
             # A caller with its own, tighter timeout (psycopg's notifies()) handles its
             # expiry itself: the generator it abandons leaves the connection usable.
@@ -100,6 +104,102 @@ class BoundedConnection(psycopg.Connection):
             raise DatabaseWaitTimeout(
                 f"the database did not answer within {bound:.2f} s (client-side bound)"
             ) from None
+
+
+class BoundedAsyncConnection(psycopg.AsyncConnection):
+    """BoundedConnection's bound, on psycopg's asyncio connection (ingress/store.py).
+
+    Not a task cancellation: psycopg answers a cancelled wait by asking the server to cancel
+    and then waiting up to 10 s for it, which a frozen server never answers. The wait's own
+    timeout ends it on our clock and the connection is closed.
+    """
+
+    client_wait_timeout: float | None = None
+
+    async def wait(self, gen, interval=_WAIT_INTERVAL, timeout=None):
+        bound = _wait_bound(self.client_wait_timeout)
+        if bound is None or (timeout is not None and timeout <= bound):
+            return await super().wait(gen, interval, timeout)
+        try:
+            return await super().wait(gen, interval, bound)
+        except psycopg.errors._WaitTimeout:
+            await self.close()
+            raise DatabaseWaitTimeout(
+                f"the database did not answer within {bound:.2f} s (client-side bound)"
+            ) from None
+
+
+def _wait_bound(client_wait_timeout: float | None) -> float | None:
+    """The tighter of a connection's own bound and what is left of the current deadline."""
+    left = deadline_seconds_left()
+    if left is not None and (client_wait_timeout is None or left < client_wait_timeout):
+        return left
+    return client_wait_timeout
+
+
+def _fit_connect_timeout(conn_params: dict) -> None:
+    """A connect inside a deadline gets a libpq connect_timeout that fits what is left."""
+    left = deadline_seconds_left()
+    if left is None:
+        return
+    fits = math.floor(left)
+    if fits < LIBPQ_MIN_CONNECT_TIMEOUT_SECONDS:
+        raise DatabaseWaitTimeout(
+            f"{left:.2f} s left of the deadline: too little to open a connection "
+            f"(libpq waits at least {LIBPQ_MIN_CONNECT_TIMEOUT_SECONDS} s)"
+        )
+    configured = int(conn_params.get("connect_timeout") or fits)
+    conn_params["connect_timeout"] = min(configured, fits)
+
+
+_SERVER_STATEMENT_TIMEOUT = (
+    "SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'"
+)
+
+
+def _timeout_mismatch(server_ms: int, expected: int) -> ServerTimeoutMismatch | None:
+    if 0 < server_ms <= expected:
+        return None
+    return ServerTimeoutMismatch(
+        f"statement_timeout on the server is {server_ms} ms behind the pooler, the settings "
+        f"ask for {expected} ms (0 < server <= settings): run `manage.py "
+        f"database_timeouts` (ALTER DATABASE … SET statement_timeout) as the database owner."
+    )
+
+
+async def open_async_connection(alias: str = "default") -> BoundedAsyncConnection:
+    """An autocommit asyncio connection to DATABASES[alias], opened as this backend opens
+    its own (see the module docstring, 5). Within the current deadline, connecting included.
+
+    It binds values on the server (psycopg's own cursor, not Django's client-side one).
+    """
+    from django.db import connections
+
+    wrapper = connections[alias]
+    params = dict(wrapper.get_connection_params())
+    params.pop("cursor_factory", None)  # Django's sync cursor class; the async default binds
+    client_wait_timeout = params.pop("client_wait_timeout", None)
+    _fit_connect_timeout(params)
+    connection = await BoundedAsyncConnection.connect(**params, autocommit=True)
+    try:
+        if client_wait_timeout is not None:
+            connection.client_wait_timeout = float(client_wait_timeout)
+        role = wrapper.settings_dict["OPTIONS"].get("assume_role")
+        if role:
+            await connection.execute(
+                psycopg.sql.SQL("SET ROLE {}").format(psycopg.sql.Identifier(role))
+            )
+        expected = getattr(wrapper, "expected_statement_timeout_ms", None)
+        if expected is not None:
+            cursor = await connection.execute(_SERVER_STATEMENT_TIMEOUT)
+            (server_ms,) = await cursor.fetchone()  # type: ignore[misc]
+            mismatch = _timeout_mismatch(server_ms, expected)
+            if mismatch is not None:
+                raise mismatch
+    except BaseException:
+        await connection.close()
+        raise
+    return connection
 
 
 class _PsycopgOpeningBoundedConnections:
@@ -146,35 +246,21 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if expected is None:
             return
         with self.connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'"
-            )
+            cursor.execute(_SERVER_STATEMENT_TIMEOUT)
             (server_ms,) = cursor.fetchone()
-        if 0 < server_ms <= expected:
+        mismatch = _timeout_mismatch(server_ms, expected)
+        if mismatch is None:
             return
         # Closed and forgotten, so Django's next ensure_connection() opens (and checks) a new
         # one instead of using this one unchecked.
         self.connection.close()
         self.connection = None
-        raise ServerTimeoutMismatch(
-            f"statement_timeout on the server is {server_ms} ms behind the pooler, the settings "
-            f"ask for {expected} ms (0 < server <= settings): run `manage.py "
-            f"database_timeouts` (ALTER DATABASE … SET statement_timeout) as the database owner."
-        )
+        raise mismatch
 
     def get_new_connection(self, conn_params):
         conn_params = dict(conn_params)
         client_wait_timeout = conn_params.pop("client_wait_timeout", None)
-        left = deadline_seconds_left()
-        if left is not None:
-            fits = math.floor(left)
-            if fits < LIBPQ_MIN_CONNECT_TIMEOUT_SECONDS:
-                raise DatabaseWaitTimeout(
-                    f"{left:.2f} s left of the deadline: too little to open a connection "
-                    f"(libpq waits at least {LIBPQ_MIN_CONNECT_TIMEOUT_SECONDS} s)"
-                )
-            configured = int(conn_params.get("connect_timeout") or fits)
-            conn_params["connect_timeout"] = min(configured, fits)
+        _fit_connect_timeout(conn_params)
         connection = super().get_new_connection(conn_params)
         if client_wait_timeout is not None:
             connection.client_wait_timeout = float(client_wait_timeout)
