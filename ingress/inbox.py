@@ -207,6 +207,12 @@ def _run_at_settle(
                 event.handled_at = handled_at
             _save_settled(events, handled=True)
     except SettleRunRaised as raised:
+        cause = raised.__cause__
+        if connection.needs_rollback or connection.connection is None:
+            # The rollback to the savepoint failed too (Django closed the connection, or
+            # marked the transaction for rollback): our database is gone, not a handler's
+            # fault. Propagated as the claimed path does; the events stay `pending`.
+            raise (cause or raised) from None
         for event, _ in runnable:
             event.handled_at = None
         logger.info(
@@ -214,7 +220,7 @@ def _run_at_settle(
             extra={
                 "events": len(runnable),
                 "handler": str(raised),
-                "error": type(raised.__cause__).__name__ if raised.__cause__ else "",
+                "error": type(cause).__name__ if cause else "",
             },
         )
         return {}

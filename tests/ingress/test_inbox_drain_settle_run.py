@@ -13,7 +13,7 @@ savepoint's rollback and the COMMIT-time failure only happen for real when the b
 import uuid
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -38,11 +38,15 @@ class Writer:
         self.calls: list[int] = []
         self.fail_on: set[int] = set()
         self.dangle_on: set[int] = set()
+        self.lose_connection_on: set[int] = set()
 
         def on_settle_run_event(event, payload):
             self.calls.append(event.id)
             if event.id in self.fail_on:
                 raise RuntimeError("this event fails")
+            if event.id in self.lose_connection_on:
+                connection.connection.close()  # the server went away under the handler
+                raise OperationalError("server closed the connection unexpectedly")
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"INSERT INTO {EFFECTS_TABLE} (raw_event_id) VALUES (%s)",  # noqa: S608
@@ -172,6 +176,22 @@ def test_a_write_failing_at_commit_settles_the_batch_again_for_the_claim(writer)
         Delivery.objects.filter(raw_event_id__in=ok_ids).values_list("status", "attempts")
     ) == {("done", 1)}
     assert not DeliveryAttempt.objects.filter(delivery_id=10**12).exists()
+
+
+def test_a_lost_connection_at_settle_propagates_and_leaves_the_events_pending(writer):
+    events = stored(3, "lost")
+    writer.lose_connection_on = {events[1].id}
+
+    with pytest.raises(OperationalError):  # the worker loop backs off, as for any outage
+        inbox_run_once()
+    # Taken for what it is, an outage: not for a COMMIT-time failure that rests settle runs.
+    assert deliveries._settle_cooldown.everything_until == 0.0
+
+    connection.close()
+    assert set(RawEvent.objects.values_list("signature_status", flat=True)) == {"pending"}
+    assert not Delivery.objects.exists() and effects() == []
+    writer.lose_connection_on = set()
+    assert inbox_run_once().delivered == 3
 
 
 def test_a_paused_handler_is_not_run_at_settle(writer):
