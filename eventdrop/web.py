@@ -46,6 +46,7 @@ import io
 import json
 import os
 import shutil
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -342,12 +343,14 @@ class WebhooksOnTheLoop:
         self._build_environ, self._signals = build_environ, signals
         self._script_name, self._set_script_prefix = get_script_name, set_script_prefix
         self._store = raw_rows_on_loop
+        self._started = _RequestSignal(signals.request_started)
+        self._finished = _RequestSignal(signals.request_finished)
         self.handler = webhook_handler()
         self.store_connections = store_connections
         # On SQLite (make run) there are no asyncio connections: the view stores through the
         # threads' path (asgiref's sync thread), which serialises writes as SQLite does anyway.
         self.store_on_loop = connections["default"].vendor == "postgresql"
-        self.request_class = WSGIRequest
+        self.request_class = _webhook_request_class(WSGIRequest)
 
     async def __call__(self, scope, receive, send) -> None:
         loop = asyncio.get_running_loop()
@@ -359,10 +362,10 @@ class WebhooksOnTheLoop:
         # BufferedBody let the request through with its whole body: one without a
         # Content-Length is complete too (what `wsgi.input_terminated` says under gunicorn).
         environ["wsgi.input_terminated"] = True
-        # What WSGIHandler.__call__ does around get_response (its signal receivers are
-        # Django's per-thread connection housekeeping: this thread holds no connection).
+        # What WSGIHandler.__call__ does around get_response.
         self._set_script_prefix(self._script_name(environ))
-        self._signals.request_started.send(sender=self.__class__, environ=environ)
+        if self._started.has_work():
+            self._signals.request_started.send(sender=self.__class__, environ=environ)
         response = await self.handler.get_response_async(self.request_class(environ))
         headers = [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
@@ -373,13 +376,93 @@ class WebhooksOnTheLoop:
             for cookie in response.cookies.values()
         ]
         body = response.content
-        response.close()  # request_finished
+        if self._finished.has_work():
+            response.close()  # its closers, then request_finished
+        else:
+            for closer in response._resource_closers:  # what close() runs but the signal
+                closer()
+            response.closed = True
         try:
             start = {"type": "http.response.start", "status": response.status_code}
             await send({**start, "headers": headers})
             await send({"type": "http.response.body", "body": body})
         except (OSError, RuntimeError):
             pass  # the client left while the view ran; what it stored is stored
+
+
+# Django's own receivers of request_started / request_finished: per-thread (per asyncio
+# context) housekeeping of its database connections, caches and URLconf. On the loop a
+# webhook uses none of them (its row goes through the store's own asyncio connection, the
+# URLconf is set again by every request), so sending the signals only to these would spend
+# a tenth of a webhook's CPU (docs/benchmarks.md) on doing nothing. Any other receiver
+# (an app's, a monitoring SDK's) makes them be sent as usual.
+_HOUSEKEEPING_RECEIVERS = frozenset(
+    {
+        "django.db.reset_queries",
+        "django.db.close_old_connections",
+        "django.core.cache.close_caches",
+        "django.core.handlers.base.reset_urlconf",
+    }
+)
+
+
+class _RequestSignal:
+    """Whether a request signal has a receiver beyond Django's housekeeping (re-read when
+    its receivers change)."""
+
+    def __init__(self, signal):
+        self.signal = signal
+        self._seen: tuple | None = None
+        self._has_work = True
+
+    def has_work(self) -> bool:
+        receivers = self.signal.receivers  # (lookup key, receiver or weakref, is_async)
+        keys = tuple(key for key, _receiver, _is_async in receivers)
+        if keys != self._seen:
+            # Every receiver counts, whatever sender it was connected for.
+            self._seen, self._has_work = keys, any(
+                _dotted(receiver) not in _HOUSEKEEPING_RECEIVERS
+                for _key, receiver, _is_async in receivers
+            )
+        return self._has_work
+
+
+def _dotted(receiver) -> str:
+    if isinstance(receiver, weakref.ReferenceType):
+        receiver = receiver()
+        if receiver is None:
+            return next(iter(_HOUSEKEEPING_RECEIVERS))  # gone: it will never be called
+    return f"{getattr(receiver, '__module__', '')}.{getattr(receiver, '__qualname__', '')}"
+
+
+def _webhook_request_class(wsgi_request_class):
+    """WSGIRequest, its Content-Type parsed once per distinct header rather than per request
+    (Django parses it with the email package in every request's __init__; a provider sends
+    the same one every time)."""
+    import codecs
+    from functools import lru_cache
+
+    from django.utils.http import parse_header_parameters
+
+    @lru_cache(maxsize=64)
+    def parsed(content_type: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+        main, params = parse_header_parameters(content_type)
+        return main, tuple(params.items())
+
+    class WebhookRequest(wsgi_request_class):
+        def _set_content_type_params(self, meta):
+            # HttpRequest._set_content_type_params, over the cached parse.
+            self.content_type, params = parsed(meta.get("CONTENT_TYPE", ""))
+            self.content_params = dict(params)
+            if "charset" in self.content_params:
+                try:
+                    codecs.lookup(self.content_params["charset"])
+                except LookupError:
+                    pass
+                else:
+                    self.encoding = self.content_params["charset"]
+
+    return WebhookRequest
 
 
 async def _whole_body(receive) -> bytes:

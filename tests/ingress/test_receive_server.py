@@ -165,3 +165,56 @@ def test_webhooks_run_behind_only_the_middleware_they_need():
     evil = {**signed, "Host": "evil.example"}
     assert _asgi_call(on_the_loop, "/webhooks/stripe/", evil, body)[0] == 400
     assert RawEvent.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_request_signals_reach_every_receiver_but_djangos_own_housekeeping():
+    from django.core import signals
+
+    from eventdrop.web import WebhooksOnTheLoop
+
+    on_the_loop = WebhooksOnTheLoop(store_connections=1)
+    body = b'{"id": "evt_signals"}'
+    signed = {"Host": "testserver", "Content-Type": "application/json",
+              "Content-Length": str(len(body)), "Stripe-Signature": "t=1,v1=00"}
+    seen: list[str] = []
+
+    def started(sender, **kwargs):
+        seen.append("started")
+
+    def finished(sender, **kwargs):
+        seen.append("finished")
+
+    assert not on_the_loop._started.has_work() and not on_the_loop._finished.has_work()
+    signals.request_started.connect(started)
+    signals.request_finished.connect(finished)
+    try:
+        assert _asgi_call(on_the_loop, "/webhooks/stripe/", signed, body)[0] == 202
+    finally:
+        signals.request_started.disconnect(started)
+        signals.request_finished.disconnect(finished)
+    assert seen == ["started", "finished"]
+    # Only Django's own receivers again: nothing is sent, nothing else changes.
+    assert _asgi_call(on_the_loop, "/webhooks/stripe/", signed, body)[0] == 202
+    assert seen == ["started", "finished"]
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/json", "application/json; charset=utf-8", "text/plain; charset=latin-1",
+     "application/x-www-form-urlencoded; charset=no-such-codec", ""],
+)
+def test_the_webhook_request_reads_content_type_as_django_does(content_type):
+    from django.core.handlers.wsgi import WSGIRequest
+    from django.test import RequestFactory
+
+    from eventdrop.web import _webhook_request_class
+
+    environ = RequestFactory().generic("POST", "/webhooks/stripe/", b"{}").environ
+    environ["CONTENT_TYPE"] = content_type
+    lean, django = _webhook_request_class(WSGIRequest)(environ), WSGIRequest(environ)
+    for _ in range(2):  # the second parse comes from the cache
+        lean = _webhook_request_class(WSGIRequest)(environ)
+        assert (lean.content_type, lean.content_params, lean.encoding) == (
+            django.content_type, django.content_params, django.encoding
+        )
