@@ -334,7 +334,7 @@ class WebhooksOnTheLoop:
         # Bound once here, not imported per request (this module imports no Django at import).
         from a2wsgi.wsgi import build_environ
         from django.core import signals
-        from django.core.handlers.wsgi import WSGIRequest, get_script_name
+        from django.core.handlers.wsgi import get_script_name
         from django.db import connections
         from django.urls import set_script_prefix
 
@@ -350,7 +350,7 @@ class WebhooksOnTheLoop:
         # On SQLite (make run) there are no asyncio connections: the view stores through the
         # threads' path (asgiref's sync thread), which serialises writes as SQLite does anyway.
         self.store_on_loop = connections["default"].vendor == "postgresql"
-        self.request_class = _webhook_request_class(WSGIRequest)
+        self.request_class = _webhook_request_class()
 
     async def __call__(self, scope, receive, send) -> None:
         loop = asyncio.get_running_loop()
@@ -435,13 +435,14 @@ def _dotted(receiver) -> str:
     return f"{getattr(receiver, '__module__', '')}.{getattr(receiver, '__qualname__', '')}"
 
 
-def _webhook_request_class(wsgi_request_class):
+def _webhook_request_class() -> type:
     """WSGIRequest, its Content-Type parsed once per distinct header rather than per request
     (Django parses it with the email package in every request's __init__; a provider sends
     the same one every time)."""
     import codecs
     from functools import lru_cache
 
+    from django.core.handlers.wsgi import WSGIRequest
     from django.utils.http import parse_header_parameters
 
     @lru_cache(maxsize=64)
@@ -449,7 +450,7 @@ def _webhook_request_class(wsgi_request_class):
         main, params = parse_header_parameters(content_type)
         return main, tuple(params.items())
 
-    class WebhookRequest(wsgi_request_class):
+    class WebhookRequest(WSGIRequest):
         def _set_content_type_params(self, meta):
             # HttpRequest._set_content_type_params, over the cached parse.
             self.content_type, params = parsed(meta.get("CONTENT_TYPE", ""))
