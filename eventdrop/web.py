@@ -436,9 +436,9 @@ def _dotted(receiver) -> str:
 
 
 def _webhook_request_class() -> type:
-    """WSGIRequest, its Content-Type parsed once per distinct header rather than per request
-    (Django parses it with the email package in every request's __init__; a provider sends
-    the same one every time)."""
+    """WSGIRequest for the loop: resolved by the loop's URLconf, its Content-Type parsed once
+    per distinct header rather than per request (Django parses it with the email package in
+    every request's __init__; a provider sends the same one every time)."""
     import codecs
     from functools import lru_cache
 
@@ -451,6 +451,10 @@ def _webhook_request_class() -> type:
         return main, tuple(params.items())
 
     class WebhookRequest(WSGIRequest):
+        # Django resolves a request with a `urlconf` by it: the webhook routes with the
+        # coroutine view (the project's URLconf serves the WSGI one).
+        urlconf = "ingress.urls_on_the_loop"
+
         def _set_content_type_params(self, meta):
             # HttpRequest._set_content_type_params, over the cached parse.
             self.content_type, params = parsed(meta.get("CONTENT_TYPE", ""))

@@ -12,6 +12,7 @@ in the response, and which we only answer after its signature checks out.
 
 import logging
 import time
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -20,7 +21,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from prometheus_client import Histogram
 
-from ingress.services import raw_event_store_async
+from ingress.services import raw_event_store, raw_event_store_async
 from ingress.sources import Source, get_source
 
 logger = logging.getLogger(__name__)
@@ -141,12 +142,19 @@ def _slack_handshake(source: Source, headers: dict[str, str], body: bytes) -> st
     return verdict.handshake_challenge if verdict.ok else None
 
 
-@csrf_exempt
-async def receive_webhook(request: HttpRequest, source_name: str) -> JsonResponse:
-    # A coroutine, so that on the production server it runs on the event loop with the
-    # store's group commit (raw_event_store_async); everything before the store is CPU on a
-    # body already in memory. Under WSGI (make run, the test client) Django runs it on a
-    # loop of its own and the row is stored on the request's thread, as before.
+@dataclass(frozen=True)
+class _Admitted:
+    """A request that passed every check and is to be stored as it is."""
+
+    source: Source
+    fields: dict
+    challenge: str | None
+    started: float
+
+
+def _admit(request: HttpRequest, source_name: str) -> JsonResponse | _Admitted:
+    """Every check the receive path makes before the store (CPU only: the body is in memory),
+    and the raw_event_store fields of a request that passed them; or the error answer."""
     started = time.perf_counter()
     source = get_source(source_name)
     if source is None:
@@ -217,30 +225,63 @@ async def receive_webhook(request: HttpRequest, source_name: str) -> JsonRespons
             f"The body ended after {len(body)} of the {content_length} bytes declared.",
         )
 
-    challenge = _slack_handshake(source, headers, body)
-    try:
-        event_id = await raw_event_store_async(
-            source=source,
-            method=request.method,
-            path=request.path,
-            query_string=request.META.get("QUERY_STRING", ""),
-            headers=headers,
-            body=body,
-            remote_addr=request.META.get("REMOTE_ADDR") or None,
-        )
-    except DatabaseError:
-        # Nothing is stored, so nothing may be acknowledged: the provider must retry.
-        logger.exception("ingress.receive.store_failed", extra={"source": source.name})
-        retry_after = str(settings.INGRESS_UNAVAILABLE_RETRY_AFTER)
-        return _error(
-            503,
-            "store_unavailable",
-            "The event store is unavailable; retry later.",
-            Retry_After=retry_after,
-        )
-    # Only acknowledged requests: the SLO is on ACKs, and a 503 is not one.
-    ACK_SECONDS.labels(source=source.name).observe(time.perf_counter() - started)
+    return _Admitted(
+        source=source,
+        fields={
+            "source": source,
+            "method": request.method,
+            "path": request.path,
+            "query_string": request.META.get("QUERY_STRING", ""),
+            "headers": headers,
+            "body": body,
+            "remote_addr": request.META.get("REMOTE_ADDR") or None,
+        },
+        challenge=_slack_handshake(source, headers, body),
+        started=started,
+    )
 
-    if challenge is not None:
-        return JsonResponse({"challenge": challenge}, status=200)
+
+def _store_failed(source: Source) -> JsonResponse:
+    # Nothing is stored, so nothing may be acknowledged: the provider must retry.
+    logger.exception("ingress.receive.store_failed", extra={"source": source.name})
+    return _error(
+        503,
+        "store_unavailable",
+        "The event store is unavailable; retry later.",
+        Retry_After=str(settings.INGRESS_UNAVAILABLE_RETRY_AFTER),
+    )
+
+
+def _acknowledged(admitted: _Admitted, event_id: int) -> JsonResponse:
+    # Only acknowledged requests: the SLO is on ACKs, and a 503 is not one.
+    ACK_SECONDS.labels(source=admitted.source.name).observe(time.perf_counter() - admitted.started)
+    if admitted.challenge is not None:
+        return JsonResponse({"challenge": admitted.challenge}, status=200)
     return JsonResponse({"id": event_id, "status": "accepted"}, status=202)
+
+
+@csrf_exempt
+def receive_webhook(request: HttpRequest, source_name: str) -> JsonResponse:
+    """The receive view under WSGI (make run, the test client): stored on this thread."""
+    admitted = _admit(request, source_name)
+    if isinstance(admitted, JsonResponse):
+        return admitted
+    try:
+        event = raw_event_store(**admitted.fields)
+    except DatabaseError:
+        return _store_failed(admitted.source)
+    return _acknowledged(admitted, event.pk)
+
+
+@csrf_exempt
+async def receive_webhook_on_the_loop(request: HttpRequest, source_name: str) -> JsonResponse:
+    """The same view on the production server's event loop (ingress/urls_on_the_loop.py):
+    the row joins the loop's group commit, with no thread involved."""
+    admitted = _admit(request, source_name)
+    if isinstance(admitted, JsonResponse):
+        return admitted
+    try:
+        event_id = await raw_event_store_async(**admitted.fields)
+    except DatabaseError:
+        return _store_failed(admitted.source)
+    return _acknowledged(admitted, event_id)
