@@ -16,7 +16,7 @@ docs/benchmarks.md, "The production web server: gunicorn → granian"):
   own limits, its one INSERT and its 503 work exactly as under any WSGI server.
 - `/webhooks/` never leaves the event loop (`WebhooksOnTheLoop`, issue 15): Django's handler
   runs there as an async chain behind only the middleware a provider's POST needs
-  (`webhook_handler`), the receive view is a coroutine, and the rows of the requests waiting
+  (`webhook_handler`), the receive view is its coroutine twin, and the rows of the requests waiting
   at the same moment share one INSERT and one commit on the loop's own asyncio connections
   (ingress/store.py, LoopGroupCommit). Per webhook there is no thread hop and no lock handed
   between threads, which was most of what a webhook cost (docs/benchmarks.md).
@@ -323,7 +323,8 @@ def webhook_handler():
 class WebhooksOnTheLoop:
     """ASGI app for `/webhooks/`: Django's async handler run on granian's event loop.
 
-    The receive view is a coroutine (ingress/views.py) and its row is written by the loop's
+    The receive view here is the coroutine one (the request's URLconf is
+    ingress/urls_on_the_loop.py), and its row is written by the loop's
     group commit (ingress/store.py, LoopGroupCommit, on `store_connections` asyncio
     connections of this process), so a webhook costs no thread at all: no hop from the loop
     to a thread and back, no lock handed between threads. The request is the WSGIRequest the
@@ -347,8 +348,8 @@ class WebhooksOnTheLoop:
         self._finished = _RequestSignal(signals.request_finished)
         self.handler = webhook_handler()
         self.store_connections = store_connections
-        # On SQLite (make run) there are no asyncio connections: the view stores through the
-        # threads' path (asgiref's sync thread), which serialises writes as SQLite does anyway.
+        # On SQLite there are no asyncio connections: the view stores through the threads'
+        # group commit (asgiref's sync thread), which serialises writes as SQLite does anyway.
         self.store_on_loop = connections["default"].vendor == "postgresql"
         self.request_class = _webhook_request_class()
 

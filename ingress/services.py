@@ -69,9 +69,7 @@ def raw_event_store(
     lost connection. Past it, or on any other database error, DatabaseError propagates and
     nothing may be acknowledged.
     """
-    fields = _raw_event_fields(
-        source, method, path, query_string, headers, body, remote_addr
-    )
+    fields = _raw_event_fields(source, method, path, query_string, headers, body, remote_addr)
     return raw_rows.insert(fields, seconds=settings.WEBHOOK_STORE_TIMEOUT_SECONDS)
 
 
@@ -85,30 +83,18 @@ async def raw_event_store_async(
     body: bytes,
     remote_addr: str | None,
 ) -> int:
-    """raw_event_store for the async receive view: the same row, the same promises; the
-    stored row's id.
+    """raw_event_store for the receive view on the web server's event loop: the same row,
+    the same promises; the stored row's id.
 
-    On the web server's event loop the row is written by the loop's group commit
-    (ingress/store.py `LoopGroupCommit`), with no thread involved; anywhere else (a WSGI
-    server, the test client) raw_event_store runs on the request's own thread, so it sees
-    that thread's connection and transaction.
+    The row is written by the loop's group commit (ingress/store.py `LoopGroupCommit`), with
+    no thread involved. Where the loop has no asyncio connections (the server on SQLite,
+    eventdrop/web.py) the threads' group commit writes it, on asgiref's sync thread.
     """
+    fields = _raw_event_fields(source, method, path, query_string, headers, body, remote_addr)
+    seconds = settings.WEBHOOK_STORE_TIMEOUT_SECONDS
     if raw_rows_on_loop.serves(asyncio.get_running_loop()):
-        fields = _raw_event_fields(
-            source, method, path, query_string, headers, body, remote_addr
-        )
-        return await raw_rows_on_loop.insert(
-            fields, seconds=settings.WEBHOOK_STORE_TIMEOUT_SECONDS
-        )
-    event = await sync_to_async(raw_event_store)(
-        source=source,
-        method=method,
-        path=path,
-        query_string=query_string,
-        headers=headers,
-        body=body,
-        remote_addr=remote_addr,
-    )
+        return await raw_rows_on_loop.insert(fields, seconds=seconds)
+    event = await sync_to_async(raw_rows.insert)(fields, seconds=seconds)
     return event.pk
 
 
