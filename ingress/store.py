@@ -459,7 +459,6 @@ class LoopGroupCommit(_RawEventRows):
         if len(self._writers) < self.max_connections:
             writer = loop.create_task(self._write_queued())
             self._writers.add(writer)
-            writer.add_done_callback(self._writers.discard)
         await self._outcome(row, seconds)
         if row.error is not None:
             raise row.error
@@ -497,6 +496,11 @@ class LoopGroupCommit(_RawEventRows):
                 if batch:
                     held = await self._write(batch, held)
         finally:
+            # Leaves the set in the same step that found the queue empty, not in a done
+            # callback a loop iteration later: a row queued in between would see a writer
+            # still counted, start none, and wait out its whole deadline (seen: 503s after 5 s
+            # when every client's next request came before the callback).
+            self._writers.discard(asyncio.current_task())  # type: ignore[arg-type]
             if held is not None and not held.closed:
                 self._idle.append(held)
 

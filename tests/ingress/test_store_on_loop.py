@@ -93,6 +93,26 @@ def test_concurrent_rows_share_statements_and_each_gets_its_own_id():
         assert (row.verify_count, row.processing_failures, row.verified_at) == (0, 0, None)
 
 
+def test_a_row_queued_as_the_writer_finishes_is_written_at_once():
+    # Clients on keep-alive connections send their next webhook as soon as the last one is
+    # answered: 16 of them, each queueing its next row in the same loop step that answered
+    # its last one. A writer that left the writer set a loop iteration after finding the queue
+    # empty (in a done callback) left such rows waiting out their whole store deadline.
+    store = LoopGroupCommit()
+
+    async def client(first: int) -> list[int]:
+        return [await store.insert(_fields(first + 100 * n), seconds=3) for n in range(25)]
+
+    async def body(store):
+        async with asyncio.timeout(20):  # 400 rows; a stall costs 3 s per round of 16
+            return await asyncio.gather(*(client(first) for first in range(16)))
+
+    ids = [pk for per_client in _run(store, body) for pk in per_client]
+
+    assert len(set(ids)) == 400
+    assert RawEvent.objects.filter(pk__in=ids).count() == 400
+
+
 def test_a_caller_set_default_column_is_written_not_inlined():
     async def body(store):
         return await asyncio.gather(
