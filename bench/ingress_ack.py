@@ -7,7 +7,11 @@ One run measures, on this machine and within a few minutes:
 1. **the ceiling**: `pgbench` running the webhook's own INSERT (bench/pgbench_raw_event_insert.sql:
    one row, every column the store writes, one transaction each) into today's partition of
    `ingress_rawevent`, at the same number of connections as the HTTP load. Run before and
-   after the HTTP phases; the mean is the ceiling the ratios use.
+   after the HTTP phases; the mean is the ceiling the ratios use. pgbench sends it as a
+   prepared statement (`-M prepared`), as the app's store does since it binds on the server
+   (DATABASE_PREPARE_THRESHOLD, eventdrop/settings.py): the ceiling is what PostgreSQL takes
+   of the INSERT as the store issues it. `--ceiling-protocol simple` (parsed and planned
+   every time) is the ceiling of the earlier runs, for a server that binds on the client.
 2. **the webhook**: the real app, started exactly as the Procfile starts it
    (`python -m eventdrop.web`: granian, eventdrop/web.py) with bench/settings_bench.py, driven
    by `wrk` (a C load generator: little of the two cores goes to the client) over keep-alive
@@ -456,12 +460,14 @@ def check_pgbench_script() -> None:
         )
 
 
-def pgbench_ceiling(connections: int, seconds: float) -> float:
+def pgbench_ceiling(connections: int, seconds: float, protocol: str) -> float:
     """Transactions per second of the webhook's INSERT, `connections` pgbench clients."""
     out = subprocess.run(
         [
             "pgbench",
             "-n",  # no vacuum of pgbench's own tables (there are none)
+            "-M",
+            protocol,
             "-h",
             "127.0.0.1",
             "-U",
@@ -796,6 +802,12 @@ def main() -> int:
     parser.add_argument("--connections", type=int, nargs="+", default=[16, 1])
     parser.add_argument("--seconds", type=float, default=10, help="per phase")
     parser.add_argument("--ceiling-seconds", type=float, default=10, help="per pgbench run")
+    parser.add_argument(
+        "--ceiling-protocol",
+        choices=["prepared", "simple"],
+        default="prepared",
+        help="pgbench -M: how the ceiling's INSERT is sent (the store's way: prepared)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="web processes (WEB_CONCURRENCY)")
     parser.add_argument("--web-threads", type=int, default=0, help="WEB_THREADS (0: default)")
     parser.add_argument("--slow-clients", type=int, default=0, help="trickling at 1 B/s")
@@ -844,10 +856,11 @@ def main() -> int:
             f"Python {platform.python_version()}  PostgreSQL {facts['postgres']} "
             f"(synchronous_commit={facts['synchronous_commit']}, fsync={facts['fsync']})  "
             f"client {'wrk' if wrk else 'python'}  {args.workers} web processes  "
-            f"{args.seconds:g} s per phase" + (f"  current env {extra_env}" if extra_env else "")
+            f"{args.seconds:g} s per phase  ceiling pgbench -M {args.ceiling_protocol}"
+            + (f"  current env {extra_env}" if extra_env else "")
         )
         for c in args.connections:
-            ceilings[c].append(pgbench_ceiling(c, args.ceiling_seconds))
+            ceilings[c].append(pgbench_ceiling(c, args.ceiling_seconds, args.ceiling_protocol))
         print(f"pgbench ceiling (before): { ({c: round(v[-1]) for c, v in ceilings.items()}) }")
         psql(DB_NAME, "TRUNCATE ingress_rawevent")
         print_header()
@@ -858,7 +871,7 @@ def main() -> int:
                     label, round_no, root, server_env, env, args, load, workdir
                 )
         for c in args.connections:
-            ceilings[c].append(pgbench_ceiling(c, args.ceiling_seconds))
+            ceilings[c].append(pgbench_ceiling(c, args.ceiling_seconds, args.ceiling_protocol))
         print(f"pgbench ceiling (after):  { ({c: round(v[-1]) for c, v in ceilings.items()}) }")
 
     summary = summarize(phases, ceilings, args)
@@ -913,6 +926,7 @@ def main() -> int:
                     "p95_ms": main_figures["p95_ms"],
                     "p99_ms": main_figures["p99_ms"],
                     "ceiling_per_s": main_figures["ceiling_per_s"],
+                    "ceiling_protocol": args.ceiling_protocol,
                     "ratio_to_ceiling": main_figures["ratio_to_ceiling"],
                     "ratio_to_noop": main_figures["ratio_to_noop"],
                     "rows_ok": ok,
