@@ -432,6 +432,7 @@ class LoopGroupCommit(_RawEventRows):
             for held in self._idle:
                 held.pgconn.finish()
             self._idle.clear()
+            self._writers.clear()  # tasks of that loop: they will never write here
         self._loop, self.max_connections = loop, max_connections
         # Django keeps a DatabaseWrapper per asyncio context: looked up per batch, each
         # request's task would build one of its own. It only translates errors here.
@@ -459,6 +460,9 @@ class LoopGroupCommit(_RawEventRows):
         if len(self._writers) < self.max_connections:
             writer = loop.create_task(self._write_queued())
             self._writers.add(writer)
+            # Also when it ends without running (cancelled before its first step, as a loop
+            # that closes cancels it), where its own `finally` below never runs.
+            writer.add_done_callback(self._writers.discard)
         await self._outcome(row, seconds)
         if row.error is not None:
             raise row.error
