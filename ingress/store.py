@@ -115,16 +115,17 @@ def _as_is(value: Any) -> Any:
     return value
 
 
-class _Row:
-    __slots__ = ("deadline", "error", "lead", "pk", "taken", "values", "woken")
+class _QueuedValues:
+    """A row waiting for a group commit: its values, deadline and first outcome. How the
+    waiting request is woken is the subclass's (a thread's Event, the loop's Future)."""
+
+    __slots__ = ("deadline", "error", "pk", "taken", "values")
 
     def __init__(self, values: list[Any], deadline: float):
         self.values = values
         self.deadline = deadline
-        self.woken = threading.Event()  # finished, or handed the lead
         self.pk: int | None = None
         self.error: BaseException | None = None
-        self.lead = False  # handed the lead: write what is queued
         self.taken = False  # in a batch being written
 
     @property
@@ -134,6 +135,21 @@ class _Row:
     def finish(self, pk: int | None = None, error: BaseException | None = None) -> None:
         if not self.finished:  # the first outcome counts: a late commit after a 503 stays one
             self.pk, self.error = pk, error
+        self._wake()
+
+    def _wake(self) -> None:
+        raise NotImplementedError
+
+
+class _Row(_QueuedValues):
+    __slots__ = ("lead", "woken")
+
+    def __init__(self, values: list[Any], deadline: float):
+        super().__init__(values, deadline)
+        self.woken = threading.Event()  # finished, or handed the lead
+        self.lead = False  # handed the lead: write what is queued
+
+    def _wake(self) -> None:
         self.woken.set()
 
 
@@ -366,26 +382,16 @@ class GroupCommit(_RawEventRows):
             return sorted(pk for (pk,) in cursor.fetchall())
 
 
-class _QueuedRow:
+class _QueuedRow(_QueuedValues):
     """A row waiting on the event loop: its outcome, and a future that wakes its request."""
 
-    __slots__ = ("deadline", "error", "pk", "taken", "values", "woken")
+    __slots__ = ("woken",)
 
     def __init__(self, values: list[Any], deadline: float, woken: asyncio.Future):
-        self.values = values
-        self.deadline = deadline
+        super().__init__(values, deadline)
         self.woken = woken
-        self.pk: int | None = None
-        self.error: BaseException | None = None
-        self.taken = False  # in a batch being written
 
-    @property
-    def finished(self) -> bool:
-        return self.pk is not None or self.error is not None
-
-    def finish(self, pk: int | None = None, error: BaseException | None = None) -> None:
-        if not self.finished:  # the first outcome counts: a late commit after a 503 stays one
-            self.pk, self.error = pk, error
+    def _wake(self) -> None:
         if not self.woken.done():  # a request that timed out cancelled the future it awaited
             self.woken.set_result(None)
 
