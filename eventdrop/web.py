@@ -47,8 +47,9 @@ import json
 import os
 import shutil
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 HTTP_DISCONNECT = "http.disconnect"
 
@@ -95,44 +96,84 @@ class WebServerConfig:
         )
 
 
-def _json_answer(status: int, code: str, message: str) -> tuple[dict, dict]:
+# What a responder returns and BufferedBody sends: status, header fields, the whole body.
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+class Responder(Protocol):
+    async def respond(self, scope: dict, body: bytes) -> Answer: ...
+
+
+def _json_answer(status: int, code: str, message: str) -> Answer:
     body = json.dumps({"error": code, "message": message}).encode()
-    start = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            # The request body was not consumed: the connection cannot carry another request.
-            (b"connection", b"close"),
-        ],
-    }
-    return start, {"type": "http.response.body", "body": body}
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        # The request body was not consumed: the connection cannot carry another request.
+        (b"connection", b"close"),
+    ]
+    return status, headers, body
 
 
 class BufferedBody:
-    """ASGI middleware: hand `app` only requests whose body arrived whole and in time.
+    """The ASGI app granian runs: a responder gets only requests whose body arrived whole
+    and in time, and gets that body as bytes.
 
     The body is read on the event loop under one deadline for all of it (not per read: a
-    client sending a byte a second never idles long enough to trip a per-read timeout) and
-    replayed to `app` as a single message. Past `max_body_bytes` it stops reading and answers
-    413, so memory per request stays bounded; the receive view applies each source's own,
-    lower, limit to what gets through.
+    client sending a byte a second never idles long enough to trip a per-read timeout).
+    Past `max_body_bytes` it stops reading and answers 413, so memory per request stays
+    bounded; the receive view applies each source's own, lower, limit to what gets through.
+    Then `/webhooks/` goes to `webhooks` (on this loop), everything else to `rest` (the
+    threads), and their answer is sent from here.
+
+    One layer, not a chain of ASGI middleware (a body buffer, a path router, a lifespan
+    handler), each re-sending the messages of the one inside it: on the webhook those layers
+    and the body replayed through a second receive() cost more than a tenth of the ACK rate
+    (docs/benchmarks.md, "One ASGI layer").
     """
 
-    def __init__(self, app, *, timeout_seconds: float, max_body_bytes: int):
-        self.app = app
+    def __init__(
+        self,
+        *,
+        webhooks: Responder,
+        rest: Responder,
+        timeout_seconds: float,
+        max_body_bytes: int,
+        on_shutdown: Callable[[], Awaitable[None]] | None = None,
+    ):
+        self.webhooks, self.rest = webhooks, rest
         self.timeout_seconds = timeout_seconds
         self.max_body_bytes = max_body_bytes
+        self.on_shutdown = on_shutdown
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
+            return  # granian runs with websockets off
+        body = await self._body(scope, receive)
+        if isinstance(body, tuple):
+            status, headers, answer = body
+        elif scope["path"].startswith(WEBHOOK_PATH_PREFIX):
+            status, headers, answer = await self.webhooks.respond(scope, body)
+        else:
+            status, headers, answer = await self.rest.respond(scope, body)
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": answer})
+        except (OSError, RuntimeError):
+            pass  # the client left (perhaps while the view ran: what it stored is stored)
+
+    async def _body(self, scope, receive) -> bytes | Answer:
+        """The whole body, or the answer to a request whose body cannot be had."""
+        declared = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                declared = value
+                break
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await self._answer(send, 413, "body_too_large", self._too_large_message())
-            return
+            return _json_answer(413, "body_too_large", self._too_large_message())
         chunks: list[bytes] = []
         size = 0
         try:
@@ -140,36 +181,34 @@ class BufferedBody:
                 while True:
                     message = await receive()
                     if message["type"] == HTTP_DISCONNECT:
-                        await self._answer(send, 400, *self._incomplete(declared, size))
-                        return
+                        return _json_answer(400, *self._incomplete(declared, size))
                     chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > self.max_body_bytes:
-                        await self._answer(send, 413, "body_too_large", self._too_large_message())
-                        return
+                        return _json_answer(413, "body_too_large", self._too_large_message())
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            await self._answer(
-                send,
+            return _json_answer(
                 408,
                 "body_read_timeout",
                 f"The request body did not arrive within {self.timeout_seconds:g} s.",
             )
-            return
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body, only a disconnect can come
-
-        await self.app(scope, replay, send)
+    async def _lifespan(self, receive, send) -> None:
+        # Nothing to do at start-up; at shutdown the webhook store's asyncio connections
+        # are closed.
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self.on_shutdown is not None:
+                    await self.on_shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
     def _too_large_message(self) -> str:
         return f"Body exceeds the server's limit of {self.max_body_bytes} bytes."
@@ -183,18 +222,9 @@ class BufferedBody:
             )
         return "malformed_body", "The chunked body is malformed or ended before its last chunk."
 
-    @staticmethod
-    async def _answer(send, status: int, code: str, message: str) -> None:
-        start, body = _json_answer(status, code, message)
-        try:
-            await send(start)
-            await send(body)
-        except (OSError, RuntimeError):
-            pass  # the client is gone; there is nobody to tell
-
 
 class DjangoThreads:
-    """ASGI app: run a WSGI app (Django) on a pool of `threads` threads, one hop per request.
+    """Responder: run a WSGI app (Django) on a pool of `threads` threads, one hop per request.
 
     a2wsgi's WSGIMiddleware does this too, but crosses between the loop and the thread for
     every message (start, each body chunk, the end); measured on the webhook route that cost
@@ -210,22 +240,15 @@ class DjangoThreads:
         # Each thread keeps its own database connection (CONN_MAX_AGE), as under gunicorn.
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="django")
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def respond(self, scope: dict, body: bytes) -> Answer:
         from a2wsgi.wsgi import build_environ
 
-        environ = build_environ(scope, io.BytesIO(await _whole_body(receive)))  # type: ignore[arg-type]
+        environ = build_environ(scope, io.BytesIO(body))  # type: ignore[arg-type]
         loop = asyncio.get_running_loop()
-        status, headers, body = await loop.run_in_executor(
-            self.executor, self._call, self.app, environ
-        )
-        try:
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-        except (OSError, RuntimeError):
-            pass  # the client left while the view ran; what it stored is stored
+        return await loop.run_in_executor(self.executor, self._call, self.app, environ)
 
     @staticmethod
-    def _call(app, environ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    def _call(app, environ) -> Answer:
         response: dict = {}
         written: list[bytes] = []
 
@@ -321,7 +344,7 @@ def webhook_handler():
 
 
 class WebhooksOnTheLoop:
-    """ASGI app for `/webhooks/`: Django's async handler run on granian's event loop.
+    """Responder for `/webhooks/`: Django's async handler run on granian's event loop.
 
     The receive view here is the coroutine one (the request's URLconf is
     ingress/urls_on_the_loop.py), and its row is written by the loop's
@@ -353,13 +376,12 @@ class WebhooksOnTheLoop:
         self.store_on_loop = connections["default"].vendor == "postgresql"
         self.request_class = _webhook_request_class()
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def respond(self, scope: dict, body: bytes) -> Answer:
         loop = asyncio.get_running_loop()
         if self.store_on_loop and not self._store.serves(loop):
             self._store.serve(loop, max_connections=self.store_connections)
-        body_file = io.BytesIO(await _whole_body(receive))
         # a2wsgi's Environ TypedDict does not know the keys WSGI servers add.
-        environ: dict[str, Any] = self._build_environ(scope, body_file)  # type: ignore[arg-type,assignment]
+        environ: dict[str, Any] = self._build_environ(scope, io.BytesIO(body))  # type: ignore[arg-type,assignment]
         # BufferedBody let the request through with its whole body: one without a
         # Content-Length is complete too (what `wsgi.input_terminated` says under gunicorn).
         environ["wsgi.input_terminated"] = True
@@ -376,19 +398,14 @@ class WebhooksOnTheLoop:
             (b"set-cookie", cookie.output(header="").strip().encode("latin-1"))
             for cookie in response.cookies.values()
         ]
-        body = response.content
+        content = response.content
         if self._finished.has_work():
             response.close()  # its closers, then request_finished
         else:
             for closer in response._resource_closers:  # what close() runs but the signal
                 closer()
             response.closed = True
-        try:
-            start = {"type": "http.response.start", "status": response.status_code}
-            await send({**start, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-        except (OSError, RuntimeError):
-            pass  # the client left while the view ran; what it stored is stored
+        return response.status_code, headers, content
 
 
 # Django's own receivers of request_started / request_finished: per-thread (per asyncio
@@ -471,50 +488,6 @@ def _webhook_request_class() -> type:
     return WebhookRequest
 
 
-async def _whole_body(receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:  # BufferedBody replays the whole body as one message
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if message["type"] == HTTP_DISCONNECT or not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-class _ByPath:
-    """`/webhooks/` to the loop, everything else (console, API, metrics) to the threads."""
-
-    def __init__(self, *, webhooks, rest):
-        self.webhooks, self.rest = webhooks, rest
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["path"].startswith(WEBHOOK_PATH_PREFIX):
-            await self.webhooks(scope, receive, send)
-        else:
-            await self.rest(scope, receive, send)
-
-
-class _LifespanAccepted:
-    """granian sends ASGI lifespan events: nothing to do at start-up; at shutdown the
-    webhook store's asyncio connections are closed."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    from ingress.store import raw_rows_on_loop
-
-                    await raw_rows_on_loop.aclose()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        await self.app(scope, receive, send)
-
-
 def application():
     """The ASGI app each granian worker builds (granian's factory mode: nothing at import)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "eventdrop.settings")
@@ -541,15 +514,14 @@ def application():
     largest_source_limit = max(
         (source.max_body_bytes for source in all_sources().values()), default=0
     )
-    return _LifespanAccepted(
-        BufferedBody(
-            _ByPath(
-                webhooks=WebhooksOnTheLoop(store_connections=config.store_connections),
-                rest=DjangoThreads(complete_body(django_app), threads=config.threads),
-            ),
-            timeout_seconds=settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS,
-            max_body_bytes=max(largest_source_limit, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0),
-        )
+    from ingress.store import raw_rows_on_loop
+
+    return BufferedBody(
+        webhooks=WebhooksOnTheLoop(store_connections=config.store_connections),
+        rest=DjangoThreads(complete_body(django_app), threads=config.threads),
+        timeout_seconds=settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS,
+        max_body_bytes=max(largest_source_limit, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0),
+        on_shutdown=raw_rows_on_loop.aclose,
     )
 
 

@@ -1,4 +1,4 @@
-"""eventdrop.web.BufferedBody at the ASGI level: what reaches the app, and what never does.
+"""eventdrop.web.BufferedBody at the ASGI level: what reaches a responder, and what never does.
 
 The real server runs it in tests/ingress/test_receive_framing.py and
 tests/faults/test_slow_clients.py; here each branch is driven message by message.
@@ -10,22 +10,20 @@ import json
 from eventdrop.web import BufferedBody
 
 
-class RecordingApp:
+class RecordingResponder:
     def __init__(self):
-        self.calls: list[bytes] = []
+        self.calls: list[tuple[str, bytes]] = []
 
-    async def __call__(self, scope, receive, send):
-        message = await receive()
-        self.calls.append(message["body"])
-        assert message["more_body"] is False
-        await send({"type": "http.response.start", "status": 202, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
+    async def respond(self, scope, body):
+        self.calls.append((scope["path"], body))
+        return 202, [], b"ok"
 
 
-def run(messages: list[dict], *, headers=(), timeout=1.0, max_body_bytes=100, pause=0.0):
+def run(messages: list[dict], *, headers=(), timeout=1.0, max_body_bytes=100, pause=0.0,
+        path="/webhooks/stripe/"):
     """Feed `messages` to BufferedBody (then wait forever, like a client that stops);
-    returns (what the app got, status sent, JSON body sent)."""
-    app = RecordingApp()
+    returns (the bodies the responders got, status sent, JSON body sent)."""
+    webhooks, rest = RecordingResponder(), RecordingResponder()
     sent: list[dict] = []
     queue = list(messages)
 
@@ -39,13 +37,15 @@ def run(messages: list[dict], *, headers=(), timeout=1.0, max_body_bytes=100, pa
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "headers": [(k.encode(), v.encode()) for k, v in headers]}
-    middleware = BufferedBody(app, timeout_seconds=timeout, max_body_bytes=max_body_bytes)
-    asyncio.run(middleware(scope, receive, send))
+    scope = {"type": "http", "path": path,
+             "headers": [(k.encode(), v.encode()) for k, v in headers]}
+    app = BufferedBody(webhooks=webhooks, rest=rest, timeout_seconds=timeout,
+                       max_body_bytes=max_body_bytes)
+    asyncio.run(app(scope, receive, send))
     status = sent[0]["status"] if sent else None
     body = sent[1]["body"] if len(sent) > 1 else b""
     answer = json.loads(body) if sent and status != 202 else None
-    return app.calls, status, answer
+    return [call for responder in (webhooks, rest) for call in responder.calls], status, answer
 
 
 def chunk(body: bytes, more: bool) -> dict:
@@ -54,7 +54,49 @@ def chunk(body: bytes, more: bool) -> dict:
 
 def test_a_body_in_pieces_reaches_the_app_whole_and_once():
     calls, status, _ = run([chunk(b"ab", True), chunk(b"cd", True), chunk(b"", False)])
-    assert calls == [b"abcd"] and status == 202
+    assert calls == [("/webhooks/stripe/", b"abcd")] and status == 202
+
+
+def test_webhooks_go_to_the_loop_and_everything_else_to_the_threads():
+    webhooks, rest = RecordingResponder(), RecordingResponder()
+    app = BufferedBody(webhooks=webhooks, rest=rest, timeout_seconds=1, max_body_bytes=100)
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    for path in ("/webhooks/github/", "/admin/", "/webhooks"):
+        messages = [chunk(path.encode(), False)]
+
+        async def receive():
+            return messages.pop(0)
+
+        asyncio.run(app({"type": "http", "path": path, "headers": []}, receive, send))
+    assert webhooks.calls == [("/webhooks/github/", b"/webhooks/github/")]
+    assert rest.calls == [("/admin/", b"/admin/"), ("/webhooks", b"/webhooks")]
+    assert [message.get("status") for message in sent[::2]] == [202, 202, 202]
+
+
+def test_lifespan_shutdown_runs_the_shutdown_hook():
+    closed: list[bool] = []
+
+    async def on_shutdown():
+        closed.append(True)
+
+    app = BufferedBody(webhooks=RecordingResponder(), rest=RecordingResponder(),
+                       timeout_seconds=1, max_body_bytes=100, on_shutdown=on_shutdown)
+    messages = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    sent: list[dict] = []
+
+    async def receive():
+        return messages.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app({"type": "lifespan"}, receive, send))
+    assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert closed == [True]
 
 
 def test_a_body_that_does_not_arrive_in_time_is_408_and_never_reaches_the_app():

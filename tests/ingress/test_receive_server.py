@@ -106,7 +106,7 @@ def _call(handler, path: str, **extra) -> tuple[int, dict[str, str]]:
     return answer["status"], answer["headers"]
 
 
-def _asgi_call(app, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str]]:
+def _respond(app, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str]]:
     import asyncio
 
     scope = {
@@ -123,23 +123,17 @@ def _asgi_call(app, path: str, headers: dict[str, str], body: bytes) -> tuple[in
         "client": ("127.0.0.1", 40000),
         "server": ("127.0.0.1", 8000),
     }
-    sent: list[dict] = []
 
-    async def receive():
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(message):
-        sent.append(message)
-
-    async def call_and_close():
+    async def respond_and_close():
         from ingress.store import raw_rows_on_loop
 
-        await app(scope, receive, send)
-        await raw_rows_on_loop.aclose()
+        try:
+            return await app.respond(scope, body)
+        finally:
+            await raw_rows_on_loop.aclose()
 
-    asyncio.run(call_and_close())
-    start = sent[0]
-    return start["status"], {name.decode(): value.decode() for name, value in start["headers"]}
+    status, answer_headers, _ = asyncio.run(respond_and_close())
+    return status, {name.decode(): value.decode() for name, value in answer_headers}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -153,7 +147,7 @@ def test_webhooks_run_behind_only_the_middleware_they_need():
     body = b'{"id": "evt_lean"}'
     signed = {"Host": "testserver", "Content-Type": "application/json",
               "Content-Length": str(len(body)), "Stripe-Signature": "t=1,v1=00"}
-    status, headers = _asgi_call(on_the_loop, "/webhooks/stripe/", signed, body)
+    status, headers = _respond(on_the_loop, "/webhooks/stripe/", signed, body)
     assert status == 202
     assert bytes(RawEvent.objects.get().body) == body
     # Security headers stay; the clickjacking header (a page's) and the session do not.
@@ -163,7 +157,7 @@ def test_webhooks_run_behind_only_the_middleware_they_need():
     assert "X-Frame-Options" in full_stack[1]
     # The Host check (CommonMiddleware) still answers 400 before anything is stored.
     evil = {**signed, "Host": "evil.example"}
-    assert _asgi_call(on_the_loop, "/webhooks/stripe/", evil, body)[0] == 400
+    assert _respond(on_the_loop, "/webhooks/stripe/", evil, body)[0] == 400
     assert RawEvent.objects.count() == 2
 
 
@@ -189,13 +183,13 @@ def test_request_signals_reach_every_receiver_but_djangos_own_housekeeping():
     signals.request_started.connect(started)
     signals.request_finished.connect(finished)
     try:
-        assert _asgi_call(on_the_loop, "/webhooks/stripe/", signed, body)[0] == 202
+        assert _respond(on_the_loop, "/webhooks/stripe/", signed, body)[0] == 202
     finally:
         signals.request_started.disconnect(started)
         signals.request_finished.disconnect(finished)
     assert seen == ["started", "finished"]
     # Only Django's own receivers again: nothing is sent, nothing else changes.
-    assert _asgi_call(on_the_loop, "/webhooks/stripe/", signed, body)[0] == 202
+    assert _respond(on_the_loop, "/webhooks/stripe/", signed, body)[0] == 202
     assert seen == ["started", "finished"]
 
 
