@@ -464,9 +464,15 @@ def _webhook_request_class() -> type:
     from django.utils.http import parse_header_parameters
 
     @lru_cache(maxsize=64)
-    def parsed(content_type: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    def parsed(content_type: str) -> tuple[str, tuple[tuple[str, str], ...], str | None]:
         main, params = parse_header_parameters(content_type)
-        return main, tuple(params.items())
+        encoding = params.get("charset")
+        if encoding is not None:
+            try:
+                codecs.lookup(encoding)
+            except LookupError:
+                encoding = None  # as Django: an unknown charset leaves the default
+        return main, tuple(params.items()), encoding
 
     class WebhookRequest(WSGIRequest):
         # Django resolves a request with a `urlconf` by it: the webhook routes with the
@@ -475,15 +481,13 @@ def _webhook_request_class() -> type:
 
         def _set_content_type_params(self, meta):
             # HttpRequest._set_content_type_params, over the cached parse.
-            self.content_type, params = parsed(meta.get("CONTENT_TYPE", ""))
+            self.content_type, params, encoding = parsed(meta.get("CONTENT_TYPE", ""))
             self.content_params = dict(params)
-            if "charset" in self.content_params:
-                try:
-                    codecs.lookup(self.content_params["charset"])
-                except LookupError:
-                    pass
-                else:
-                    self.encoding = self.content_params["charset"]
+            if encoding is not None:
+                # Not the `encoding` setter: its hasattr() check of the cached GET would
+                # build request.GET only to drop it again (nothing has read GET yet; it
+                # is built with this encoding when something does).
+                self._encoding = encoding
 
     return WebhookRequest
 

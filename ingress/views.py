@@ -13,10 +13,11 @@ in the response, and which we only answer after its signature checks out.
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from prometheus_client import Histogram
@@ -252,16 +253,31 @@ def _store_failed(source: Source) -> JsonResponse:
     )
 
 
-def _acknowledged(admitted: _Admitted, event_id: int) -> JsonResponse:
+# The histogram's child per source, looked up once (labels() takes a lock and builds a key
+# on every call).
+_ACK_SECONDS_BY_SOURCE: dict[str, Any] = {}
+
+
+def _acknowledged(admitted: _Admitted, event_id: int) -> HttpResponse:
     # Only acknowledged requests: the SLO is on ACKs, and a 503 is not one.
-    ACK_SECONDS.labels(source=admitted.source.name).observe(time.perf_counter() - admitted.started)
+    name = admitted.source.name
+    histogram = _ACK_SECONDS_BY_SOURCE.get(name)
+    if histogram is None:
+        histogram = _ACK_SECONDS_BY_SOURCE[name] = ACK_SECONDS.labels(source=name)
+    histogram.observe(time.perf_counter() - admitted.started)
     if admitted.challenge is not None:
         return JsonResponse({"challenge": admitted.challenge}, status=200)
-    return JsonResponse({"id": event_id, "status": "accepted"}, status=202)
+    # json.dumps({"id": event_id, "status": "accepted"}) byte for byte, without building an
+    # encoder per request: the answer every provider gets.
+    return HttpResponse(
+        b'{"id": %d, "status": "accepted"}' % event_id,
+        status=202,
+        content_type="application/json",
+    )
 
 
 @csrf_exempt
-def receive_webhook(request: HttpRequest, source_name: str) -> JsonResponse:
+def receive_webhook(request: HttpRequest, source_name: str) -> HttpResponse:
     """The receive view under WSGI (make run, the test client): stored on this thread."""
     admitted = _admit(request, source_name)
     if isinstance(admitted, JsonResponse):
@@ -274,7 +290,7 @@ def receive_webhook(request: HttpRequest, source_name: str) -> JsonResponse:
 
 
 @csrf_exempt
-async def receive_webhook_on_the_loop(request: HttpRequest, source_name: str) -> JsonResponse:
+async def receive_webhook_on_the_loop(request: HttpRequest, source_name: str) -> HttpResponse:
     """The same view on the production server's event loop (ingress/urls_on_the_loop.py):
     the row joins the loop's group commit, with no thread involved."""
     admitted = _admit(request, source_name)

@@ -1,6 +1,7 @@
 """The receive path through Django's real HTTP handling (test client, real database)."""
 
 import hashlib
+import json
 
 import pytest
 from django.db import connection
@@ -30,6 +31,9 @@ def test_accepts_and_stores_exact_bytes_and_headers(client):
     )
     assert response.status_code == 202
     event = RawEvent.objects.get(pk=response.json()["id"])
+    # The answer is json.dumps' own form, byte for byte (the view writes it without it).
+    assert response.content == json.dumps({"id": event.pk, "status": "accepted"}).encode()
+    assert response["Content-Type"] == "application/json"
     assert bytes(event.body) == body
     assert event.body_sha256 == hashlib.sha256(body).hexdigest()
     assert event.source == "github" and event.provider == "github"

@@ -204,7 +204,7 @@ def test_the_webhook_request_reads_content_type_as_django_does(content_type):
 
     from eventdrop.web import _webhook_request_class
 
-    environ = RequestFactory().generic("POST", "/webhooks/stripe/", b"{}").environ
+    environ = RequestFactory().generic("POST", "/webhooks/stripe/?n=%E9", b"{}").environ
     environ["CONTENT_TYPE"] = content_type
     webhook_request, django = _webhook_request_class(), WSGIRequest(environ)
     for _ in range(2):  # the second parse comes from the cache
@@ -212,3 +212,5 @@ def test_the_webhook_request_reads_content_type_as_django_does(content_type):
         assert (lean.content_type, lean.content_params, lean.encoding) == (
             django.content_type, django.content_params, django.encoding
         )
+        # The query string is decoded with that encoding, as Django's own request does.
+        assert lean.GET == django.GET
