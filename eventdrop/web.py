@@ -49,6 +49,7 @@ import shutil
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Protocol
 
 HTTP_DISCONNECT = "http.disconnect"
@@ -283,6 +284,8 @@ WEBHOOK_MIDDLEWARE = frozenset(
     }
 )
 WEBHOOK_PATH_PREFIX = "/webhooks/"
+# The URLconf of every webhook request on the loop: the same routes, the coroutine view.
+WEBHOOK_URLCONF = "ingress.urls_on_the_loop"
 
 
 class _OnTheLoop:
@@ -319,9 +322,12 @@ def webhook_handler():
     from django.conf import settings
     from django.core.handlers.base import BaseHandler
     from django.core.handlers.exception import convert_exception_to_response
+    from django.urls import get_resolver, set_urlconf
     from django.utils.module_loading import import_string
 
     class WebhookHandler(BaseHandler):
+        resolved: Callable[[str], Any]  # the loop URLconf's resolve(), kept per path
+
         def load_middleware(self, is_async=True):
             # BaseHandler.load_middleware for an async chain over the lean list; none of the
             # lean middleware has view, template-response or exception hooks.
@@ -338,7 +344,20 @@ def webhook_handler():
                 handler = convert_exception_to_response(middleware)
             self._middleware_chain = handler
 
+        def resolve_request(self, request):
+            # BaseHandler.resolve_request with the match kept per path: a provider POSTs to
+            # the same few paths every time, and matching the URLconf's patterns and
+            # building a ResolverMatch was a tenth of the request's Python on the loop
+            # (docs/benchmarks.md). A path that does not resolve raises every time, so only
+            # routes are kept, at most 256 of them. The match is shared between requests:
+            # the handler calls the view with a copy of its kwargs.
+            set_urlconf(request.urlconf)
+            match = self.resolved(request.path_info)
+            request.resolver_match = match
+            return match
+
     handler = WebhookHandler()
+    handler.resolved = lru_cache(maxsize=256)(get_resolver(WEBHOOK_URLCONF).resolve)
     handler.load_middleware()
     return handler
 
@@ -458,7 +477,6 @@ def _webhook_request_class() -> type:
     per distinct header rather than per request (Django parses it with the email package in
     every request's __init__; a provider sends the same one every time)."""
     import codecs
-    from functools import lru_cache
 
     from django.core.handlers.wsgi import WSGIRequest
     from django.utils.http import parse_header_parameters
@@ -477,7 +495,7 @@ def _webhook_request_class() -> type:
     class WebhookRequest(WSGIRequest):
         # Django resolves a request with a `urlconf` by it: the webhook routes with the
         # coroutine view (the project's URLconf serves the WSGI one).
-        urlconf = "ingress.urls_on_the_loop"
+        urlconf = WEBHOOK_URLCONF
 
         def _set_content_type_params(self, meta):
             # HttpRequest._set_content_type_params, over the cached parse.

@@ -214,3 +214,21 @@ def test_the_webhook_request_reads_content_type_as_django_does(content_type):
         )
         # The query string is decoded with that encoding, as Django's own request does.
         assert lean.GET == django.GET
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_webhook_route_is_resolved_once_and_a_path_that_is_none_is_404_every_time():
+    from eventdrop.web import WebhooksOnTheLoop
+    from ingress.models import RawEvent
+
+    on_the_loop = WebhooksOnTheLoop(store_connections=1)
+    body = b'{"id": "evt_resolved"}'
+    signed = {"Host": "testserver", "Content-Type": "application/json",
+              "Content-Length": str(len(body)), "Stripe-Signature": "t=1,v1=00"}
+    for path in ("/webhooks/stripe/", "/webhooks/stripe/", "/webhooks/stripe"):
+        assert _respond(on_the_loop, path, signed, body)[0] == 202
+    for _ in range(2):
+        assert _respond(on_the_loop, "/webhooks/stripe/x/", signed, body)[0] == 404
+    resolved = on_the_loop.handler.resolved.cache_info()
+    assert (resolved.hits, resolved.misses, resolved.currsize) == (1, 4, 2)
+    assert RawEvent.objects.count() == 3
