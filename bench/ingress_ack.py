@@ -150,27 +150,52 @@ function setup(thread)
   table.insert(threads, thread)
 end
 
-function init(args)
-  math.randomseed(os.time() * 1000 + tid)
-end
-
 local function hex(n)
   local t = {}
   for i = 1, n do t[i] = string.format("%%x", math.random(0, 15)) end
   return table.concat(t)
 end
 
+-- The template cut once per thread at its {N}/{TS}/{EXP} marks, so a request is one
+-- table.concat, not three gsub() over the whole body (LuaJIT does not compile gsub: that was
+-- most of the client's CPU per request, CPU the server under test did not get).
+local pieces, marks = {}, {}
+local signature_head
+
+function init(args)
+  math.randomseed(os.time() * 1000 + tid)
+  local at = 1
+  while true do
+    local first, last, mark = template:find("{(%%u+)}", at)
+    if not first then break end
+    pieces[#pieces + 1] = template:sub(at, first - 1)
+    marks[#marks + 1] = mark
+    at = last + 1
+  end
+  pieces[#pieces + 1] = template:sub(at)
+  -- 56 random hex digits per thread and 8 from the counter: 64, as Stripe's v1.
+  signature_head = hex(56)
+end
+
 function request()
   counter = counter + 1
-  local n = string.format("%%d%%09d", tid, counter)
-  local now = tostring(os.time())
-  local body = template:gsub("{N}", n):gsub("{TS}", now):gsub("{EXP}", tostring(os.time() + 86400))
+  local now = os.time()
+  local values = {
+    N = string.format("%%d%%09d", tid, counter), TS = tostring(now), EXP = tostring(now + 86400),
+  }
+  local parts = {}
+  for i = 1, #marks do
+    parts[2 * i - 1] = pieces[i]
+    parts[2 * i] = values[marks[i]]
+  end
+  parts[2 * #marks + 1] = pieces[#pieces]
   local headers = {
     ["Content-Type"] = "application/json; charset=utf-8",
     ["User-Agent"] = "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
-    ["Stripe-Signature"] = "t=" .. now .. ",v1=" .. hex(64),
+    ["Stripe-Signature"] = "t=" .. now .. ",v1=" .. signature_head
+      .. string.format("%%08x", counter %% 4294967296),
   }
-  return wrk.format("POST", path, headers, body)
+  return wrk.format("POST", path, headers, table.concat(parts))
 end
 
 function response(status, headers, body)
