@@ -68,7 +68,7 @@ def test_webhooks_go_to_the_loop_and_everything_else_to_the_threads():
     for path in ("/webhooks/github/", "/admin/", "/webhooks"):
         messages = [chunk(path.encode(), False)]
 
-        async def receive():
+        async def receive(messages=messages):
             return messages.pop(0)
 
         asyncio.run(app({"type": "http", "path": path, "headers": []}, receive, send))
