@@ -106,6 +106,11 @@ def _call(handler, path: str, **extra) -> tuple[int, dict[str, str]]:
     return answer["status"], answer["headers"]
 
 
+def _stripe_headers(body: bytes) -> dict[str, str]:
+    return {"Host": "testserver", "Content-Type": "application/json",
+            "Content-Length": str(len(body)), "Stripe-Signature": "t=1,v1=00"}
+
+
 def _respond(app, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str]]:
     import asyncio
 
@@ -145,8 +150,7 @@ def test_webhooks_run_behind_only_the_middleware_they_need():
 
     on_the_loop = WebhooksOnTheLoop(store_connections=1)
     body = b'{"id": "evt_lean"}'
-    signed = {"Host": "testserver", "Content-Type": "application/json",
-              "Content-Length": str(len(body)), "Stripe-Signature": "t=1,v1=00"}
+    signed = _stripe_headers(body)
     status, headers = _respond(on_the_loop, "/webhooks/stripe/", signed, body)
     assert status == 202
     assert bytes(RawEvent.objects.get().body) == body
@@ -169,8 +173,7 @@ def test_request_signals_reach_every_receiver_but_djangos_own_housekeeping():
 
     on_the_loop = WebhooksOnTheLoop(store_connections=1)
     body = b'{"id": "evt_signals"}'
-    signed = {"Host": "testserver", "Content-Type": "application/json",
-              "Content-Length": str(len(body)), "Stripe-Signature": "t=1,v1=00"}
+    signed = _stripe_headers(body)
     seen: list[str] = []
 
     def started(sender, **kwargs):
@@ -223,8 +226,7 @@ def test_a_webhook_route_is_resolved_once_and_a_path_that_is_none_is_404_every_t
 
     on_the_loop = WebhooksOnTheLoop(store_connections=1)
     body = b'{"id": "evt_resolved"}'
-    signed = {"Host": "testserver", "Content-Type": "application/json",
-              "Content-Length": str(len(body)), "Stripe-Signature": "t=1,v1=00"}
+    signed = _stripe_headers(body)
     for path in ("/webhooks/stripe/", "/webhooks/stripe/", "/webhooks/stripe"):
         assert _respond(on_the_loop, path, signed, body)[0] == 202
     for _ in range(2):
