@@ -24,7 +24,11 @@ Not a test. It needs PostgreSQL (127.0.0.1:5432 unless --pg-port) and uses its o
 
 `--ingress-json FILE` reads the ACK rate bench/ingress_ack.py measured in the same run
 (`--json-out FILE`; the key `ack_per_s`) and prints the drain rate next to it with the ratio
-(issue 15: the drain must be at least the ingress rate). `--baseline REV` runs the workers
+(issue 15: the drain must be at least the ingress rate). When that file also has the pgbench
+ceiling the ingress was measured against, the same ceiling is measured again before and
+after each drain (the database bench/ingress_ack.py left, :5432), and the drain's share of
+it is set against the ingress's share of its own: the ratio with this VM's minute-to-minute
+speed taken out, printed beside the plain one. `--baseline REV` runs the workers
 of every other run from `git archive REV` (or from REV, a directory holding an unpacked
 tree) instead of the working tree (same database, same backlog, same settings), alternating
 baseline and current, and prints each pair's ratio.
@@ -55,6 +59,8 @@ DB_NAME = os.environ.get("EVENTDROP_BENCH_INBOX_DB", "eventdrop_bench_inbox")
 SETTINGS = "bench.settings_inbox"
 APP_NAME = "eventdrop-bench-inbox"  # PGAPPNAME of the workers' connections
 MAX_SECONDS_PER_RUN = 900
+# Each pgbench ceiling run around a drain, with --ingress-json (as bench/ingress_ack.py's).
+CEILING_SECONDS = 10
 # Files the workers need that a baseline revision may predate.
 BENCH_SUPPORT_FILES = ("bench/__init__.py", "bench/settings_inbox.py", "bench/handlers.py")
 
@@ -651,6 +657,27 @@ def _pg_top(watcher, top: int = 12) -> list[tuple]:
 # --- main ----------------------------------------------------------------------------------
 
 
+def _ingress_ceiling(path: str) -> dict | None:
+    """The pgbench ceiling bench/ingress_ack.py measured with the ACK rate, if it did."""
+    figures = json.loads(Path(path).read_text())
+    if not isinstance(figures.get("ceiling_per_s"), int | float):
+        return None
+    return {key: figures[key] for key in ("ceiling_per_s", "ceiling_protocol", "connections")}
+
+
+def _ceiling_now(ingress_ceiling: dict | None) -> float:
+    """The same ceiling again, now (in bench/ingress_ack.py's database): this VM's speed
+    moves by tens of per cent from one minute to the next, and the drain runs minutes after
+    the ingress was measured."""
+    if ingress_ceiling is None:
+        return 0.0
+    from bench.ingress_ack import pgbench_ceiling
+
+    return pgbench_ceiling(
+        ingress_ceiling["connections"], CEILING_SECONDS, ingress_ceiling["ceiling_protocol"]
+    )
+
+
 def _ingress_ack_rate(path: str) -> float:
     def find(node):
         if isinstance(node, dict):
@@ -709,6 +736,10 @@ def main() -> int:
     if not 0 <= args.handlers <= 8:
         parser.error("--handlers must be between 0 and 8")
     ack = _ingress_ack_rate(args.ingress_json) if args.ingress_json else None
+    ingress_ceiling = _ingress_ceiling(args.ingress_json) if args.ingress_json else None
+    if ingress_ceiling is not None and args.pg_port != 5432:
+        print("bench: the ingress ceiling was measured on :5432; drain not normalised")
+        ingress_ceiling = None
     DB_NAME = args.database
 
     variants = [("current", ROOT)]
@@ -730,7 +761,10 @@ def main() -> int:
         # Alternate which variant goes first, so neither always gets the warmer cache.
         order = variants if round_no % 2 == 0 else variants[::-1]
         for label, tree in order:
+            before = _ceiling_now(ingress_ceiling)
             result = _run(args, tree, label)
+            if ingress_ceiling is not None:
+                result["ceiling_per_s"] = (before + _ceiling_now(ingress_ceiling)) / 2
             result["round"] = round_no + 1
             results.append(result)
             _print_run(result)
@@ -776,6 +810,17 @@ def main() -> int:
                 f"ingress {ack:.0f} ACK/s ({args.ingress_json}): ratio "
                 f"{r['events_per_s'] / ack:.2f} (goal >= 1.00)"
             )
+            if ingress_ceiling is not None:
+                # The machine's speed at each moment as the yardstick: the same pgbench
+                # INSERT ceiling, measured around the drain as around the ingress.
+                drain_share = r["events_per_s"] / r["ceiling_per_s"]
+                ack_share = ack / ingress_ceiling["ceiling_per_s"]
+                print(
+                    f"round {r['round']} {r['label']}: drain {drain_share:.3f} of the pgbench "
+                    f"ceiling around it ({r['ceiling_per_s']:.0f}/s), ingress {ack_share:.3f} of "
+                    f"its own ({ingress_ceiling['ceiling_per_s']:.0f}/s): ratio "
+                    f"{drain_share / ack_share:.2f}, the machine's speed taken out"
+                )
     if args.json_out:
         Path(args.json_out).write_text(
             json.dumps({"ack_per_s": ack, "runs": results}, indent=2, default=str)
