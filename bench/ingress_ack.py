@@ -5,7 +5,8 @@ Not a test. It needs PostgreSQL on 127.0.0.1:5432 (and `pgbench`) and uses its o
 One run measures, on this machine and within a few minutes:
 
 1. **the ceiling**: `pgbench` running the webhook's own INSERT (bench/pgbench_raw_event_insert.sql:
-   one row, every column the store writes, one transaction each) into today's partition of
+   one row, every column the store writes, the body the HTTP load sends, one transaction
+   each) into today's partition of
    `ingress_rawevent`, at the same number of connections as the HTTP load. Run before and
    after the HTTP phases; the mean is the ceiling the ratios use. pgbench sends it as a
    prepared statement (`-M prepared`), as the app's store does since it binds on the server
