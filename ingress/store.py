@@ -480,7 +480,7 @@ class LoopGroupCommit(_RawEventRows):
         # asyncio.timeout() around the await: the same wake-up without a cancellation to
         # raise, catch and uncancel, once per webhook (docs/benchmarks.md, "One ASGI layer").
         expiry = asyncio.get_running_loop().call_later(
-            max(0.0, row.deadline - time.monotonic()), _resolve, row.woken
+            max(0.0, row.deadline - time.monotonic()), row._wake
         )
         try:
             await row.woken
@@ -631,11 +631,6 @@ class LoopGroupCommit(_RawEventRows):
                 return held
             await held.close()
         return await open_async_connection(self.alias)
-
-
-def _resolve(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def _json_scalar(value: Any) -> str:
