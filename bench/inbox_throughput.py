@@ -665,12 +665,10 @@ def _ingress_ceiling(path: str) -> dict | None:
     return {key: figures[key] for key in ("ceiling_per_s", "ceiling_protocol", "connections")}
 
 
-def _ceiling_now(ingress_ceiling: dict | None) -> float:
+def _ceiling_now(ingress_ceiling: dict) -> float:
     """The same ceiling again, now (in bench/ingress_ack.py's database): this VM's speed
     moves by tens of per cent from one minute to the next, and the drain runs minutes after
     the ingress was measured."""
-    if ingress_ceiling is None:
-        return 0.0
     from bench.ingress_ack import pgbench_ceiling
 
     return pgbench_ceiling(
@@ -761,9 +759,9 @@ def main() -> int:
         # Alternate which variant goes first, so neither always gets the warmer cache.
         order = variants if round_no % 2 == 0 else variants[::-1]
         for label, tree in order:
-            before = _ceiling_now(ingress_ceiling)
+            before = _ceiling_now(ingress_ceiling) if ingress_ceiling is not None else None
             result = _run(args, tree, label)
-            if ingress_ceiling is not None:
+            if ingress_ceiling is not None and before is not None:
                 result["ceiling_per_s"] = (before + _ceiling_now(ingress_ceiling)) / 2
             result["round"] = round_no + 1
             results.append(result)
