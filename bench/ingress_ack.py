@@ -14,7 +14,7 @@ One run measures, on this machine and within a few minutes:
    of the INSERT as the store issues it. `--ceiling-protocol simple` (parsed and planned
    every time) is the ceiling of the earlier runs, for a server that binds on the client.
 2. **the webhook**: the real app, started exactly as the Procfile starts it
-   (`python -m eventdrop.web`: granian, eventdrop/web.py) with bench/settings_bench.py, driven
+   (`python -m eventdrop.web`: uvicorn, eventdrop/web.py) with bench/settings_bench.py, driven
    by `wrk` (a C load generator: little of the two cores goes to the client) over keep-alive
    connections with signed-looking Stripe POSTs (a ~1.5 KiB `checkout.session.completed`
    body, unique per request). `apt-get install wrk` is run when it is missing; without it (or
@@ -606,7 +606,7 @@ def start_server(env: dict[str, str], root: Path, port: int, args, extra_env: di
 
 def stop(server: subprocess.Popen) -> None:
     if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)  # its own session: granian and its workers
+        os.killpg(server.pid, signal.SIGTERM)  # its own session: the server and its workers
         try:
             server.wait(timeout=15)
         except subprocess.TimeoutExpired:
@@ -618,11 +618,12 @@ def stop(server: subprocess.Popen) -> None:
 
 
 def server_workers(server: subprocess.Popen) -> list[int]:
-    """granian's worker processes (the children of the process the bench started)."""
+    """The server's worker processes: the children of the process the bench started, or
+    that process itself when it serves alone (one worker: uvicorn runs no supervisor)."""
     out = subprocess.run(
         ["ps", "-o", "pid=", "--ppid", str(server.pid)], capture_output=True, text=True
     )
-    return [int(pid) for pid in out.stdout.split()]
+    return [int(pid) for pid in out.stdout.split()] or [server.pid]
 
 
 def cpu_seconds(pids: list[int]) -> float:

@@ -1,25 +1,29 @@
-"""The production web server: granian (Rust HTTP/1.1) in front of Django's WSGI app.
+"""The production web server: uvicorn (httptools on uvloop) in front of Django.
 
 `python -m eventdrop.web` is the Procfile's `web` line. Why this shape (measured in
-docs/benchmarks.md, "The production web server: gunicorn → granian"):
+docs/benchmarks.md, "The production web server: gunicorn → granian" and "granian → uvicorn"):
 
-- A thread-per-request server (gunicorn gthread, granian's own WSGI mode) lends a Python
-  thread to a request as soon as its headers are in, and that thread then waits on the
-  client for the body. Issue 8 saw ~16 clients sending 1 byte/s block every other sender;
-  with 32 of them gunicorn's ACK rate fell from ~600/s to 198/s, and webhooks waited past
-  their client's 10 s timeout.
-- Here granian speaks HTTP on its event loop and `BufferedBody` (below) collects the whole
-  body there — within `WEBHOOK_BODY_READ_TIMEOUT_SECONDS`, and at most `max_body_bytes` —
-  before Django gets a thread from the pool (`WEB_THREADS` per process). A slow
-  client costs a coroutine and a few kilobytes while it lasts, never a thread, and it is cut
-  off with 408 at the deadline. Only complete bodies reach the receive view, so the view's
-  own limits, its one INSERT and its 503 work exactly as under any WSGI server.
+- A thread-per-request server (gunicorn gthread, granian's WSGI mode) lends a Python thread
+  to a request as soon as its headers are in, and that thread then waits on the client for
+  the body. Issue 8 saw ~16 clients sending 1 byte/s block every other sender; with 32 of
+  them gunicorn's ACK rate fell from ~600/s to 198/s, and webhooks waited past their
+  client's 10 s timeout.
+- Here the server speaks HTTP on its event loop, and `BufferedBody` (below) collects the
+  whole body there — within `WEBHOOK_BODY_READ_TIMEOUT_SECONDS`, and at most
+  `max_body_bytes` — before any of the app sees the request. A slow client costs a
+  coroutine and a few kilobytes while it lasts, never a thread, and it is cut off with 408
+  at the deadline. Only complete bodies reach the receive view, so the view's own limits,
+  its one INSERT and its 503 work exactly as under any WSGI server. A request's head is
+  bounded by the server's protocol (eventdrop/web_protocol.py): a deadline, and 431 past a
+  size.
 - `/webhooks/` never leaves the event loop (`WebhooksOnTheLoop`, issue 15): Django's handler
   runs there as an async chain behind only the middleware a provider's POST needs
-  (`webhook_handler`), the receive view is its coroutine twin, and the rows of the requests waiting
-  at the same moment share one INSERT and one commit on the loop's own asyncio connections
-  (ingress/store.py, LoopGroupCommit). Per webhook there is no thread hop and no lock handed
-  between threads, which was most of what a webhook cost (docs/benchmarks.md).
+  (`webhook_handler`), the receive view is its coroutine twin, and the rows of the requests
+  waiting at the same moment share one INSERT and one commit on the loop's own asyncio
+  connections (ingress/store.py, LoopGroupCommit). The HTTP parsing runs on that same
+  thread, so per webhook there is no thread hop at all: under granian, whose HTTP runs on
+  Rust threads that hand each request to the loop, those hops were most of what a webhook
+  cost (docs/benchmarks.md).
 - Everything else (console, API, metrics: sync views, the ORM) goes to `DjangoThreads`,
   Django's WSGI handler on a thread pool with one hop from the loop to a thread and back per
   request (not Django's ASGI handler, which runs every sync view on one shared thread: 146
@@ -32,11 +36,11 @@ Settings come from the environment: `PORT` (8000), `WEB_BIND` or `HOST` (127.0.0
 every interface is a deployment decision, not a default), `WEB_CONCURRENCY` (processes, 2),
 `WEB_THREADS` (Django threads per process, 4, each with its database connection: the console
 and API), `WEB_STORE_CONNECTIONS` (1: the asyncio connections per process that write
-webhooks),
-`WEB_HEADER_READ_TIMEOUT_SECONDS` (5) and `WEB_MAX_HEADER_BYTES` (64 KiB: granian answers 431
-past it; the receive view bounds each source lower, `max_header_bytes`),
-`WEB_MAX_CONCURRENT_REQUESTS` (64 per process: granian's backpressure, so at most that many
-bodies are buffered at once, each at most the body limit) and
+webhooks), `WEB_HEADER_READ_TIMEOUT_SECONDS` (5: a request's line and headers must arrive
+within it) and `WEB_MAX_HEADER_BYTES` (64 KiB: 431 past it; the receive view bounds each
+source lower, `max_header_bytes`), `WEB_KEEP_ALIVE_SECONDS` (75: how long an idle keep-alive
+connection stays open), `WEB_MAX_CONCURRENT_REQUESTS` (64 per process: at most that many
+bodies are buffered at once, each at most the body limit; the others wait unread) and
 `ACK_ROLLUP_FLUSH_SECONDS` (60; 0 turns it off): how often each process adds what its ACK
 histogram counted to the database for the ops page's ACK p99 chart (console/ack_rollup.py).
 """
@@ -53,6 +57,10 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 HTTP_DISCONNECT = "http.disconnect"
+# How long the server waits at shutdown for requests in flight, which end within their own
+# deadlines anyway (header read + body read + store: ingress.E003 holds them to the webhook's
+# budget).
+GRACEFUL_SHUTDOWN_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -66,12 +74,15 @@ class WebServerConfig:
     ack_rollup_flush_seconds: float = 60
     max_concurrent_requests: int = 64
     store_connections: int = 1
+    keep_alive_seconds: int = 75
 
     def __post_init__(self) -> None:
         if self.processes < 1 or self.threads < 1:
             raise ValueError("WEB_CONCURRENCY and WEB_THREADS must be at least 1")
-        if not 0 < self.header_read_timeout_seconds <= 60:  # granian's range, in ms
+        if not 0 < self.header_read_timeout_seconds <= 60:
             raise ValueError("WEB_HEADER_READ_TIMEOUT_SECONDS must be above 0 and at most 60")
+        if self.keep_alive_seconds <= 0:
+            raise ValueError("WEB_KEEP_ALIVE_SECONDS must be above 0")
         if self.ack_rollup_flush_seconds < 0:
             raise ValueError("ACK_ROLLUP_FLUSH_SECONDS must be 0 (off) or above")
         if self.store_connections < 1:
@@ -88,12 +99,13 @@ class WebServerConfig:
             processes=int(env.get("WEB_CONCURRENCY") or 2),
             threads=int(env.get("WEB_THREADS") or 4),
             header_read_timeout_seconds=float(env.get("WEB_HEADER_READ_TIMEOUT_SECONDS") or 5),
-            # granian's HTTP/1 read buffer, which the request line and headers must fit in
-            # (its minimum is 8 KiB).
+            # The request line and headers; never below 8 KiB, which every provider's head
+            # fits in (nginx's default buffer for one long header line).
             max_header_bytes=max(8192, int(env.get("WEB_MAX_HEADER_BYTES") or 64 * 1024)),
             ack_rollup_flush_seconds=float(env.get("ACK_ROLLUP_FLUSH_SECONDS") or 60),
             max_concurrent_requests=int(env.get("WEB_MAX_CONCURRENT_REQUESTS") or 64),
             store_connections=int(env.get("WEB_STORE_CONNECTIONS") or 1),
+            keep_alive_seconds=int(env.get("WEB_KEEP_ALIVE_SECONDS") or 75),
         )
 
 
@@ -105,7 +117,7 @@ class Responder(Protocol):
     async def respond(self, scope: dict, body: bytes) -> Answer: ...
 
 
-def _json_answer(status: int, code: str, message: str) -> Answer:
+def json_answer(status: int, code: str, message: str) -> Answer:
     body = json.dumps({"error": code, "message": message}).encode()
     headers = [
         (b"content-type", b"application/json"),
@@ -117,7 +129,7 @@ def _json_answer(status: int, code: str, message: str) -> Answer:
 
 
 class BufferedBody:
-    """The ASGI app granian runs: a responder gets only requests whose body arrived whole
+    """The ASGI app the server runs: a responder gets only requests whose body arrived whole
     and in time, and gets that body as bytes.
 
     The body is read on the event loop under one deadline for all of it (not per read: a
@@ -140,11 +152,17 @@ class BufferedBody:
         rest: Responder,
         timeout_seconds: float,
         max_body_bytes: int,
+        max_in_flight: int,
         on_shutdown: Callable[[], Awaitable[None]] | None = None,
     ):
         self.webhooks, self.rest = webhooks, rest
         self.timeout_seconds = timeout_seconds
         self.max_body_bytes = max_body_bytes
+        # At most this many requests buffer a body or wait for their answer at once; the
+        # rest wait here, before their body is read (the server pauses reading a connection
+        # whose unread body passes 64 KiB). So what bodies hold in memory is bounded by
+        # max_in_flight x max_body_bytes, however many clients connect.
+        self._in_flight = asyncio.Semaphore(max_in_flight)
         self.on_shutdown = on_shutdown
 
     async def __call__(self, scope, receive, send) -> None:
@@ -152,14 +170,15 @@ class BufferedBody:
             await self._lifespan(receive, send)
             return
         if scope["type"] != "http":
-            return  # granian runs with websockets off
-        body = await self._body(scope, receive)
-        if isinstance(body, tuple):
-            status, headers, answer = body
-        elif scope["path"].startswith(WEBHOOK_PATH_PREFIX):
-            status, headers, answer = await self.webhooks.respond(scope, body)
-        else:
-            status, headers, answer = await self.rest.respond(scope, body)
+            return  # the server runs with websockets off
+        async with self._in_flight:
+            body = await self._body(scope, receive)
+            if isinstance(body, tuple):
+                status, headers, answer = body
+            elif scope["path"].startswith(WEBHOOK_PATH_PREFIX):
+                status, headers, answer = await self.webhooks.respond(scope, body)
+            else:
+                status, headers, answer = await self.rest.respond(scope, body)
         try:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": answer})
@@ -174,7 +193,7 @@ class BufferedBody:
                 declared = value
                 break
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            return _json_answer(413, "body_too_large", self._too_large_message())
+            return json_answer(413, "body_too_large", self._too_large_message())
         chunks: list[bytes] = []
         size = 0
         try:
@@ -182,16 +201,16 @@ class BufferedBody:
                 while True:
                     message = await receive()
                     if message["type"] == HTTP_DISCONNECT:
-                        return _json_answer(400, *self._incomplete(declared, size))
+                        return json_answer(400, *self._incomplete(declared, size))
                     chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > self.max_body_bytes:
-                        return _json_answer(413, "body_too_large", self._too_large_message())
+                        return json_answer(413, "body_too_large", self._too_large_message())
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            return _json_answer(
+            return json_answer(
                 408,
                 "body_read_timeout",
                 f"The request body did not arrive within {self.timeout_seconds:g} s.",
@@ -363,7 +382,7 @@ def webhook_handler():
 
 
 class WebhooksOnTheLoop:
-    """Responder for `/webhooks/`: Django's async handler run on granian's event loop.
+    """Responder for `/webhooks/`: Django's async handler run on the server's event loop.
 
     The receive view here is the coroutine one (the request's URLconf is
     ingress/urls_on_the_loop.py), and its row is written by the loop's
@@ -511,7 +530,7 @@ def _webhook_request_class() -> type:
 
 
 def application():
-    """The ASGI app each granian worker builds (granian's factory mode: nothing at import)."""
+    """The ASGI app each server worker builds (uvicorn's factory mode: nothing at import)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "eventdrop.settings")
     from django.conf import settings
     from django.core.wsgi import get_wsgi_application
@@ -543,12 +562,13 @@ def application():
         rest=DjangoThreads(complete_body(django_app), threads=config.threads),
         timeout_seconds=settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS,
         max_body_bytes=max(largest_source_limit, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0),
+        max_in_flight=config.max_concurrent_requests,
         on_shutdown=raw_rows_on_loop.aclose,
     )
 
 
 def _start_ack_rollup(interval_seconds: float) -> None:
-    # One per worker process (granian calls the factory in each): its own histogram's deltas.
+    # One per worker process (uvicorn calls the factory in each): its own histogram's deltas.
     from console.ack_rollup import AckRollup, AckRollupFlusher
     from ingress.views import ACK_SECONDS
 
@@ -566,38 +586,40 @@ def _empty_prometheus_multiproc_dir() -> None:
 
 
 def serve(config: WebServerConfig | None = None) -> None:
-    from granian import Granian
-    from granian.constants import HTTPModes, Interfaces, Loops
-    from granian.http import HTTP1Settings
-    from granian.log import LogLevels
+    import uvicorn
+
+    from eventdrop.web_protocol import BoundedHttpToolsProtocol
 
     config = config or WebServerConfig.from_environ()
     _empty_prometheus_multiproc_dir()
-    Granian(
+    uvicorn.run(
         "eventdrop.web:application",
         factory=True,
-        address=config.host,
+        host=config.host,
         port=config.port,
-        interface=Interfaces.ASGI,
-        # uvloop, not asyncio's own loop: the same webhook costs the worker about a tenth
-        # less CPU (docs/benchmarks.md), mostly in granian handing requests to the loop.
-        # Named, not granian's `auto`, which would take rloop first were it ever installed.
-        loop=Loops.uvloop,
-        http=HTTPModes.http1,
-        websockets=False,
         workers=config.processes,
-        # At most this many requests per process at once, each buffering at most the body
-        # limit (BufferedBody): the bound on what bodies can hold in memory, per process
-        # max_concurrent_requests x max_body_bytes (granian's own default is 512 x 2.5 MB).
-        # Further requests wait in the kernel's and granian's queues, unread.
-        backpressure=config.max_concurrent_requests,
-        respawn_failed_workers=True,
-        http1_settings=HTTP1Settings(
-            header_read_timeout=int(config.header_read_timeout_seconds * 1000),
-            max_buffer_size=config.max_header_bytes,
-        ),
-        log_level=LogLevels(os.environ.get("WEB_LOG_LEVEL", "info")),
-    ).serve()
+        # httptools' parser (C) on uvloop, with the bounds on a request's head that uvicorn
+        # lacks (eventdrop/web_protocol.py). One thread per process speaks HTTP and runs
+        # the webhook: no hop between threads per request, which was most of what a webhook
+        # cost under granian (docs/benchmarks.md, "uvicorn").
+        loop="uvloop",
+        http=BoundedHttpToolsProtocol,
+        ws="none",
+        lifespan="on",
+        # An idle keep-alive connection is closed after this; behind a load balancer it
+        # must outlast the balancer's own idle timeout, or a request races the close.
+        timeout_keep_alive=config.keep_alive_seconds,
+        # Requests in flight at shutdown finish within their own deadlines (body read,
+        # store); this only bounds the wait for them.
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        # The client address is the peer's: X-Forwarded-For is trusted by nobody here.
+        proxy_headers=False,
+        server_header=False,
+        access_log=False,
+        # Django's LOGGING (set up by the app in each worker) formats uvicorn's records too.
+        log_config=None,
+        log_level=os.environ.get("WEB_LOG_LEVEL", "info"),
+    )
 
 
 if __name__ == "__main__":

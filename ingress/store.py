@@ -399,7 +399,7 @@ class _QueuedRow(_QueuedValues):
 class LoopGroupCommit(_RawEventRows):
     """Group commit on the web server's event loop: the receive path without threads.
 
-    The production server runs `/webhooks/` as an async view on granian's event loop
+    The production server runs `/webhooks/` as an async view on uvicorn's event loop
     (eventdrop/web.py), and its rows are written here on asyncio psycopg connections
     (eventdrop.db.postgresql's `open_async_connection`: the same parameters, role and bounds
     as the process's own Django connection). Requests queue their row and await it; up to

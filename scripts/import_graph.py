@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 APPS = ("eventdrop", "ingress", "recaps", "outbox", "console")
 LAYERS = ("project", "console", "outbox", "recaps", "ingress", "eventdrop")  # top first
 # eventdrop's modules that wire the project together (and so may import any app).
-PROJECT_MODULES = ("urls", "web", "checks", "wsgi", "asgi", "settings", "settings_test", "views")
+PROJECT_MODULES = (
+    "urls", "web", "web_protocol", "checks", "wsgi", "asgi", "settings", "settings_test", "views"
+)
 
 
 def layer_of(module: str) -> str:

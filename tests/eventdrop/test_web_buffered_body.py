@@ -40,7 +40,7 @@ def run(messages: list[dict], *, headers=(), timeout=1.0, max_body_bytes=100, pa
     scope = {"type": "http", "path": path,
              "headers": [(k.encode(), v.encode()) for k, v in headers]}
     app = BufferedBody(webhooks=webhooks, rest=rest, timeout_seconds=timeout,
-                       max_body_bytes=max_body_bytes)
+                       max_body_bytes=max_body_bytes, max_in_flight=4)
     asyncio.run(app(scope, receive, send))
     status = sent[0]["status"] if sent else None
     body = sent[1]["body"] if len(sent) > 1 else b""
@@ -59,7 +59,8 @@ def test_a_body_in_pieces_reaches_the_app_whole_and_once():
 
 def test_webhooks_go_to_the_loop_and_everything_else_to_the_threads():
     webhooks, rest = RecordingResponder(), RecordingResponder()
-    app = BufferedBody(webhooks=webhooks, rest=rest, timeout_seconds=1, max_body_bytes=100)
+    app = BufferedBody(webhooks=webhooks, rest=rest, timeout_seconds=1, max_body_bytes=100,
+                       max_in_flight=4)
     sent: list[dict] = []
 
     async def send(message):
@@ -84,7 +85,8 @@ def test_lifespan_shutdown_runs_the_shutdown_hook():
         closed.append(True)
 
     app = BufferedBody(webhooks=RecordingResponder(), rest=RecordingResponder(),
-                       timeout_seconds=1, max_body_bytes=100, on_shutdown=on_shutdown)
+                       timeout_seconds=1, max_body_bytes=100, max_in_flight=4,
+                       on_shutdown=on_shutdown)
     messages = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
     sent: list[dict] = []
 
@@ -131,3 +133,42 @@ def test_a_declared_length_over_the_cap_is_413_before_any_read():
 def test_a_streamed_body_over_the_cap_is_413_without_reading_on():
     calls, status, _ = run([chunk(b"x" * 60, True), chunk(b"x" * 60, True), chunk(b"", False)])
     assert calls == [] and status == 413
+
+
+def test_past_the_cap_a_request_waits_unread_until_one_in_flight_is_answered():
+    # What bounds the bodies held in memory: with a cap of 2, a third request's body is not
+    # read (its receive() not called) while two are in flight, and is once one is answered.
+    release = asyncio.Event()
+    order: list[str] = []
+
+    class SlowResponder:
+        async def respond(self, scope, body):
+            order.append(f"respond {body.decode()}")
+            if body != b"3":
+                await release.wait()
+            return 202, [], b"ok"
+
+    app = BufferedBody(webhooks=SlowResponder(), rest=SlowResponder(), timeout_seconds=1,
+                       max_body_bytes=100, max_in_flight=2)
+
+    async def request(number: str):
+        async def receive():
+            order.append(f"read {number}")
+            return chunk(number.encode(), False)
+
+        async def send(message):
+            pass
+
+        await app({"type": "http", "path": "/webhooks/stripe/", "headers": []}, receive, send)
+
+    async def main():
+        requests = [asyncio.create_task(request(n)) for n in ("1", "2", "3")]
+        await asyncio.sleep(0.05)
+        seen_while_full = list(order)
+        release.set()
+        await asyncio.gather(*requests)
+        return seen_while_full
+
+    seen_while_full = asyncio.run(main())
+    assert seen_while_full == ["read 1", "respond 1", "read 2", "respond 2"]
+    assert order[4:] == ["read 3", "respond 3"]

@@ -205,7 +205,8 @@ def test_body_the_server_cannot_read_is_400_without_a_row(client):
 
 
 def test_neither_length_nor_chunked_is_411_even_when_the_server_says_terminated(client):
-    # granian's WSGI mode marks every input terminated, with a body or without.
+    # Some WSGI servers (granian's WSGI mode) mark every input terminated, with a body or
+    # without.
     response = client.generic(
         "POST",
         "/webhooks/stripe/",

@@ -11,6 +11,7 @@ The invariant for every case: no 2xx and no row for a body that is not exactly w
 framing declared; an answer, when there is one, is a 4xx with a JSON error body. About 20 s.
 """
 
+import contextlib
 import json
 import socket
 import time
@@ -26,6 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 SIGNATURE = b"Stripe-Signature: t=1700000000,v1=00\r\n"
 BODY_READ_TIMEOUT_SECONDS = 1.5
 HEADER_READ_TIMEOUT_SECONDS = 2
+KEEP_ALIVE_SECONDS = 4
 SOCKET_TIMEOUT_SECONDS = 10
 
 
@@ -40,6 +42,7 @@ def _start(kind: str, port: int, log) -> Managed:
         _database_url(),
         WEBHOOK_BODY_READ_TIMEOUT_SECONDS=str(BODY_READ_TIMEOUT_SECONDS),
         WEB_HEADER_READ_TIMEOUT_SECONDS=str(HEADER_READ_TIMEOUT_SECONDS),
+        WEB_KEEP_ALIVE_SECONDS=str(KEEP_ALIVE_SECONDS),
         WEB_CONCURRENCY="1",
     )
     if kind == "web":
@@ -325,3 +328,137 @@ def test_the_server_bounds_headers_before_any_source_does(server):
     assert status == 431
     assert not RawEvent.objects.exists()
 
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> float | None:
+    """Seconds until the server closed `sock` (reading nothing), or None if it did not."""
+    started = time.monotonic()
+    sock.settimeout(0.25)
+    while time.monotonic() - started < seconds:
+        try:
+            if sock.recv(65536) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - started
+    return None
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole response (head and its Content-Length of body), or what came before EOF."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        data = sock.recv(65536)
+        if not data:
+            return received
+        received += data
+    head, _, rest = received.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(rest) < length:
+        data = sock.recv(65536)
+        if not data:
+            break
+        rest += data
+    return head + b"\r\n\r\n" + rest
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(server):
+    kind, port = server
+    if kind != "web":
+        pytest.skip("WEB_HEADER_READ_TIMEOUT_SECONDS is the production server's setting")
+    with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
+        closed_after = _closed_within(sock, HEADER_READ_TIMEOUT_SECONDS + 3)
+
+    assert closed_after is not None, "an idle new connection was kept open"
+    assert HEADER_READ_TIMEOUT_SECONDS - 0.5 < closed_after < HEADER_READ_TIMEOUT_SECONDS + 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_keep_alive_connection_lasts_its_keep_alive_not_the_header_deadline(server):
+    kind, port = server
+    if kind != "web":
+        pytest.skip("WEB_KEEP_ALIVE_SECONDS is the production server's setting")
+    body = b'{"id": "evt_keep_alive"}'
+    request = post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body))
+    request += b"\r\n" + body
+    with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
+        sock.sendall(request)
+        assert _read_response(sock).startswith(b"HTTP/1.1 202")
+        # Idle past the header deadline, inside the keep-alive: still open, still served.
+        time.sleep(HEADER_READ_TIMEOUT_SECONDS + 0.5)
+        sock.sendall(request)
+        assert _read_response(sock).startswith(b"HTTP/1.1 202")
+        closed_after = _closed_within(sock, KEEP_ALIVE_SECONDS + 3)
+
+    assert closed_after is not None and closed_after > KEEP_ALIVE_SECONDS - 0.5
+    assert RawEvent.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_header_line_that_never_ends_is_431_before_the_server_buffers_it(server):
+    kind, port = server
+    if kind != "web":
+        pytest.skip("gunicorn's limits are per field (8190 bytes x 100 fields)")
+    with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
+        sock.sendall(post_head("/webhooks/stripe/") + b"X-Endless: ")
+        answer = b""
+        try:
+            for _ in range(64):  # 64 x 16 KiB, far past the server's 64 KiB, never a CRLF
+                sock.sendall(b"e" * 16384)
+        except OSError:
+            pass  # closed by the server: the answer was sent before
+        sock.settimeout(SOCKET_TIMEOUT_SECONDS)
+        with contextlib.suppress(OSError):
+            answer = _read_response(sock)
+
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert b'"headers_too_large"' in answer
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_malformed_request_line_is_a_json_400(server):
+    kind, port = server
+    if kind != "web":
+        pytest.skip("gunicorn answers its own HTML error page")
+    status, answer = exchange(port, b"POST /webhooks/stripe/ HTTP/1.1 extra\r\nHost: x\r\n")
+
+    assert status == 400 and answer is not None, answer
+    assert answer["error"] == "malformed_request"
+    assert not RawEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_requests_past_the_in_flight_cap_wait_unread_and_are_then_served(tmp_path):
+    """WEB_MAX_CONCURRENT_REQUESTS on the real server: with a cap of 1, a client trickling
+    its body holds the one place, so a whole webhook sent meanwhile waits (its body unread)
+    until the trickler is cut off at the body deadline, and is then stored and answered."""
+    port = free_port()
+    env = app_env(
+        _database_url(),
+        WEBHOOK_BODY_READ_TIMEOUT_SECONDS=str(BODY_READ_TIMEOUT_SECONDS),
+        WEB_CONCURRENCY="1", WEB_THREADS="1", WEB_MAX_CONCURRENT_REQUESTS="1",
+    )
+    process = start_procfile("web", env, port=port, log=tmp_path / "web.log")
+    try:
+        process.wait_listening(port, timeout=30)
+        body = b'{"id": "evt_waits_its_turn"}'
+        with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as slow:
+            slow.sendall(post_head("/webhooks/stripe/", b"Content-Length: 50\r\n") + b"\r\nx")
+            time.sleep(0.3)  # its request is in flight, its body incomplete
+            started = time.monotonic()
+            status, answer = exchange(
+                port, post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body)), body
+            )
+            waited = time.monotonic() - started
+            slow.settimeout(SOCKET_TIMEOUT_SECONDS)
+            assert _read_response(slow).startswith(b"HTTP/1.1 408")
+    finally:
+        process.stop()
+
+    assert status == 202 and answer is not None, answer
+    assert waited > BODY_READ_TIMEOUT_SECONDS - 0.3 - 0.2, waited  # held until the 408
+    assert [bytes(event.body) for event in RawEvent.objects.all()] == [body]

@@ -29,11 +29,14 @@ def test_binds_loopback_unless_told_otherwise():
 def test_port_processes_threads_and_header_bounds_come_from_the_environment():
     config = WebServerConfig.from_environ(
         {"PORT": "5001", "WEB_CONCURRENCY": "3", "WEB_THREADS": "8",
-         "WEB_HEADER_READ_TIMEOUT_SECONDS": "2.5", "WEB_MAX_HEADER_BYTES": "100"}
+         "WEB_HEADER_READ_TIMEOUT_SECONDS": "2.5", "WEB_MAX_HEADER_BYTES": "100",
+         "WEB_KEEP_ALIVE_SECONDS": "30"}
     )
     assert (config.port, config.processes, config.threads) == (5001, 3, 8)
     assert config.header_read_timeout_seconds == 2.5
-    assert config.max_header_bytes == 8192  # granian's smallest read buffer
+    assert config.max_header_bytes == 8192  # never below what every provider's head fits in
+    assert config.keep_alive_seconds == 30
+    assert WebServerConfig.from_environ({}).keep_alive_seconds == 75
 
 
 def test_defaults_fit_the_webhook_budget(environ):
@@ -61,7 +64,8 @@ def test_header_read_timeout_counts_against_the_budget(environ):
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("WEB_THREADS", "many"), ("WEB_THREADS", "0"), ("WEB_HEADER_READ_TIMEOUT_SECONDS", "61")],
+    [("WEB_THREADS", "many"), ("WEB_THREADS", "0"), ("WEB_HEADER_READ_TIMEOUT_SECONDS", "61"),
+     ("WEB_KEEP_ALIVE_SECONDS", "-1")],
 )
 def test_malformed_server_setting_fails_the_check(environ, variable, value):
     environ.setenv(variable, value)
@@ -80,8 +84,8 @@ def test_source_header_limit_above_the_servers_is_warned_about(environ):
 
 
 def test_concurrent_requests_per_process_are_capped_explicitly():
-    # granian's own default (512 per process, each buffering up to the body limit) is not
-    # a memory bound anyone chose.
+    # A cap somebody chose: what the bodies in flight may hold in memory is this many times
+    # the body limit, per process (tests/ingress/test_receive_framing.py drives it).
     assert WebServerConfig.from_environ({}).max_concurrent_requests == 64
     assert WebServerConfig.from_environ(
         {"WEB_MAX_CONCURRENT_REQUESTS": "16"}
