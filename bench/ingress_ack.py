@@ -7,8 +7,11 @@ One run measures, on this machine and within a few minutes:
 1. **the ceiling**: `pgbench` running the webhook's own INSERT (bench/pgbench_raw_event_insert.sql:
    one row, every column the store writes, the body the HTTP load sends, one transaction
    each) into today's partition of
-   `ingress_rawevent`, at the same number of connections as the HTTP load. Run before and
-   after the HTTP phases; the mean is the ceiling the ratios use. pgbench sends it as a
+   `ingress_rawevent`, at the same number of connections as the HTTP load. Run right before
+   and right after each webhook phase (the server idle meanwhile): that phase's ratio is
+   taken against the mean of its two, and the ratio printed for a server is the median of
+   its phases' ratios, so that the VM's speed, which moves by tens of per cent from one
+   minute to the next, is taken out as far as it can be. pgbench sends it as a
    prepared statement (`-M prepared`), as the app's store does since it binds on the server
    (DATABASE_PREPARE_THRESHOLD, eventdrop/settings.py): the ceiling is what PostgreSQL takes
    of the INSERT as the store issues it. `--ceiling-protocol simple` (parsed and planned
@@ -24,7 +27,8 @@ One run measures, on this machine and within a few minutes:
 
 It prints ACK/s, p50/p95/p99 and the server's CPU per answered request (its workers' user +
 system time from /proc) of each phase, the ceiling, and the two ratios (webhook / ceiling:
-the figure issue 15 sets at >= 0.5; webhook / no-write). Rows are checked: every 2xx
+the figure issue 15 sets at >= 0.5; webhook / no-write; with `--rounds N` each server has N
+webhook phases per connection count, each with its pair of ceilings). Rows are checked: every 2xx
 must be a row (rows >= 2xx), and at most the requests still in flight when the load stopped
 may be rows without an answer counted (wrk stops on a clock). Otherwise it exits 1.
 
@@ -129,6 +133,13 @@ class Phase:
     rows: int | None = None  # rows the phase stored (webhook phases)
     server_cpu_us: float | None = None  # the server workers' CPU per 2xx (user + system)
     slow_answers: dict = field(default_factory=dict)
+    # pgbench's ceiling at the same connections right before and right after this phase
+    # (webhook phases without slow clients): the ceiling the phase's ratio is taken against.
+    ceilings: list[float] = field(default_factory=list)
+
+    @property
+    def ceiling(self) -> float | None:
+        return sum(self.ceilings) / len(self.ceilings) if self.ceilings else None
 
     @property
     def rate(self) -> float:
@@ -505,6 +516,11 @@ def check_pgbench_script() -> None:
         )
 
 
+def ceiling(args, connections: int) -> float:
+    """The ceiling at `connections`, as the run's arguments ask for it."""
+    return pgbench_ceiling(connections, args.ceiling_seconds, args.ceiling_protocol)
+
+
 def pgbench_ceiling(connections: int, seconds: float, protocol: str) -> float:
     """Transactions per second of the webhook's INSERT, `connections` pgbench clients."""
     out = subprocess.run(
@@ -739,10 +755,14 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
                             server, args.seconds, args.py_spy, f"{label}_{round_no}"
                         )
                     workers = server_workers(server)
+                    paired = endpoint == "webhook" and not slow
+                    ceilings = [ceiling(args, connections)] if paired else []
                     with SlowClients(port, slow) as slow_clients:
                         cpu_before = cpu_seconds(workers)
                         figures = load(port, path, connections, args.seconds)
                         cpu_used = cpu_seconds(workers) - cpu_before
+                    if paired:
+                        ceilings.append(ceiling(args, connections))
                     if spying:
                         py_spy_report(recorders)
                     phase = Phase(
@@ -752,6 +772,7 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
                         connections=connections,
                         slow_clients=slow,
                         slow_answers=dict(slow_clients.answers),
+                        ceilings=ceilings,
                         **figures,
                     )
                     if before is not None:
@@ -769,16 +790,18 @@ def print_header() -> None:
     print(
         f"{'server':<9}{'rnd':>4} {'endpoint':<8}{'conns':>6}{'slow':>5}{'2xx':>8}{'other':>6}"
         f"{'ACK/s':>8}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'rows':>8}{'cpu us':>8}"
+        f"{'ceiling':>9}{'ratio':>7}"
     )
 
 
 def print_phase(p: Phase) -> None:
     rows = "" if p.rows is None else str(p.rows)
     cpu = "" if p.server_cpu_us is None else f"{p.server_cpu_us:.0f}"
+    paired = "" if p.ceiling is None else f"{p.ceiling:>9.0f}{p.rate / p.ceiling:>7.2f}"
     print(
         f"{p.server:<9}{p.round:>4} {p.endpoint:<8}{p.connections:>6}{p.slow_clients:>5}"
         f"{p.ok:>8}{p.other:>6}{p.rate:>8.0f}{p.p50_ms:>8.2f}{p.p95_ms:>8.2f}{p.p99_ms:>8.2f}"
-        f"{p.max_ms:>8.0f}{rows:>8}{cpu:>8}",
+        f"{p.max_ms:>8.0f}{rows:>8}{cpu:>8}{paired}",
         flush=True,
     )
 
@@ -799,12 +822,27 @@ def rows_verdict(phases: list[Phase]) -> tuple[bool, list[str]]:
     return ok, lines
 
 
-def summarize(phases, ceilings, args) -> dict:
+def summarize(phases, args) -> dict:
+    """Per server and connections: the means of its webhook phases, and the ratio to the
+    ceiling as the median of each phase's ratio to its own pair of ceilings (the VM's speed
+    moves by tens of per cent within minutes: a ceiling measured once before the whole run
+    and once after it moved the ratio of the same code from 0.53 to 0.30)."""
+
     def mean(values):
         values = list(values)
         return sum(values) / len(values) if values else float("nan")
 
-    ceiling = {c: mean(ceilings[c]) for c in ceilings}
+    def median(values):
+        values = sorted(values)
+        if not values:
+            return float("nan")
+        middle = len(values) // 2
+        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+    ceiling = {
+        c: mean(x for p in phases if p.connections == c for x in p.ceilings)
+        for c in args.connections
+    }
     summary: dict = {"ceiling_per_s": {str(c): v for c, v in ceiling.items()}, "servers": {}}
     for label in dict.fromkeys(p.server for p in phases):
         mine = [p for p in phases if p.server == label]
@@ -825,8 +863,9 @@ def summarize(phases, ceilings, args) -> dict:
                 "p99_ms": mean(p.p99_ms for p in hooks),
                 "noop_per_s": noop,
                 "noop_p99_ms": mean(p.p99_ms for p in noops),
-                "ceiling_per_s": ceiling.get(c, float("nan")),
-                "ratio_to_ceiling": ack / ceiling[c] if c in ceiling else float("nan"),
+                "ceiling_per_s": mean(x for p in hooks for x in p.ceilings),
+                "ratio_to_ceiling": median(p.rate / p.ceiling for p in hooks if p.ceiling),
+                "ratios_to_ceiling": [p.rate / p.ceiling for p in hooks if p.ceiling],
                 "ratio_to_noop": ack / noop if noop else float("nan"),
             }
         slow = [p for p in mine if p.slow_clients]
@@ -882,7 +921,6 @@ def main() -> int:
 
     env = bench_env(f"{SERVER_URL}/{DB_NAME}")
     wrk = ensure_wrk() if args.client == "wrk" else None
-    ceilings: dict[int, list[float]] = {c: [] for c in args.connections}
     phases: list[Phase] = []
     with (
         tempfile.TemporaryDirectory(prefix="ingress_ack_") as workdir,
@@ -905,9 +943,6 @@ def main() -> int:
             f"{args.seconds:g} s per phase  ceiling pgbench -M {args.ceiling_protocol}"
             + (f"  current env {extra_env}" if extra_env else "")
         )
-        for c in args.connections:
-            ceilings[c].append(pgbench_ceiling(c, args.ceiling_seconds, args.ceiling_protocol))
-        print(f"pgbench ceiling (before): { ({c: round(v[-1]) for c, v in ceilings.items()}) }")
         psql(DB_NAME, "TRUNCATE ingress_rawevent")
         print_header()
         for round_no in range(1, (args.rounds if args.baseline else 1) + 1):
@@ -916,11 +951,8 @@ def main() -> int:
                 phases += measure_server(
                     label, round_no, root, server_env, env, args, load, workdir
                 )
-        for c in args.connections:
-            ceilings[c].append(pgbench_ceiling(c, args.ceiling_seconds, args.ceiling_protocol))
-        print(f"pgbench ceiling (after):  { ({c: round(v[-1]) for c, v in ceilings.items()}) }")
 
-    summary = summarize(phases, ceilings, args)
+    summary = summarize(phases, args)
     ok, lines = rows_verdict(phases)
     print()
     for label, per in summary["servers"].items():
@@ -930,7 +962,9 @@ def main() -> int:
                 f"{label}, {c} connections: {s['ack_per_s']:.0f} ACK/s, p50/p95/p99 "
                 f"{s['p50_ms']:.2f}/{s['p95_ms']:.2f}/{s['p99_ms']:.2f} ms; no-write "
                 f"{s['noop_per_s']:.0f}/s; ceiling {s['ceiling_per_s']:.0f}/s; ratio to ceiling "
-                f"{s['ratio_to_ceiling']:.2f}, to no-write {s['ratio_to_noop']:.2f}"
+                f"{s['ratio_to_ceiling']:.2f} (median of "
+                + ", ".join(f"{r:.2f}" for r in s["ratios_to_ceiling"])
+                + f"), to no-write {s['ratio_to_noop']:.2f}"
             )
         if "slow_clients" in per:
             s = per["slow_clients"]
