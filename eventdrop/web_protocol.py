@@ -89,7 +89,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # Each request's head is counted from here (the read it began in is not: one read
+        # more than the limit at most), never the heads before it on the same connection.
         self._head_complete = False
+        self._head_bytes = 0
         self._arm_head_deadline()
 
     def on_headers_complete(self) -> None:

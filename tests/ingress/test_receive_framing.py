@@ -420,6 +420,29 @@ def test_a_header_line_that_never_ends_is_431_before_the_server_buffers_it(serve
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_head_limit_is_per_request_on_a_long_keep_alive_connection(server):
+    # 100 requests of ~1 KiB heads on one connection, each head in two reads: 100 KiB of
+    # heads in all, past the server's 64 KiB. Each is its own head, within the limit.
+    kind, port = server
+    if kind != "web":
+        pytest.skip("gunicorn's limits are per field (8190 bytes x 100 fields)")
+    body = b'{"id": "evt_long_connection"}'
+    padding = b"X-Pad: " + b"p" * 800 + b"\r\n"
+    request = post_head("/webhooks/stripe/", padding, b"Content-Length: %d\r\n" % len(body))
+    answers = []
+    with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(100):
+            sock.sendall(request[:40])
+            time.sleep(0.01)  # the rest of the head in a read of its own
+            sock.sendall(request[40:] + b"\r\n" + body)
+            answers.append(_read_response(sock)[:12])
+
+    assert answers == [b"HTTP/1.1 202"] * 100
+    assert RawEvent.objects.count() == 100
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_malformed_request_line_is_a_json_400(server):
     kind, port = server
     if kind != "web":
