@@ -96,7 +96,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._arm_head_deadline()
 
     def on_headers_complete(self) -> None:
-        self._head_complete = True
         self._disarm_head_deadline()
         # The head as received, give or take a header's surrounding whitespace: what the
         # parser kept of it. (The count of bytes received cannot tell where in the last read
@@ -106,7 +105,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             size += len(name) + len(value) + 4
         if size > self.max_header_bytes:
             raise _HeadTooLarge  # stops the parser; data_received answers 431
-        super().on_headers_complete()
+        super().on_headers_complete()  # may raise too: a request-target it cannot parse
+        self._head_complete = True
 
     # --- the bounds ----------------------------------------------------------------------
 
