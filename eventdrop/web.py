@@ -601,7 +601,7 @@ def serve(config: WebServerConfig | None = None) -> None:
         # httptools' parser (C) on uvloop, with the bounds on a request's head that uvicorn
         # lacks (eventdrop/web_protocol.py). One thread per process speaks HTTP and runs
         # the webhook: no hop between threads per request, which was most of what a webhook
-        # cost under granian (docs/benchmarks.md, "uvicorn").
+        # cost under granian (docs/benchmarks.md, "granian → uvicorn").
         loop="uvloop",
         http=BoundedHttpToolsProtocol,
         ws="none",
