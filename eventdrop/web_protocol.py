@@ -139,16 +139,15 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         # chunked framing) the request's app is still waiting for the rest: it is told the
         # client is gone (connection_lost), so the body never reaches the view.
         if self._head_complete:
-            self._answer_and_close(
-                400, "malformed_body", "The chunked body is malformed."
-            )
+            self._answer_and_close(400, "malformed_body", "The chunked body is malformed.")
         else:
             self._answer_and_close(
                 400, "malformed_request", "The request line or a header is malformed."
             )
 
     def _answer_and_close(self, status: int, code: str, message: str) -> None:
-        """Answer outside the app (nothing of this request reached it) and close."""
+        """Answer from the protocol itself, then close: the app has not answered this
+        request (it never saw it, or waits for a body that will not come)."""
         if self.transport.is_closing():
             return
         if self.cycle is not None and self.cycle.response_started and not (

@@ -329,7 +329,6 @@ def test_the_server_bounds_headers_before_any_source_does(server):
     assert not RawEvent.objects.exists()
 
 
-
 def _closed_within(sock: socket.socket, seconds: float) -> float | None:
     """Seconds until the server closed `sock` (reading nothing), or None if it did not."""
     started = time.monotonic()
