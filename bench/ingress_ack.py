@@ -63,6 +63,7 @@ import secrets
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,10 @@ class Phase:
     @property
     def ceiling(self) -> float | None:
         return sum(self.ceilings) / len(self.ceilings) if self.ceilings else None
+
+    @property
+    def ratio_to_ceiling(self) -> float | None:
+        return self.rate / self.ceiling if self.ceiling else None
 
     @property
     def rate(self) -> float:
@@ -797,7 +802,7 @@ def print_header() -> None:
 def print_phase(p: Phase) -> None:
     rows = "" if p.rows is None else str(p.rows)
     cpu = "" if p.server_cpu_us is None else f"{p.server_cpu_us:.0f}"
-    paired = "" if p.ceiling is None else f"{p.ceiling:>9.0f}{p.rate / p.ceiling:>7.2f}"
+    paired = "" if p.ceiling is None else f"{p.ceiling:>9.0f}{p.ratio_to_ceiling:>7.2f}"
     print(
         f"{p.server:<9}{p.round:>4} {p.endpoint:<8}{p.connections:>6}{p.slow_clients:>5}"
         f"{p.ok:>8}{p.other:>6}{p.rate:>8.0f}{p.p50_ms:>8.2f}{p.p95_ms:>8.2f}{p.p99_ms:>8.2f}"
@@ -833,11 +838,8 @@ def summarize(phases, args) -> dict:
         return sum(values) / len(values) if values else float("nan")
 
     def median(values):
-        values = sorted(values)
-        if not values:
-            return float("nan")
-        middle = len(values) // 2
-        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+        values = list(values)
+        return statistics.median(values) if values else float("nan")
 
     ceiling = {
         c: mean(x for p in phases if p.connections == c for x in p.ceilings)
@@ -854,6 +856,7 @@ def summarize(phases, args) -> dict:
                 if p.endpoint == "webhook" and p.connections == c and not p.slow_clients
             ]
             noops = [p for p in mine if p.endpoint == "noop" and p.connections == c]
+            ratios = [p.ratio_to_ceiling for p in hooks if p.ratio_to_ceiling is not None]
             ack = mean(p.rate for p in hooks)
             noop = mean(p.rate for p in noops)
             per[str(c)] = {
@@ -864,8 +867,8 @@ def summarize(phases, args) -> dict:
                 "noop_per_s": noop,
                 "noop_p99_ms": mean(p.p99_ms for p in noops),
                 "ceiling_per_s": mean(x for p in hooks for x in p.ceilings),
-                "ratio_to_ceiling": median(p.rate / p.ceiling for p in hooks if p.ceiling),
-                "ratios_to_ceiling": [p.rate / p.ceiling for p in hooks if p.ceiling],
+                "ratio_to_ceiling": median(ratios),
+                "ratios_to_ceiling": ratios,
                 "ratio_to_noop": ack / noop if noop else float("nan"),
             }
         slow = [p for p in mine if p.slow_clients]
