@@ -16,9 +16,10 @@ docs/benchmarks.md, "The production web server: gunicorn → granian" and "grani
   its one INSERT and its 503 work exactly as under any WSGI server. A request's head is
   bounded by the server's protocol (eventdrop/web_protocol.py): a deadline, and 431 past a
   size.
-- `/webhooks/` never leaves the event loop (`WebhooksOnTheLoop`, issue 15): Django's handler
-  runs there as an async chain behind only the middleware a provider's POST needs
-  (`webhook_handler`), the receive view is its coroutine twin, and the rows of the requests
+- `/webhooks/` never leaves the event loop (`WebhooksOnTheLoop`, issue 15): the receive
+  view's coroutine twin runs there behind only the middleware a provider's POST needs, in
+  Django's order and with Django's error handling but without BaseHandler's general-purpose
+  machinery (`WebhookChain`), and the rows of the requests
   waiting at the same moment share one INSERT and one commit on the loop's own asyncio
   connections (ingress/store.py, LoopGroupCommit). The HTTP parsing runs on that same
   thread, so per webhook there is no thread hop at all: under granian, whose HTTP runs on
@@ -55,6 +56,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
+
+from asgiref.sync import sync_to_async
 
 HTTP_DISCONNECT = "http.disconnect"
 # How long the server waits at shutdown for requests in flight, which end within their own
@@ -307,82 +310,126 @@ WEBHOOK_PATH_PREFIX = "/webhooks/"
 WEBHOOK_URLCONF = "ingress.urls_on_the_loop"
 
 
-class _OnTheLoop:
-    """A MiddlewareMixin middleware in an async chain, its hooks called on the event loop.
+class WebhookChain:
+    """Django's request handling for `/webhooks/`, on the event loop: the loop URLconf's view
+    behind WEBHOOK_MIDDLEWARE, without BaseHandler's general-purpose machinery.
 
-    Django's own async mode (MiddlewareMixin.__acall__) runs process_request and
-    process_response each through sync_to_async, on a thread: two thread hops per middleware
-    per request. The hooks of WEBHOOK_MIDDLEWARE compute headers and redirects from the
-    request alone, no I/O, so they run here where they are.
+    It does what Django's handler does for these requests, in the same order: each
+    middleware's `process_request` outside in (the first to return a response ends the way
+    in), the view, each `process_response` inside out. An exception becomes a response at the
+    layer that raised it, by Django's own `response_for_exception` (DisallowedHost 400, Http404
+    404 through the URLconf's handler, anything else a logged 500 with `got_request_exception`
+    sent), and the layers outside that one still see the response, as under
+    `convert_exception_to_response`; a 4xx or 5xx answer is logged as Django logs it.
+
+    What it leaves out is what BaseHandler does for every request to serve cases a webhook never
+    is (measured in docs/benchmarks.md, "The webhook chain"): the chain of per-layer wrappers
+    and coroutine checks, view and template-response middleware, ATOMIC_REQUESTS, running a
+    sync view on a thread, and setting the task's URLconf and script prefix to the values they
+    already hold. Whatever of these could apply is refused when the chain is built rather
+    than skipped silently: a middleware with other hooks, a sync view, ATOMIC_REQUESTS.
     """
 
-    def __init__(self, middleware_class, get_response):
-        from asgiref.sync import markcoroutinefunction
+    def __init__(self, *, urlconf: str):
+        from django.conf import settings
+        from django.core.exceptions import ImproperlyConfigured
+        from django.core.handlers.exception import response_for_exception
+        from django.urls import get_resolver, set_urlconf
+        from django.utils.log import log_response
+        from django.utils.module_loading import import_string
 
-        self.middleware = middleware_class(get_response)
-        self.get_response = get_response
-        self.process_request = getattr(self.middleware, "process_request", None)
-        self.process_response = getattr(self.middleware, "process_response", None)
-        markcoroutinefunction(self)
+        for alias, database in settings.DATABASES.items():
+            if database.get("ATOMIC_REQUESTS"):
+                # Django refuses it for a coroutine view too (make_view_atomic).
+                raise ImproperlyConfigured(
+                    f"DATABASES[{alias!r}] sets ATOMIC_REQUESTS: not for the webhook chain"
+                )
+        self.urlconf = urlconf
+        self._set_urlconf, self._log_response = set_urlconf, log_response
+        self._response_for_exception = response_for_exception
+        # (process_request, process_response) per middleware, outermost first. Called as
+        # hooks, never through the instance: get_response is not part of this chain.
+        self.layers: list[tuple[Callable | None, Callable | None]] = []
+        for name in settings.MIDDLEWARE:
+            if name not in WEBHOOK_MIDDLEWARE:
+                continue
+            middleware = import_string(name)(_never_called)
+            for hook in ("process_view", "process_template_response", "process_exception"):
+                if hasattr(middleware, hook):
+                    raise ImproperlyConfigured(f"{name} has {hook}: not for the webhook chain")
+            self.layers.append(
+                (
+                    getattr(middleware, "process_request", None),
+                    getattr(middleware, "process_response", None),
+                )
+            )
+        resolver = get_resolver(urlconf)
 
-    async def __call__(self, request):
-        response = self.process_request(request) if self.process_request else None
-        response = response or await self.get_response(request)
-        if self.process_response:
-            response = self.process_response(request, response)
-        return response
-
-
-def webhook_handler():
-    """Django's handler for `/webhooks/`, as an async chain: the same URLconf, views, signals
-    and error handling, behind only WEBHOOK_MIDDLEWARE, run on the server's event loop by
-    WebhooksOnTheLoop. The other six middleware would do nothing for a provider's POST but
-    cost every one of them a call on the hottest path there is."""
-    from django.conf import settings
-    from django.core.handlers.base import BaseHandler
-    from django.core.handlers.exception import convert_exception_to_response
-    from django.urls import get_resolver, set_urlconf
-    from django.utils.module_loading import import_string
-
-    class WebhookHandler(BaseHandler):
-        resolved: Callable[[str], Any]  # the loop URLconf's resolve(), kept per path
-
-        def load_middleware(self, is_async=True):
-            # BaseHandler.load_middleware for an async chain over the lean list; none of the
-            # lean middleware has view, template-response or exception hooks.
-            self._view_middleware: list = []
-            self._template_response_middleware: list = []
-            self._exception_middleware: list = []
-            handler = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
-            lean = [name for name in settings.MIDDLEWARE if name in WEBHOOK_MIDDLEWARE]
-            for name in reversed(lean):
-                middleware = _OnTheLoop(import_string(name), handler)
-                for hook in ("process_view", "process_template_response", "process_exception"):
-                    if hasattr(middleware.middleware, hook):
-                        raise RuntimeError(f"{name} has {hook}: not for the webhook chain")
-                handler = convert_exception_to_response(middleware)
-            self._middleware_chain = handler
-
-        def resolve_request(self, request):
-            # BaseHandler.resolve_request with the match kept per path: a provider POSTs to
-            # the same few paths every time, and matching the URLconf's patterns and
-            # building a ResolverMatch was a tenth of the request's Python on the loop
-            # (docs/benchmarks.md). A path that does not resolve raises every time, so only
-            # routes are kept, at most 256 of them. The match is shared between requests:
-            # the handler calls the view with a copy of its kwargs.
-            set_urlconf(request.urlconf)
-            match = self.resolved(request.path_info)
-            request.resolver_match = match
+        # A provider POSTs to the same few paths every time: the match is kept per path
+        # (matching the URLconf's patterns was a tenth of a webhook's Python). A path that
+        # does not resolve raises every time, so only routes are kept, at most 256.
+        @lru_cache(maxsize=256)
+        def route(path: str):
+            match = resolver.resolve(path)
+            if not asyncio.iscoroutinefunction(match.func):
+                raise ImproperlyConfigured(f"{match.func!r} is not a coroutine view")
             return match
 
-    handler = WebhookHandler()
-    handler.resolved = lru_cache(maxsize=256)(get_resolver(WEBHOOK_URLCONF).resolve)
-    handler.load_middleware()
-    return handler
+        self.route = route
+
+    async def response(self, request) -> Any:
+        """The HttpResponse Django's handler would give this request."""
+        response = None
+        entered = 0  # layers whose process_request ran without raising
+        try:
+            for process_request, _ in self.layers:
+                if process_request is not None:
+                    response = process_request(request)
+                entered += 1
+                if response is not None:
+                    break
+            else:
+                match = self.route(request.path_info)
+                request.resolver_match = match  # as BaseHandler.resolve_request
+                # The match is shared between requests: the view gets a copy of its kwargs.
+                response = await match.func(request, *match.args, **match.kwargs)
+                if response is None:
+                    raise ValueError(f"The view {match.func.__qualname__} returned None.")
+        except Exception as exc:
+            response = await self._converted(request, exc)
+        for _, process_response in reversed(self.layers[:entered]):
+            if process_response is not None:
+                try:
+                    response = process_response(request, response)
+                except Exception as exc:
+                    response = await self._converted(request, exc)
+        response._resource_closers.append(request.close)
+        if response.status_code >= 400:
+            await sync_to_async(self._log_response, thread_sensitive=False)(
+                "%s: %s",
+                response.reason_phrase,
+                request.path,
+                response=response,
+                request=request,
+            )
+        return response
+
+    async def _converted(self, request, exc: Exception):
+        # An error page is resolved through the request's URLconf, as after Django's
+        # resolve_request (the loop's: its handler404/500 are the project's defaults).
+        self._set_urlconf(self.urlconf)
+        return await sync_to_async(self._response_for_exception, thread_sensitive=False)(
+            request, exc
+        )
+
+
+def _never_called(request):  # the get_response a hook-only middleware is built with
+    raise RuntimeError("the webhook chain calls its middleware's hooks, not the middleware")
 
 
 class WebhooksOnTheLoop:
-    """Responder for `/webhooks/`: Django's async handler run on the server's event loop.
+    """Responder for `/webhooks/`: the receive view run by WebhookChain on the server's event
+    loop.
 
     The receive view here is the coroutine one (the request's URLconf is
     ingress/urls_on_the_loop.py), and its row is written by the loop's
@@ -407,7 +454,7 @@ class WebhooksOnTheLoop:
         self._store = raw_rows_on_loop
         self._started = _RequestSignal(signals.request_started)
         self._finished = _RequestSignal(signals.request_finished)
-        self.handler = webhook_handler()
+        self.chain = WebhookChain(urlconf=WEBHOOK_URLCONF)
         self.store_connections = store_connections
         # On SQLite there are no asyncio connections: the view stores through the threads'
         # group commit (asgiref's sync thread), which serialises writes as SQLite does anyway.
@@ -427,15 +474,16 @@ class WebhooksOnTheLoop:
         self._set_script_prefix(self._script_name(environ))
         if self._started.has_work():
             self._signals.request_started.send(sender=self.__class__, environ=environ)
-        response = await self.handler.get_response_async(self.request_class(environ))
+        response = await self.chain.response(self.request_class(environ))
         headers = [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in response.items()
         ]
-        headers += [
-            (b"set-cookie", cookie.output(header="").strip().encode("latin-1"))
-            for cookie in response.cookies.values()
-        ]
+        if response.cookies:
+            headers += [
+                (b"set-cookie", cookie.output(header="").strip().encode("latin-1"))
+                for cookie in response.cookies.values()
+            ]
         content = response.content
         if self._finished.has_work():
             response.close()  # its closers, then request_finished

@@ -235,6 +235,76 @@ def test_a_webhook_route_is_resolved_once_and_a_path_that_is_none_is_404_every_t
         assert _respond(on_the_loop, path, signed, body)[0] == 202
     for _ in range(2):
         assert _respond(on_the_loop, "/webhooks/stripe/x/", signed, body)[0] == 404
-    resolved = on_the_loop.handler.resolved.cache_info()
+    resolved = on_the_loop.chain.route.cache_info()
     assert (resolved.hits, resolved.misses, resolved.currsize) == (1, 4, 2)
     assert RawEvent.objects.count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_exception_in_the_view_is_djangos_500_and_the_middleware_still_answer(
+    monkeypatch, caplog
+):
+    import ingress.views
+    from eventdrop.web import WebhooksOnTheLoop
+
+    def broken(request, source_name):
+        raise RuntimeError("a bug in the receive path")
+
+    monkeypatch.setattr(ingress.views, "_admit", broken)
+    on_the_loop = WebhooksOnTheLoop(store_connections=1)
+    body = b'{"id": "evt_broken"}'
+    with caplog.at_level("ERROR", logger="django.request"):
+        status, headers = _respond(on_the_loop, "/webhooks/stripe/", _stripe_headers(body), body)
+    # response_for_exception's 500 (logged with the exception), then every layer's
+    # process_response as in Django's chain: the security headers are on the error too.
+    assert status == 500
+    assert headers["x-content-type-options"] == "nosniff"
+    assert [record.exc_info[0] for record in caplog.records if record.exc_info] == [RuntimeError]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_request_is_logged_as_django_logs_it(caplog):
+    from eventdrop.web import WebhooksOnTheLoop
+
+    on_the_loop = WebhooksOnTheLoop(store_connections=1)
+    body = b'{"id": "evt_unsigned"}'
+    unsigned = {**_stripe_headers(body)}
+    del unsigned["Stripe-Signature"]
+    with caplog.at_level("WARNING", logger="django.request"):
+        assert _respond(on_the_loop, "/webhooks/stripe/", unsigned, body)[0] == 400
+    assert [record.getMessage() for record in caplog.records] == [
+        "Bad Request: /webhooks/stripe/"
+    ]
+
+
+def test_the_webhook_chain_refuses_what_it_does_not_run(settings, monkeypatch):
+    from django.conf import settings as live_settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    import eventdrop.web
+    from eventdrop.web import WEBHOOK_URLCONF, WebhookChain
+
+    # A middleware with a view hook: a chain of request and response hooks would skip it.
+    view_hook = "tests.ingress.test_receive_server.ViewHook"
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, view_hook]
+    monkeypatch.setattr(
+        eventdrop.web, "WEBHOOK_MIDDLEWARE", eventdrop.web.WEBHOOK_MIDDLEWARE | {view_hook}
+    )
+    with pytest.raises(ImproperlyConfigured, match="process_view"):
+        WebhookChain(urlconf=WEBHOOK_URLCONF)
+    monkeypatch.undo()
+    # ATOMIC_REQUESTS cannot wrap a coroutine view (Django refuses it as well).
+    monkeypatch.setitem(live_settings.DATABASES["default"], "ATOMIC_REQUESTS", True)
+    with pytest.raises(ImproperlyConfigured, match="ATOMIC_REQUESTS"):
+        WebhookChain(urlconf=WEBHOOK_URLCONF)
+
+
+class ViewHook:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_view(self, request, view, args, kwargs):
+        return None
