@@ -592,8 +592,9 @@ class LoopGroupCommit(_RawEventRows):
         offset, the headers as a JSON object for the jsonb column. A value a column refuses
         fails the statement as the VALUES form does. Measured (docs/benchmarks.md): psycopg
         adapting 12 parameters a row, one by one in Python, cost more than everything else a
-        webhook does in Python; one `json.dumps` of the batch runs in C. The statement text
-        never changes (psycopg converts it once; per batch size it would parse it again).
+        webhook does in Python; the document is built by the C JSON encoder, a row at a time,
+        with the bytes spliced in. The statement text never changes (psycopg converts it
+        once; per batch size it would parse it again).
         """
         layout = self._columns()
         inlined = self._inlined(rows)
@@ -614,13 +615,28 @@ class LoopGroupCommit(_RawEventRows):
                 f"SELECT {selected} FROM json_populate_recordset(NULL::{table}, %s::json) AS r "
                 f"RETURNING {quote(RawEvent._meta.pk.column)}"
             )
-        sent = [position for position in range(len(layout.columns)) if position not in inlined]
         columns = layout.columns
-        document = json.dumps(
-            [{columns[position]: values[position] for position in sent} for values in rows],
-            default=_json_scalar,
-            separators=(",", ":"),
-        )
+        sent = [position for position in range(len(columns)) if position not in inlined]
+        rows_text = []
+        for values in rows:
+            # Bytes are spliced in as bytea's hex text, not handed to json.dumps: hex digits
+            # need no JSON escaping, and json.dumps scanning the ~3 KiB string of every body
+            # for characters to escape was a tenth of the web worker's time
+            # (docs/benchmarks.md, "The webhook chain").
+            plain = {}
+            spliced = []
+            for position in sent:
+                value = values[position]
+                if isinstance(value, (bytes, bytearray, memoryview)):
+                    hex_text = bytes(value).hex()
+                    spliced.append(f'{_JSON_KEYS[columns[position]]}:"\\\\x{hex_text}"')
+                else:
+                    plain[columns[position]] = value
+            text = _JSON_ENCODER.encode(plain)
+            if spliced:
+                text = f"{text[:-1]}{',' if plain else ''}{','.join(spliced)}}}"
+            rows_text.append(text)
+        document = f"[{','.join(rows_text)}]"
         return statement, [document]
 
     async def _connection(self):
@@ -635,14 +651,17 @@ class LoopGroupCommit(_RawEventRows):
 
 def _json_scalar(value: Any) -> str:
     """A value json.dumps has no form for, in the text form PostgreSQL's input function of
-    its column reads."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return "\\x" + bytes(value).hex()
+    its column reads (bytes never get here: _json_batch splices them in as hex)."""
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None:
             raise TypeError("a naive datetime has no instant to store")
         return value.isoformat()
     raise TypeError(f"no JSON form for {type(value).__name__}")
+
+
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_json_scalar)
+# A column's name as a JSON object key (quoted once, not per row).
+_JSON_KEYS = {field.column: json.dumps(field.column) for field in RawEvent._meta.concrete_fields}
 
 
 def _hung_up(fileno: int) -> bool:

@@ -93,6 +93,26 @@ def test_concurrent_rows_share_statements_and_each_gets_its_own_id():
         assert (row.verify_count, row.processing_failures, row.verified_at) == (0, 0, None)
 
 
+def test_every_byte_value_and_an_empty_body_are_stored_exactly_in_one_batch():
+    # The bodies travel spliced into the batch's JSON document as bytea hex text
+    # (LoopGroupCommit._json_batch): each of the 256 byte values, at either end of a body,
+    # and an empty body, must come back as sent, next to the JSON-encoded columns.
+    store = CountingStore()
+    bodies = [bytes(range(256)) * 4, bytes(range(255, -1, -1)), b"", b"\\x00", b'"\\"}]']
+
+    async def body(store):
+        return await asyncio.gather(
+            *(store.insert(_fields(n, body=sent), seconds=5) for n, sent in enumerate(bodies))
+        )
+
+    ids = _run(store, body)
+
+    stored = RawEvent.objects.in_bulk(ids)
+    assert [bytes(stored[pk].body) for pk in ids] == bodies
+    assert [stored[pk].query_string for pk in ids] == [_fields(n)["query_string"] for n in range(5)]
+    assert store.statements == 1  # all five in one statement
+
+
 def test_a_row_queued_as_the_writer_finishes_is_written_at_once():
     # Clients on keep-alive connections send their next webhook as soon as the last one is
     # answered: 16 of them, each queueing its next row in the same loop step that answered
