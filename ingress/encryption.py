@@ -126,9 +126,9 @@ def bodies_may_be_encrypted() -> bool:
     return keyring().may_hold_encrypted
 
 
-def encrypt_body(body: bytes) -> tuple[bytes, str]:
+def encrypt_body(body: bytes, ring: Keyring | None = None) -> tuple[bytes, str]:
     """(what to store, its body_encryption value); the body itself when encryption is off."""
-    ring = keyring()
+    ring = ring or keyring()
     if ring.fernet is None or not ring.encrypts:
         return body, PLAINTEXT
     return base64.urlsafe_b64decode(ring.fernet.encrypt(body)), ring.primary_id
@@ -136,11 +136,11 @@ def encrypt_body(body: bytes) -> tuple[bytes, str]:
 
 def encrypt_request(body: bytes, headers: dict) -> tuple[bytes, dict, str]:
     """(body, headers, body_encryption) to store: both under the first key, or as they are."""
-    stored_body, scheme = encrypt_body(body)
-    fernet = keyring().fernet
-    if scheme == PLAINTEXT or fernet is None:
+    ring = keyring()  # once: this runs on every webhook's receive path
+    stored_body, scheme = encrypt_body(body, ring)
+    if scheme == PLAINTEXT or ring.fernet is None:
         return body, headers, PLAINTEXT
-    token = fernet.encrypt(json.dumps(headers).encode("ascii"))
+    token = ring.fernet.encrypt(json.dumps(headers).encode("ascii"))
     return stored_body, {ENCRYPTED_HEADERS: token.decode("ascii")}, scheme
 
 

@@ -69,18 +69,23 @@ def _error(status: int, code: str, message: str, **headers: str) -> JsonResponse
     return response
 
 
-def _stored_headers(meta: dict) -> dict[str, str]:
+def _headers_as_received(meta: dict) -> tuple[dict[str, str], int]:
+    """The header fields to store (lower-case names; hop-by-hop, credential-bearing and
+    empty ones left out) and the bytes of all the request's header fields as sent
+    (`name: value\r\n` each), in one pass over META."""
     headers: dict[str, str] = {}
+    size = 0
     for key, value in meta.items():
         if key.startswith("HTTP_"):
             name = key[5:].replace("_", "-").lower()
-        elif key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+        elif key == "CONTENT_TYPE" or key == "CONTENT_LENGTH":
             name = key.replace("_", "-").lower()
         else:
             continue
-        if name not in _DROPPED_HEADERS and value != "":
+        size += len(name) + len(value) + 4
+        if value != "" and name not in _DROPPED_HEADERS:
             headers[name] = value
-    return headers
+    return headers, size
 
 
 class _BodyTooLarge(Exception):
@@ -123,16 +128,6 @@ def _read_body(request: HttpRequest, limit: int) -> bytes:
         chunks.append(chunk)
 
 
-def _header_bytes(meta: dict) -> int:
-    """Bytes of the request's header fields as sent (`name: value\r\n` each)."""
-    total = 0
-    for key, value in meta.items():
-        if key.startswith("HTTP_") or key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-            name_length = len(key) - 5 if key.startswith("HTTP_") else len(key)
-            total += name_length + len(value) + 4
-    return total
-
-
 def _slack_handshake(source: Source, headers: dict[str, str], body: bytes) -> str | None:
     if source.provider != "slack" or b"url_verification" not in body:
         return None
@@ -165,7 +160,7 @@ def _admit(request: HttpRequest, source_name: str) -> JsonResponse | _Admitted:
         response["Allow"] = "POST"
         return response
 
-    header_bytes = _header_bytes(request.META)
+    headers, header_bytes = _headers_as_received(request.META)
     if header_bytes > source.max_header_bytes:
         # Headers are stored with the body: unbounded, they would be the body limit's back door.
         return _error(
@@ -196,7 +191,6 @@ def _admit(request: HttpRequest, source_name: str) -> JsonResponse | _Admitted:
         # does not de-chunk would hand us raw chunk framing).
         return _error(411, "length_required", "Send a Content-Length (or a chunked body).")
 
-    headers = _stored_headers(request.META)
     if source.signature_header not in headers:
         return _error(
             400,
