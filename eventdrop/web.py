@@ -470,8 +470,11 @@ class WebhooksOnTheLoop:
         # BufferedBody let the request through with its whole body: one without a
         # Content-Length is complete too (what `wsgi.input_terminated` says under gunicorn).
         environ["wsgi.input_terminated"] = True
-        # What WSGIHandler.__call__ does around get_response.
-        self._set_script_prefix(self._script_name(environ))
+        # What WSGIHandler.__call__ does around get_response; the prefix is this task's own
+        # (asgiref's Local) and reads "/" unless set, so an empty script name sets nothing.
+        script_name = self._script_name(environ)
+        if script_name:
+            self._set_script_prefix(script_name)
         if self._started.has_work():
             self._signals.request_started.send(sender=self.__class__, environ=environ)
         response = await self.chain.response(self.request_class(environ))
@@ -497,9 +500,9 @@ class WebhooksOnTheLoop:
 # Django's own receivers of request_started / request_finished: per-thread (per asyncio
 # context) housekeeping of its database connections, caches and URLconf. On the loop a
 # webhook uses none of them (its row goes through the store's own asyncio connection, the
-# URLconf is set again by every request), so sending the signals only to these would spend
-# a tenth of a webhook's CPU (docs/benchmarks.md) on doing nothing. Any other receiver
-# (an app's, a monitoring SDK's) makes them be sent as usual.
+# URLconf is set only for an error page, in the request's own task), so sending the signals
+# only to these would spend a tenth of a webhook's CPU (docs/benchmarks.md) on doing nothing.
+# Any other receiver (an app's, a monitoring SDK's) makes them be sent as usual.
 _HOUSEKEEPING_RECEIVERS = frozenset(
     {
         "django.db.reset_queries",
@@ -540,13 +543,25 @@ def _dotted(receiver) -> str:
 
 
 def _webhook_request_class() -> type:
-    """WSGIRequest for the loop: resolved by the loop's URLconf, its Content-Type parsed once
-    per distinct header rather than per request (Django parses it with the email package in
-    every request's __init__; a provider sends the same one every time)."""
+    """WSGIRequest for the loop: resolved by the loop's URLconf; its Content-Type parsed, and
+    its host checked against ALLOWED_HOSTS, once per distinct header rather than per request
+    (a provider sends the same ones every time)."""
     import codecs
 
     from django.core.handlers.wsgi import WSGIRequest
+    from django.core.signals import setting_changed
     from django.utils.http import parse_header_parameters
+
+    # Raw hosts (as _get_raw_host() reads them) that HttpRequest.get_host() accepted. Only
+    # accepted ones are kept, at most 64: a client sending ever new Hosts costs a check each,
+    # never memory. The verdict depends on settings alone, so it is dropped when they change.
+    accepted_hosts: set[str] = set()
+
+    def forget_hosts(*, setting: str, **kwargs: Any) -> None:
+        if setting in ("ALLOWED_HOSTS", "DEBUG", "USE_X_FORWARDED_HOST", "USE_X_FORWARDED_PORT"):
+            accepted_hosts.clear()
+
+    setting_changed.connect(forget_hosts, weak=False)
 
     @lru_cache(maxsize=64)
     def parsed(content_type: str) -> tuple[str, tuple[tuple[str, str], ...], str | None]:
@@ -573,6 +588,17 @@ def _webhook_request_class() -> type:
                 # build request.GET only to drop it again (nothing has read GET yet; it
                 # is built with this encoding when something does).
                 self._encoding = encoding
+
+        def get_host(self) -> str:
+            # HttpRequest.get_host's verdict, kept: its split and pattern match per request
+            # were a twentieth of a webhook's Python (CommonMiddleware asks on every one).
+            raw = self._get_raw_host()
+            if raw in accepted_hosts:
+                return raw
+            host = super().get_host()  # raises DisallowedHost
+            if len(accepted_hosts) < 64:
+                accepted_hosts.add(raw)
+            return host
 
     return WebhookRequest
 

@@ -308,3 +308,24 @@ class ViewHook:
 
     def process_view(self, request, view, args, kwargs):
         return None
+
+
+def test_the_host_check_is_djangos_verdict_kept_per_host_until_settings_change(settings):
+    from django.core.exceptions import DisallowedHost
+    from django.test import RequestFactory
+
+    from eventdrop.web import _webhook_request_class
+
+    settings.ALLOWED_HOSTS = ["hooks.example"]
+    webhook_request = _webhook_request_class()
+
+    def host(value):
+        return webhook_request(RequestFactory().post("/webhooks/stripe/", HTTP_HOST=value).environ)
+
+    for _ in range(2):  # the second answer comes from the kept verdict
+        assert host("hooks.example").get_host() == "hooks.example"
+        with pytest.raises(DisallowedHost):  # a refused host is checked every time
+            host("evil.example").get_host()
+    settings.ALLOWED_HOSTS = ["other.example"]  # a verdict kept before no longer holds
+    with pytest.raises(DisallowedHost):
+        host("hooks.example").get_host()
