@@ -198,8 +198,8 @@ def raw_event_store_worst_case() -> WorstCase:
     seconds = settings.WEBHOOK_STORE_TIMEOUT_SECONDS
     return WorstCase.of(
         [
-            f"store deadline {seconds_text(seconds)} (connect, INSERT and one reconnect all "
-            "inside it)"
+            f"store deadline {seconds_text(seconds)} (gathering, connect, INSERT and one "
+            "reconnect all inside it)"
         ],
         seconds,
     )

@@ -400,6 +400,10 @@ WEBHOOK_BODY_READ_TIMEOUT_SECONDS = env_float("WEBHOOK_BODY_READ_TIMEOUT_SECONDS
 # One deadline for storing a webhook (ingress/services.py): connecting if needed, the INSERT,
 # and one reconnect after a dead connection all end within it, or the answer is a 503.
 WEBHOOK_STORE_TIMEOUT_SECONDS = env_float("WEBHOOK_STORE_TIMEOUT_SECONDS", 5.0)
+# How long the web server's group commit waits for the rows it expects before it writes a
+# batch (ingress/store.py, LoopGroupCommit: as many as its last batch held; a lone request
+# waits for nothing). Inside the store deadline; 0 writes whatever is queued at once.
+WEBHOOK_STORE_GATHER_SECONDS = env_float("WEBHOOK_STORE_GATHER_SECONDS", 0.002)
 
 # --- Inbox worker (verify, dedup, deliver; ingress/inbox.py) ------------------------------
 # 500, not 200: ~9-12 % less worker and PostgreSQL CPU per event (fewer claims and commits),

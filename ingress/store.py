@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, connections
 
 from eventdrop.db import database_deadline
@@ -392,8 +393,7 @@ class _QueuedRow(_QueuedValues):
         self.woken = woken
 
     def _wake(self) -> None:
-        if not self.woken.done():  # a request that timed out cancelled the future it awaited
-            self.woken.set_result(None)
+        _resolve(self.woken)  # done already when its request timed out and cancelled it
 
 
 class LoopGroupCommit(_RawEventRows):
@@ -409,6 +409,17 @@ class LoopGroupCommit(_RawEventRows):
     is whatever arrived during a commit, as with the threads' GroupCommit. No thread hop, no
     lock, no wake-up of another thread per request: that per-request cost was most of what
     the thread path spent (docs/benchmarks.md).
+
+    Gathering (`gather_seconds`, WEBHOOK_STORE_GATHER_SECONDS): before it writes, a writer
+    waits until as many rows are queued as its store's last batch held, but no longer than
+    that. Without it, clients that keep a few requests each in flight split into groups whose
+    rows arrive while the other group's batch commits, and batches stay small (~4 rows at 16
+    connections over two processes); the ones just answered come back within a millisecond,
+    so waiting for them makes one batch of all (~9 rows): less CPU per webhook in Python and
+    in PostgreSQL, and a higher ACK rate (docs/benchmarks.md, "Gathering"). A lone request
+    waits for nothing (the last batch held one row: it is there); when the load falls, one
+    batch waits the whole `gather_seconds` and the next expects only what came. It is
+    PostgreSQL's own commit_delay, keyed on the rows expected rather than on siblings.
 
     The same promises as GroupCommit: every wait inside the request's store deadline (a
     batch is written under the earliest deadline of its rows, connecting included, with one
@@ -429,6 +440,10 @@ class LoopGroupCommit(_RawEventRows):
         self._idle: list[Any] = []  # open connections no writer holds
         self._writers: set[asyncio.Task] = set()
         self._wrapper: Any = None  # the alias's DatabaseWrapper, bound by serve()
+        self.gather_seconds = 0.0  # bound by serve()
+        self._last_batch = 0  # rows in the batch written last: as many are expected next
+        # Writers gathering: how many rows each waits for, and the future that wakes it.
+        self._gathering: list[tuple[int, asyncio.Future]] = []
 
     def serve(self, loop: asyncio.AbstractEventLoop, *, max_connections: int) -> None:
         if max_connections < 1:
@@ -440,6 +455,7 @@ class LoopGroupCommit(_RawEventRows):
             self._idle.clear()
             self._writers.clear()  # tasks of that loop: they will never write here
         self._loop, self.max_connections = loop, max_connections
+        self.gather_seconds = settings.WEBHOOK_STORE_GATHER_SECONDS
         # Django keeps a DatabaseWrapper per asyncio context: looked up per batch, each
         # request's task would build one of its own. It only translates errors here.
         self._wrapper = connections[self.alias]
@@ -463,6 +479,8 @@ class LoopGroupCommit(_RawEventRows):
         loop = asyncio.get_running_loop()
         row = _QueuedRow(values, time.monotonic() + seconds, loop.create_future())
         self._queue.append(row)
+        if self._gathering:
+            self._wake_gathered()
         if len(self._writers) < self.max_connections:
             writer = loop.create_task(self._write_queued())
             self._writers.add(writer)
@@ -506,8 +524,10 @@ class LoopGroupCommit(_RawEventRows):
         held = None
         try:
             while self._queue:
+                await self._gather()
                 batch = self._take_batch()
                 if batch:
+                    self._last_batch = len(batch)
                     held = await self._write(batch, held)
         finally:
             # Leaves the set in the same step that found the queue empty, not in a done
@@ -517,6 +537,34 @@ class LoopGroupCommit(_RawEventRows):
             self._writers.discard(asyncio.current_task())  # type: ignore[arg-type]
             if held is not None and not held.closed:
                 self._idle.append(held)
+
+    async def _gather(self) -> None:
+        """Wait until the rows the last batch held are queued, gather_seconds at most, and
+        never past the point where the earliest queued row's deadline is half spent."""
+        expected = min(self._last_batch, MAX_ROWS_PER_BATCH)
+        if len(self._queue) >= expected or not self.gather_seconds:
+            return
+        now = time.monotonic()
+        earliest = min(row.deadline for row in self._queue)
+        wait = min(self.gather_seconds, (earliest - now) / 2)
+        if wait <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        gathered = loop.create_future()
+        waiting = (expected, gathered)
+        self._gathering.append(waiting)
+        timer = loop.call_later(wait, _resolve, gathered)
+        try:
+            await gathered
+        finally:
+            timer.cancel()
+            self._gathering.remove(waiting)
+
+    def _wake_gathered(self) -> None:
+        queued = len(self._queue)
+        for expected, gathered in self._gathering:
+            if queued >= expected:
+                _resolve(gathered)
 
     def _take_batch(self) -> list[_QueuedRow]:
         now = time.monotonic()
@@ -647,6 +695,11 @@ class LoopGroupCommit(_RawEventRows):
                 return held
             await held.close()
         return await open_async_connection(self.alias)
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _json_scalar(value: Any) -> str:

@@ -256,8 +256,8 @@ def test_the_webhook_store_deadline_is_held_to_the_request_budget(settings):
     settings.WEBHOOK_STORE_TIMEOUT_SECONDS = 31.0
     (violation,) = time_budget_violations()
     assert violation.message == (
-        "ingress.raw_event_store worst case store deadline 31.0 s (connect, INSERT and one "
-        "reconnect all inside it) = 31.0 s exceeds the 30.0 s budget of the webhook receive "
+        "ingress.raw_event_store worst case store deadline 31.0 s (gathering, connect, INSERT "
+        "and one reconnect all inside it) = 31.0 s exceeds the 30.0 s budget of the webhook receive "
         "request (WEBHOOK_REQUEST_BUDGET_SECONDS)."
     )
 
@@ -269,6 +269,13 @@ def test_the_default_webhook_store_deadline_fits():
 def test_a_store_deadline_too_short_to_connect_is_refused_at_check(settings):
     settings.WEBHOOK_STORE_TIMEOUT_SECONDS = 2.0
     with pytest.raises(SystemCheckError, match=r"eventdrop\.E001"):
+        call_command("check")
+
+
+@pytest.mark.parametrize("seconds", [-0.001, 0.051])
+def test_a_group_commit_gather_outside_0_to_50_ms_is_refused_at_check(settings, seconds):
+    settings.WEBHOOK_STORE_GATHER_SECONDS = seconds
+    with pytest.raises(SystemCheckError, match=r"eventdrop\.E002"):
         call_command("check")
 
 

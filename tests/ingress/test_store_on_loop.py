@@ -3,6 +3,7 @@ against the real PostgreSQL: what it stores, how rows share statements, and how 
 
 import asyncio
 import hashlib
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -45,9 +46,11 @@ class CountingStore(LoopGroupCommit):
     def __init__(self) -> None:
         super().__init__()
         self.statements = 0
+        self.batches: list[int] = []  # rows per statement, in order
 
     async def _execute(self, held, rows):
         self.statements += 1
+        self.batches.append(len(rows))
         return await super()._execute(held, rows)
 
 
@@ -233,3 +236,78 @@ def test_a_database_that_refuses_connections_fails_fast_with_djangos_error():
 
     assert isinstance(error, DatabaseError)
     assert elapsed < 2
+
+
+def _timed_insert(store, number: int, *, seconds: float = 5):
+    async def insert():
+        started = time.monotonic()
+        await store.insert(_fields(number), seconds=seconds)
+        return time.monotonic() - started
+
+    return insert()
+
+
+def test_a_writer_gathers_as_many_rows_as_its_last_batch_held(settings):
+    # Keep-alive clients come back a moment after their answer: the writer waits for as many
+    # rows as it wrote last, and writes them as one batch as soon as they are all there.
+    settings.WEBHOOK_STORE_GATHER_SECONDS = 0.5
+    store = CountingStore()
+
+    async def body(store):
+        await asyncio.gather(*(store.insert(_fields(n), seconds=5) for n in range(4)))
+
+        async def later(number: int, delay: float):
+            await asyncio.sleep(delay)
+            return await _timed_insert(store, number)
+
+        return await asyncio.gather(*(later(4 + n, 0.02 * n) for n in range(4)))
+
+    waited = _run(store, body)
+
+    assert store.batches == [4, 4]  # not [4, 1, 3]: the first of the four waited for the rest
+    assert max(waited) < 0.3  # woken by the fourth row, not by the 0.5 s bound
+
+
+def test_a_lone_request_waits_for_nothing_and_a_smaller_load_waits_once(settings):
+    settings.WEBHOOK_STORE_GATHER_SECONDS = 0.3
+    store = CountingStore()
+
+    async def body(store):
+        await asyncio.gather(*(store.insert(_fields(n), seconds=5) for n in range(3)))
+        # Three expected, one comes: it waits out the bound once, then is written alone...
+        after_three = await _timed_insert(store, 3)
+        # ...and from then on one is expected: a lone request is written at once.
+        alone = [await _timed_insert(store, 4 + n) for n in range(3)]
+        return after_three, alone
+
+    after_three, alone = _run(store, body)
+
+    assert store.batches == [3, 1, 1, 1, 1]
+    assert 0.25 < after_three < 1.0
+    assert max(alone) < 0.2
+
+
+def test_gathering_never_spends_more_than_half_of_a_rows_store_deadline(settings):
+    settings.WEBHOOK_STORE_GATHER_SECONDS = 0.05  # the largest manage.py check allows
+    store = CountingStore()
+
+    async def body(store):
+        await asyncio.gather(*(store.insert(_fields(n), seconds=5) for n in range(3)))
+        return await _timed_insert(store, 3, seconds=0.04)  # 0.02 s of gathering at most
+
+    waited = _run(store, body)
+
+    assert store.batches == [3, 1]  # written, not left to expire in the queue
+    assert waited < 0.04
+
+
+def test_gathering_off_writes_whatever_is_queued_at_once(settings):
+    settings.WEBHOOK_STORE_GATHER_SECONDS = 0
+    store = CountingStore()
+
+    async def body(store):
+        await asyncio.gather(*(store.insert(_fields(n), seconds=5) for n in range(3)))
+        return await _timed_insert(store, 3)
+
+    assert _run(store, body) < 0.2
+    assert store.batches == [3, 1]
