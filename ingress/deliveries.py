@@ -29,6 +29,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
+from eventdrop.db.json_rows import json_rows
 from eventdrop.db_roles import handler_role
 from eventdrop.retry import (
     Action,
@@ -235,10 +236,7 @@ def deliveries_run_at_settle(
         cursor.execute(
             _SETTLE_RUN_INSERT.format(delivery=table, attempt=attempt_table),
             [
-                [r[0] for r in runs],
-                [r[1] for r in runs],
-                [r[2] for r in runs],
-                [r[3] for r in runs],
+                json_rows(("raw_event_id", "handler", "started_at", "finished_at"), runs),
                 DeliveryStatus.DONE,
                 now,
                 started_at,
@@ -254,8 +252,8 @@ def deliveries_run_at_settle(
 
 
 _SETTLE_RUN_INSERT = (
-    "WITH r AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[],"
-    " %s::timestamptz[]) AS r(raw_event_id, handler, started_at, finished_at)),"
+    "WITH r AS (SELECT * FROM json_to_recordset(%s::json) AS r(raw_event_id bigint,"
+    " handler text, started_at timestamptz, finished_at timestamptz)),"
     " d AS (INSERT INTO {delivery} (raw_event_id, handler, status, attempts, total_attempts,"
     "  next_attempt_at, claimed_at, last_error, created_at, finished_at, ordering_key,"
     "  event_time, superseded_by_id, forced)"

@@ -40,6 +40,7 @@ from django.db.models import F, Q
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
+from eventdrop.db.json_rows import json_rows
 from eventdrop.logformat import raised_at
 from eventdrop.retry import RetryPolicy
 from ingress.deliveries import (
@@ -228,7 +229,7 @@ def _run_at_settle(
 
 
 # The columns raw_events_settle decides, written for the whole batch by one UPDATE … FROM
-# unnest(…) (_save_settled).
+# json_to_recordset(…) (_save_settled).
 _SETTLED_COLUMNS = (
     "signature_status",
     "rejection_reason",
@@ -291,15 +292,16 @@ def _row_set(fields, values: list[list]) -> list[tuple[str, list]]:
 
     `values` holds one list per field, one value per row (the model's values; each field
     prepares its own for the database). A column whose rows all share one value is sent
-    once, as a typed parameter; the others become arrays unnested side by side (rows stay in
-    their order). One array per column, as bulk_create sends, costs Python time per element
-    (preparing and quoting each one): most of a batch's columns are the same for every row
-    (now, statuses, defaults).
+    once, as a typed parameter: most of a batch's columns are the same for every row (now,
+    statuses, defaults). The others travel as one JSON document that `json_to_recordset`
+    turns into typed columns, rows in their order (eventdrop/db/json_rows.py): as arrays
+    for `unnest()`, psycopg adapted them element by element in Python, a seventh of the
+    inbox worker's CPU (docs/benchmarks.md, "The drain").
     """
     db = connections[DEFAULT_DB_ALIAS]  # not the proxy: it is asked once per value
     expressions: list[tuple[str, list]] = []
-    arrays: list[tuple[str, str]] = []
-    array_params: list[list] = []
+    varying: list[tuple[str, str]] = []  # (name, type) of each column sent per row
+    columns: list[list] = []
     rows = len(values[0])
     for field, column in zip(fields, values, strict=True):
         db_type = field.cast_db_type(db)
@@ -307,14 +309,15 @@ def _row_set(fields, values: list[list]) -> list[tuple[str, list]]:
         if all(value == first and type(value) is type(first) for value in column):
             expressions.append((f"%s::{db_type}", [field.get_db_prep_save(first, db)]))
         else:
-            name = f"c{len(arrays)}"
-            arrays.append((name, db_type))
-            array_params.append([field.get_db_prep_save(value, db) for value in column])
+            name = f"c{len(varying)}"
+            varying.append((name, db_type))
+            columns.append([field.get_db_prep_save(value, db) for value in column])
             expressions.append((f"v.{name}", []))
-    if arrays:
-        unnest = ", ".join(f"%s::{db_type}[]" for _, db_type in arrays)
-        names = ", ".join(name for name, _ in arrays)
-        expressions.append((f"unnest({unnest}) AS v({names})", array_params))
+    if varying:
+        names = [name for name, _ in varying]
+        definitions = ", ".join(f"{name} {db_type}" for name, db_type in varying)
+        document = json_rows(names, zip(*columns, strict=True))
+        expressions.append((f"json_to_recordset(%s::json) AS v({definitions})", [document]))
     else:
         expressions.append(("generate_series(1, %s) AS v", [rows]))
     return expressions

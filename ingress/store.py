@@ -32,7 +32,6 @@ connection: it is inserted alone, in the caller's transaction.
 """
 
 import asyncio
-import datetime
 import json
 import select
 import threading
@@ -47,6 +46,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, connections
 
 from eventdrop.db import database_deadline
+from eventdrop.db.json_rows import ENCODER as JSON_ENCODER
 from eventdrop.db.postgresql.base import open_async_connection
 from ingress.models import RawEvent
 
@@ -680,7 +680,7 @@ class LoopGroupCommit(_RawEventRows):
                     spliced.append(f'{_JSON_KEYS[columns[position]]}:"\\\\x{hex_text}"')
                 else:
                     plain[columns[position]] = value
-            text = _JSON_ENCODER.encode(plain)
+            text = JSON_ENCODER.encode(plain)
             if spliced:
                 text = f"{text[:-1]}{',' if plain else ''}{','.join(spliced)}}}"
             rows_text.append(text)
@@ -702,17 +702,6 @@ def _resolve(future: asyncio.Future) -> None:
         future.set_result(None)
 
 
-def _json_scalar(value: Any) -> str:
-    """A value json.dumps has no form for, in the text form PostgreSQL's input function of
-    its column reads (bytes never get here: _json_batch splices them in as hex)."""
-    if isinstance(value, datetime.datetime):
-        if value.tzinfo is None:
-            raise TypeError("a naive datetime has no instant to store")
-        return value.isoformat()
-    raise TypeError(f"no JSON form for {type(value).__name__}")
-
-
-_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_json_scalar)
 # A column's name as a JSON object key (quoted once, not per row).
 _JSON_KEYS = {field.column: json.dumps(field.column) for field in RawEvent._meta.concrete_fields}
 
