@@ -13,7 +13,7 @@ row through the ORM (`filter(...).update(query_string=Concat(...))`): compiling 
 cost the worker 0.6-0.8 ms of CPU per call, and rewriting the 1.6 KiB row with its five
 index entries cost PostgreSQL 0.15 ms, more than everything the pipeline does per event, so
 the drain measured those rather than verify, dedup and deliver (docs/benchmarks.md, "The
-drain's handler"). `--baseline` with an earlier revision runs that handler again.
+drain's handler"). `--baseline` runs this handler with the other revision's pipeline.
 """
 
 import os

@@ -30,8 +30,9 @@ after each drain (the database bench/ingress_ack.py left, :5432), and the drain'
 it is set against the ingress's share of its own: the ratio with this VM's minute-to-minute
 speed taken out, printed beside the plain one. `--baseline REV` runs the workers
 of every other run from `git archive REV` (or from REV, a directory holding an unpacked
-tree) instead of the working tree (same database, same backlog, same settings), alternating
-baseline and current, and prints each pair's ratio.
+tree) instead of the working tree (same database, same backlog, same settings, and this
+tree's handler: only the pipeline's code differs), alternating baseline and current, and
+prints each pair's ratio.
 `--py-spy DIR` records each worker with py-spy (collapsed stacks, top frames printed;
 `--py-spy-gil`: only samples holding the GIL, i.e. the workers' own CPU);
 `--pg-stats` resets and prints pg_stat_statements (the server must preload it).
@@ -61,8 +62,17 @@ APP_NAME = "eventdrop-bench-inbox"  # PGAPPNAME of the workers' connections
 MAX_SECONDS_PER_RUN = 900
 # Each pgbench ceiling run around a drain, with --ingress-json (as bench/ingress_ack.py's).
 CEILING_SECONDS = 10
-# Files the workers need that a baseline revision may predate.
-BENCH_SUPPORT_FILES = ("bench/__init__.py", "bench/settings_inbox.py", "bench/handlers.py")
+# The bench's own files the workers run: a baseline revision gets this tree's, so that both
+# sides deliver to the same handler and write the same table (the exactly-once checks read
+# it), and only the pipeline's code differs.
+BENCH_SUPPORT_FILES = (
+    "bench/__init__.py",
+    "bench/settings_inbox.py",
+    "bench/handlers.py",
+    "bench/models.py",
+    "bench/migrations/__init__.py",
+    "bench/migrations/0001_initial.py",
+)
 
 
 def _admin_url(port: int, db: str = "postgres") -> str:
@@ -232,6 +242,7 @@ def _load_backlog(loader, count: int, fraction: float) -> int:
     """
     from psycopg.types.json import Jsonb
 
+    from bench.models import HandlerRun
     from ingress.encryption import encrypt_request
     from ingress.models import DedupKey, Delivery, DeliveryAttempt, RawEvent
     from ingress.sources import all_sources
@@ -248,7 +259,8 @@ def _load_backlog(loader, count: int, fraction: float) -> int:
         raise SystemExit(f"bench: the backlog does not fill {missing}: update _BACKLOG_COLUMNS")
     defaults = {column: fields[column].get_default() for column in _BACKLOG_COLUMNS}
     rows, distinct = _backlog_rows(count, fraction, secret)
-    tables = ", ".join(m._meta.db_table for m in (DeliveryAttempt, Delivery, DedupKey, RawEvent))
+    pipeline = (HandlerRun, DeliveryAttempt, Delivery, DedupKey, RawEvent)
+    tables = ", ".join(m._meta.db_table for m in pipeline)
     with loader.cursor() as cursor:
         # TRUNCATE, not DELETE: a run must not inherit the previous run's dead tuples.
         cursor.execute(f"TRUNCATE {tables}")
@@ -293,12 +305,10 @@ def _nullable(field) -> bool:
 
 def _baseline_tree(revision: str) -> Path:
     """`git archive REV` unpacked in a temporary directory (or REV itself, a directory with a
-    manage.py: an unpacked tree), plus the bench's own support files."""
+    manage.py: an unpacked tree), with this tree's bench support files."""
     if (Path(revision) / "manage.py").exists():
         tree = Path(revision).resolve()
-        for name in BENCH_SUPPORT_FILES:
-            if not (tree / name).exists():
-                shutil.copy(ROOT / name, tree / name)
+        _copy_support_files(tree)
         return tree
     commit = subprocess.run(
         ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
@@ -314,10 +324,17 @@ def _baseline_tree(revision: str) -> Path:
             ["git", "archive", commit], cwd=ROOT, capture_output=True, check=True
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    for name in BENCH_SUPPORT_FILES:
-        if not (tree / name).exists():
-            shutil.copy(ROOT / name, tree / name)
+    _copy_support_files(tree)
     return tree
+
+
+def _copy_support_files(tree: Path) -> None:
+    for name in BENCH_SUPPORT_FILES:
+        target = tree / name
+        if target.exists() and target.samefile(ROOT / name):
+            continue  # --baseline . (two settings of this very tree)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, target)
 
 
 def _worker_env(
