@@ -325,9 +325,10 @@ class WebhookChain:
     What it leaves out is what BaseHandler does for every request to serve cases a webhook never
     is (measured in docs/benchmarks.md, "The webhook chain"): the chain of per-layer wrappers
     and coroutine checks, view and template-response middleware, ATOMIC_REQUESTS, running a
-    sync view on a thread, and setting the task's URLconf and script prefix to the values they
-    already hold. Whatever of these could apply is refused when the chain is built rather
-    than skipped silently: a middleware with other hooks, a sync view, ATOMIC_REQUESTS.
+    sync view on a thread, and setting the task's URLconf on every request (only an error
+    page reads it, and it is set for that). Whatever of these could apply is refused rather
+    than skipped silently: a middleware with other hooks or ATOMIC_REQUESTS when the chain is
+    built, a sync view when its route is first resolved.
     """
 
     def __init__(self, *, urlconf: str):

@@ -296,7 +296,7 @@ def _row_set(fields, values: list[list]) -> list[tuple[str, list]]:
     statuses, defaults). The others travel as one JSON document that `json_to_recordset`
     turns into typed columns, rows in their order (eventdrop/db/json_rows.py): as arrays
     for `unnest()`, psycopg adapted them element by element in Python, a seventh of the
-    inbox worker's CPU (docs/benchmarks.md, "The drain").
+    inbox worker's CPU (docs/benchmarks.md, "The drain's handler and statements").
     """
     db = connections[DEFAULT_DB_ALIAS]  # not the proxy: it is asked once per value
     expressions: list[tuple[str, list]] = []

@@ -539,8 +539,8 @@ class LoopGroupCommit(_RawEventRows):
                 self._idle.append(held)
 
     async def _gather(self) -> None:
-        """Wait until the rows the last batch held are queued, gather_seconds at most, and
-        never past the point where the earliest queued row's deadline is half spent."""
+        """Wait until as many rows are queued as the last batch held: gather_seconds at most,
+        and never more than half of what the earliest queued row has left of its deadline."""
         expected = min(self._last_batch, MAX_ROWS_PER_BATCH)
         if len(self._queue) >= expected or not self.gather_seconds:
             return
