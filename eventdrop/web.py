@@ -562,7 +562,9 @@ def _webhook_request_class() -> type:
         if setting in ("ALLOWED_HOSTS", "DEBUG", "USE_X_FORWARDED_HOST", "USE_X_FORWARDED_PORT"):
             accepted_hosts.clear()
 
-    setting_changed.connect(forget_hosts, weak=False)
+    # Held by the class below, so the receiver lives as long as the class (a weak receiver:
+    # tests build many responders, and a strong one would outlive each of them).
+    setting_changed.connect(forget_hosts)
 
     @lru_cache(maxsize=64)
     def parsed(content_type: str) -> tuple[str, tuple[tuple[str, str], ...], str | None]:
@@ -579,6 +581,7 @@ def _webhook_request_class() -> type:
         # Django resolves a request with a `urlconf` by it: the webhook routes with the
         # coroutine view (the project's URLconf serves the WSGI one).
         urlconf = WEBHOOK_URLCONF
+        _forget_hosts = staticmethod(forget_hosts)
 
         def _set_content_type_params(self, meta):
             # HttpRequest._set_content_type_params, over the cached parse.
