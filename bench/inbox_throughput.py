@@ -752,6 +752,9 @@ def main() -> int:
         parser.error("--workers must be between 1 and 16")
     if not 0 <= args.handlers <= 8:
         parser.error("--handlers must be between 0 and 8")
+    if args.py_spy and not Path(sys.executable).with_name("py-spy").exists():
+        pip = Path(sys.executable).with_name("pip")
+        parser.error(f"--py-spy needs py-spy: {pip} install py-spy")
     ack = _ingress_ack_rate(args.ingress_json) if args.ingress_json else None
     ingress_ceiling = _ingress_ceiling(args.ingress_json) if args.ingress_json else None
     if ingress_ceiling is not None and args.pg_port != 5432:

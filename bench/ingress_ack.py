@@ -755,13 +755,13 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
                         and not slow
                         and connections == max(args.connections)
                     )
-                    if spying:
-                        recorders = py_spy_start(
-                            server, args.seconds, args.py_spy, f"{label}_{round_no}"
-                        )
                     workers = server_workers(server)
                     paired = endpoint == "webhook" and not slow
                     ceilings = [ceiling(args, connections)] if paired else []
+                    if spying:  # after the ceiling's pgbench: py-spy records the load only
+                        recorders = py_spy_start(
+                            server, args.seconds, args.py_spy, f"{label}_{round_no}"
+                        )
                     with SlowClients(port, slow) as slow_clients:
                         cpu_before = cpu_seconds(workers)
                         figures = load(port, path, connections, args.seconds)
@@ -920,6 +920,8 @@ def main() -> int:
     args = parser.parse_args()
     if any(not 0 < c <= 256 for c in args.connections) or not 0 < args.seconds <= 300:
         parser.error("--connections must be 1..256, --seconds 1..300")
+    if args.py_spy and not (VENV_BIN / "py-spy").exists():
+        parser.error(f"--py-spy needs py-spy: {VENV_BIN / 'pip'} install py-spy")
     extra_env = dict(item.split("=", 1) for item in args.server_env)
 
     env = bench_env(f"{SERVER_URL}/{DB_NAME}")
