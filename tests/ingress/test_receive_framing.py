@@ -14,6 +14,7 @@ framing declared; an answer, when there is one, is a 4xx with a JSON error body.
 import contextlib
 import json
 import socket
+import struct
 import time
 
 import pytest
@@ -485,4 +486,60 @@ def test_requests_past_the_in_flight_cap_wait_unread_and_are_then_served(tmp_pat
 
     assert status == 202 and answer is not None, answer
     assert waited > BODY_READ_TIMEOUT_SECONDS - 0.3 - 0.2, waited  # held until the 408
+    assert [bytes(event.body) for event in RawEvent.objects.all()] == [body]
+
+
+# --- how answers leave the production server -----------------------------------------------
+
+
+def _data_segments_received(sock: socket.socket) -> int:
+    """Linux's count of segments with data that arrived on this connection (TCP_INFO's
+    tcpi_data_segs_in, at a fixed offset of struct tcp_info since Linux 4.6)."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    return struct.unpack_from("I", info, 152)[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_leaves_in_one_segment(server):
+    """The head and the body of an answer go out in one send() (eventdrop/web_protocol.py,
+    _WritesJoinedPerTurn): uvicorn alone writes them apart, two segments and two wake-ups of
+    the client per answer. Both responders: the webhook on the loop, the rest on threads."""
+    kind, port = server
+    if kind != "web":
+        pytest.skip("how the production server writes")
+    body = b'{"id": "evt_one_segment"}'
+    webhook = post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body))
+    requests = [webhook + b"\r\n" + body, b"GET /admin/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"]
+    segments = []
+    with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
+        for request in requests * 2:
+            before = _data_segments_received(sock)
+            sock.sendall(request)
+            answer = _read_response(sock)
+            assert answer.startswith((b"HTTP/1.1 202", b"HTTP/1.1 200")), answer[:80]
+            segments.append(_data_segments_received(sock) - before)
+
+    assert segments == [1, 1, 1, 1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_100_continue_is_sent_while_the_client_waits_with_its_body(server):
+    """A client that asks `Expect: 100-continue` sends its body only once told to: the
+    interim answer must leave at once, not wait to be joined to the final one."""
+    kind, port = server
+    if kind != "web":
+        pytest.skip("how the production server writes")
+    body = b'{"id": "evt_continue"}'
+    head = post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body),
+                     b"Expect: 100-continue\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
+        sock.sendall(head + b"\r\n")
+        sock.settimeout(BODY_READ_TIMEOUT_SECONDS / 2)  # well inside the body's deadline
+        interim = sock.recv(65536)
+        sock.settimeout(SOCKET_TIMEOUT_SECONDS)
+        sock.sendall(body)
+        answer = _read_response(sock)
+
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert answer.startswith(b"HTTP/1.1 202"), answer[:80]
     assert [bytes(event.body) for event in RawEvent.objects.all()] == [body]
