@@ -248,12 +248,13 @@ def ensure_wrk() -> str | None:
     found = shutil.which("wrk")
     if found:
         return found
-    apt = ["apt-get", "install", "-y", "-q", "wrk"]
-    if os.geteuid() != 0 and shutil.which("sudo"):
-        apt = ["sudo", "-n", *apt]
-    print("wrk is missing: " + " ".join(apt), file=sys.stderr)
+    # The package lists first: on a fresh machine they may be empty or stale.
+    sudo = ["sudo", "-n"] if os.geteuid() != 0 and shutil.which("sudo") else []
+    steps = [[*sudo, "apt-get", "update", "-qq"], [*sudo, "apt-get", "install", "-y", "-q", "wrk"]]
+    print("wrk is missing: " + " && ".join(" ".join(step) for step in steps), file=sys.stderr)
     try:
-        subprocess.run(apt, check=True, timeout=300, stdout=subprocess.DEVNULL)
+        for step in steps:
+            subprocess.run(step, check=True, timeout=300, stdout=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"could not install wrk ({exc}); using the Python client", file=sys.stderr)
         return None
