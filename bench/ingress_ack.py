@@ -20,8 +20,9 @@ One run measures, on this machine and within a few minutes:
    (`python -m eventdrop.web`: uvicorn, eventdrop/web.py) with bench/settings_bench.py, driven
    by `wrk` (a C load generator: little of the two cores goes to the client) over keep-alive
    connections with signed-looking Stripe POSTs (a ~1.5 KiB `checkout.session.completed`
-   body, unique per request). `apt-get install wrk` is run when it is missing; without it (or
-   with `--client python`) a Python client in a second process does the same, slower.
+   body, unique per request). `apt-get update && apt-get install wrk` is run when it is
+   missing; without it (or with `--client python`) a Python client in a second process does
+   the same, slower.
 3. **the no-write baseline**: the same requests at `/bench/noop/stripe/`, a view behind the
    same server and middleware that reads the body and answers 202 writing nothing.
 
