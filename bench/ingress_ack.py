@@ -51,6 +51,14 @@ they are cut off) and prints the ratio to the phase without them (issue 15: with
 phase at the most connections (collapsed stacks into DIR) and prints the top frames (py-spy
 needs ptrace: root, or `kernel.yama.ptrace_scope` 0).
 
+`--baseline REV --interleave PAIRS` compares two servers at one machine speed: both run side by
+side and wrk alternates between them in `--interleave-seconds` slices (3 s), printing each
+pair's ratios of ACK/s and of server CPU per webhook and their medians (no ceiling, no no-write
+phase). On this VM the speed drifts by tens of per cent within minutes (steal time), more than
+a change of a tenth can be told from in `--rounds` phases minutes apart.
+
+    .venv/bin/python bench/ingress_ack.py --baseline HEAD~1 --interleave 12 --connections 16
+
 Everything listens on 127.0.0.1 only, and everything it started is stopped at the end.
 """
 
@@ -793,6 +801,69 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
     return phases
 
 
+def interleave(servers, env, args, load, workdir) -> bool:
+    """`--interleave PAIRS`: the baseline's and the current server run side by side (both
+    idle but for the slice being measured), and wrk alternates between them in short
+    slices, PAIRS pairs, the order swapped every pair. The VM's speed drifts over minutes
+    (steal time from its host: tens of per cent), so slices seconds apart compare the two
+    servers at one speed, where `--rounds` phases minutes apart do not. Prints, per pair,
+    each server's ACK/s and CPU per webhook, and the medians of current / baseline. Rows are
+    checked per slice. No ceiling: this compares two servers, not one with PostgreSQL."""
+    import statistics
+
+    connections = max(args.connections)
+    started = {}
+    logs = []
+    ok = True
+    try:
+        for label, root, server_env in servers:
+            log = open(Path(workdir) / f"server_{label}_interleaved.log", "w")  # noqa: SIM115
+            logs.append(log)
+            port = free_port()
+            started[label] = (start_server(env, root, port, args, server_env, log), port)
+        for _server, port in started.values():
+            load(port, WEBHOOK_PATH, connections, WARMUP_SECONDS)
+        figures: dict[str, list[tuple[float, float, float]]] = {label: [] for label in started}
+        print(f"\ninterleaved, {connections} connections, {args.interleave_seconds:g} s slices")
+        for pair in range(args.interleave):
+            order = list(started) if pair % 2 == 0 else list(started)[::-1]
+            for label in order:
+                server, port = started[label]
+                workers = server_workers(server)
+                rows_before, cpu_before = http_rows(), cpu_seconds(workers)
+                slice_ = load(port, WEBHOOK_PATH, connections, args.interleave_seconds)
+                cpu_used, rows = cpu_seconds(workers) - cpu_before, http_rows() - rows_before
+                if rows < slice_["ok"]:
+                    ok = False
+                    print(f"  {label}: {slice_['ok']} 2xx but {rows} rows")
+                rate = slice_["ok"] / slice_["seconds"]
+                cpu_us = cpu_used / slice_["ok"] * 1e6 if slice_["ok"] else float("nan")
+                figures[label].append((rate, cpu_us, slice_["p99_ms"]))
+            base, new = figures["baseline"][-1], figures["current"][-1]
+            print(
+                f"  pair {pair + 1}: baseline {base[0]:.0f}/s {base[1]:.0f} us, current "
+                f"{new[0]:.0f}/s {new[1]:.0f} us: rate {new[0] / base[0]:.3f}, "
+                f"CPU per webhook {new[1] / base[1]:.3f}"
+            )
+        base_all, new_all = figures["baseline"], figures["current"]
+        rates = [n[0] / b[0] for b, n in zip(base_all, new_all, strict=True)]
+        cpus = [n[1] / b[1] for b, n in zip(base_all, new_all, strict=True)]
+        print(
+            f"current / baseline over {len(rates)} pairs: rate median "
+            f"{statistics.median(rates):.3f} (higher in {sum(r > 1 for r in rates)}), "
+            f"server CPU per webhook median "
+            f"{statistics.median(cpus):.3f} (lower in {sum(c < 1 for c in cpus)}); p99 median "
+            f"{statistics.median(b[2] for b in base_all):.1f} / "
+            f"{statistics.median(n[2] for n in new_all):.1f} ms"
+        )
+    finally:
+        for server, _ in started.values():
+            stop(server)
+        for log in logs:
+            log.close()
+    return ok
+
+
 def print_header() -> None:
     print(
         f"{'server':<9}{'rnd':>4} {'endpoint':<8}{'conns':>6}{'slow':>5}{'2xx':>8}{'other':>6}"
@@ -906,6 +977,14 @@ def main() -> int:
         "--current", metavar="REV", help="run the current server from REV, not the work tree"
     )
     parser.add_argument("--rounds", type=int, default=1, help="alternations with --baseline")
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="PAIRS",
+        help="with --baseline: both servers up at once, wrk alternating in short slices",
+    )
+    parser.add_argument("--interleave-seconds", type=float, default=3, help="per slice")
     parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument(
         "--baseline-env",
@@ -922,6 +1001,8 @@ def main() -> int:
     args = parser.parse_args()
     if any(not 0 < c <= 256 for c in args.connections) or not 0 < args.seconds <= 300:
         parser.error("--connections must be 1..256, --seconds 1..300")
+    if args.interleave and (not args.baseline or not 0 < args.interleave_seconds <= 60):
+        parser.error("--interleave needs --baseline, and --interleave-seconds 1..60")
     if args.py_spy and not (VENV_BIN / "py-spy").exists():
         parser.error(f"--py-spy needs py-spy: {VENV_BIN / 'pip'} install py-spy")
     extra_env = dict(item.split("=", 1) for item in args.server_env)
@@ -951,6 +1032,8 @@ def main() -> int:
             + (f"  current env {extra_env}" if extra_env else "")
         )
         psql(DB_NAME, "TRUNCATE ingress_rawevent")
+        if args.interleave:
+            return 0 if interleave(servers, env, args, load, workdir) else 1
         print_header()
         for round_no in range(1, (args.rounds if args.baseline else 1) + 1):
             order = servers if round_no % 2 else servers[::-1]
