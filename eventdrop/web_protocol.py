@@ -1,4 +1,5 @@
-"""uvicorn's HTTP/1.1 protocol (httptools) with the two bounds on a request's head it lacks.
+"""uvicorn's HTTP/1.1 protocol (httptools) with the two bounds on a request's head it lacks,
+and each answer sent in one write (`_WritesJoinedPerTurn`).
 
 uvicorn bounds a keep-alive connection's idle time and nothing before a request's body: a
 client may take forever to send its request line and headers, one byte at a time (the
