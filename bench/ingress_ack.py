@@ -27,9 +27,11 @@ One run measures, on this machine and within a few minutes:
    same server and middleware that reads the body and answers 202 writing nothing.
 
 It prints ACK/s, p50/p95/p99 and the server's CPU per answered request (its workers' user +
-system time from /proc) of each phase, the ceiling, and the two ratios (webhook / ceiling:
-the figure issue 15 sets at >= 0.5; webhook / no-write; with `--rounds N` each server has N
-webhook phases per connection count, each with its pair of ceilings). Rows are checked: every 2xx
+system time from /proc) of each phase, the share of the machine its host took meanwhile
+(`steal%`: a VM's phase with much of it ran on a slower machine than its ceilings), the
+ceiling, and the two ratios (webhook / ceiling: the figure issue 15 sets at >= 0.5; webhook /
+no-write; with `--rounds N` each server has N webhook phases per connection count, each with
+its pair of ceilings). Rows are checked: every 2xx
 must be a row (rows >= 2xx), and at most the requests still in flight when the load stopped
 may be rows without an answer counted (wrk stops on a clock). Otherwise it exits 1.
 
@@ -142,6 +144,9 @@ class Phase:
     max_ms: float
     rows: int | None = None  # rows the phase stored (webhook phases)
     server_cpu_us: float | None = None  # the server workers' CPU per 2xx (user + system)
+    # The share of the machine's CPU time the VM's host took during the load (/proc/stat's
+    # steal): a phase with much of it ran on a slower machine than its ceilings did.
+    steal_pct: float | None = None
     slow_answers: dict = field(default_factory=dict)
     # pgbench's ceiling at the same connections right before and right after this phase
     # (webhook phases without slow clients): the ceiling the phase's ratio is taken against.
@@ -669,6 +674,16 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(all CPU ticks, steal ticks) of the whole machine so far, from /proc/stat."""
+    try:
+        first_line = Path("/proc/stat").read_text().split("\n", 1)[0]
+        fields = [int(value) for value in first_line.split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+
+
 def py_spy_start(server: subprocess.Popen, seconds: float, out_dir: str, tag: str) -> list:
     """py-spy on every worker for `seconds`: collapsed stacks of the thread holding the GIL
     (where the Python CPU goes; waits on the database or a lock are not in them)."""
@@ -773,9 +788,10 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
                             server, args.seconds, args.py_spy, f"{label}_{round_no}"
                         )
                     with SlowClients(port, slow) as slow_clients:
-                        cpu_before = cpu_seconds(workers)
+                        cpu_before, ticks_before = cpu_seconds(workers), machine_ticks()
                         figures = load(port, path, connections, args.seconds)
                         cpu_used = cpu_seconds(workers) - cpu_before
+                        ticks_after = machine_ticks()
                     if paired:
                         ceilings.append(ceiling(args, connections))
                     if spying:
@@ -794,6 +810,12 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
                         phase.rows = http_rows() - before
                     if phase.ok:
                         phase.server_cpu_us = cpu_used / phase.ok * 1e6
+                    if ticks_after[0] > ticks_before[0]:
+                        phase.steal_pct = (
+                            100
+                            * (ticks_after[1] - ticks_before[1])
+                            / (ticks_after[0] - ticks_before[0])
+                        )
                     phases.append(phase)
                     print_phase(phase)
         finally:
@@ -868,18 +890,19 @@ def print_header() -> None:
     print(
         f"{'server':<9}{'rnd':>4} {'endpoint':<8}{'conns':>6}{'slow':>5}{'2xx':>8}{'other':>6}"
         f"{'ACK/s':>8}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'rows':>8}{'cpu us':>8}"
-        f"{'ceiling':>9}{'ratio':>7}"
+        f"{'steal%':>7}{'ceiling':>9}{'ratio':>7}"
     )
 
 
 def print_phase(p: Phase) -> None:
     rows = "" if p.rows is None else str(p.rows)
     cpu = "" if p.server_cpu_us is None else f"{p.server_cpu_us:.0f}"
+    steal = "" if p.steal_pct is None else f"{p.steal_pct:.0f}"
     paired = "" if p.ceiling is None else f"{p.ceiling:>9.0f}{p.ratio_to_ceiling:>7.2f}"
     print(
         f"{p.server:<9}{p.round:>4} {p.endpoint:<8}{p.connections:>6}{p.slow_clients:>5}"
         f"{p.ok:>8}{p.other:>6}{p.rate:>8.0f}{p.p50_ms:>8.2f}{p.p95_ms:>8.2f}{p.p99_ms:>8.2f}"
-        f"{p.max_ms:>8.0f}{rows:>8}{cpu:>8}{paired}",
+        f"{p.max_ms:>8.0f}{rows:>8}{cpu:>8}{steal:>7}{paired}",
         flush=True,
     )
 
