@@ -1051,7 +1051,11 @@ def main() -> int:
             f"Python {platform.python_version()}  PostgreSQL {facts['postgres']} "
             f"(synchronous_commit={facts['synchronous_commit']}, fsync={facts['fsync']})  "
             f"client {'wrk' if wrk else 'python'}  {args.workers} web processes  "
-            f"{args.seconds:g} s per phase  ceiling pgbench -M {args.ceiling_protocol}"
+            + (
+                f"{args.interleave} pairs of {args.interleave_seconds:g} s slices, no ceiling"
+                if args.interleave
+                else f"{args.seconds:g} s per phase  ceiling pgbench -M {args.ceiling_protocol}"
+            )
             + (f"  current env {extra_env}" if extra_env else "")
         )
         psql(DB_NAME, "TRUNCATE ingress_rawevent")
