@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from console.ops import OpsSnapshot, ack_latency_collectors, ops_snapshot
+from eventdrop.routers import ReplicaStatus, replica_status
 from ingress.models import RejectionReason, SignatureStatus
 from ingress.providers import PROVIDERS
 from ingress.sources import all_sources
@@ -45,7 +46,40 @@ class OpsCollector(Collector):
     """No describe(): registering it must not run its queries."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        # Measured first, as on the ops page: the figures may be read from the replica
+        # only while it is fit to serve them.
+        replica = replica_status(fresh=True)
         yield from ops_families(ops_snapshot())
+        yield from replica_families(replica)
+
+
+def replica_families(replica: ReplicaStatus) -> Iterator[GaugeMetricFamily]:
+    """The read replica as this process last measured it (eventdrop/routers.py). Without a
+    replica configured the families are declared with no sample: an alert on them stays
+    silent, and a dashboard shows "no data" rather than a made-up 0."""
+    configured = replica.configured
+    yield _gauge(
+        "eventdrop_replica_up",
+        "1 when the read replica answers and is in recovery (a replica of the primary).",
+        (1 if replica.reachable and replica.lag_seconds is not None else 0) if configured else None,
+    )
+    yield _gauge(
+        "eventdrop_replica_lag_seconds",
+        "How far the read replica's replay is behind the primary (absent: not measurable).",
+        replica.lag_seconds,
+    )
+    yield _gauge(
+        "eventdrop_replica_max_lag_seconds",
+        "DATABASE_REPLICA_MAX_LAG_SECONDS: the lag past which the read-only screens are "
+        "served by the primary.",
+        replica.max_lag_seconds if configured else None,
+    )
+    yield _gauge(
+        "eventdrop_replica_serving_reads",
+        "1 while the read-only screens are served by the replica, 0 while the primary "
+        "serves them instead (the replica too far behind, unreachable or promoted).",
+        int(replica.serving_reads) if configured else None,
+    )
 
 
 def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:

@@ -201,6 +201,13 @@ def test_lag_gauges_are_absent_without_events(client, token):
     assert sample(families, "eventdrop_raw_events_oldest_pending_age_seconds") == 0
 
 
+def test_replica_gauges_are_declared_without_samples_when_there_is_no_replica(client, token):
+    # With a replica they are read from it: tests/faults/test_replica.py, a real one.
+    families = scrape(client, **bearer(TOKEN))
+    for name in ("up", "lag_seconds", "max_lag_seconds", "serving_reads"):
+        assert families[f"eventdrop_replica_{name}"].samples == [], name
+
+
 def test_label_values_come_only_from_closed_sets(client, token):
     from django.utils import timezone
 

@@ -11,7 +11,8 @@ separate process configured with DATABASE_URL and DATABASE_REPLICA_URL:
   primary (it sees the new events and the action's result);
 - the inbox's claims run on the primary: it verifies the events the replica does not have;
 - with a tighter lag limit, or with the replica stopped, the same pages are served by the
-  primary, and the ops page says why.
+  primary, and the ops page says why;
+- /metrics says the same (eventdrop_replica_up, _lag_seconds, _serving_reads), in each case.
 
 About 25 s on 2 cores (two clusters, a base backup, a handful of processes).
 """
@@ -42,7 +43,11 @@ def seen():
     page = client.get("/ops/").content.decode()
     match = re.search(
         r'id="ops-replica" data-serving="(\\w+)">Read from: <span[^>]*>([^<]*)<', page)
-    return {"listed": listed, "serving": match and match.group(1), "line": match and match.group(2)}
+    scraped = client.get("/metrics").content.decode().splitlines()
+    replica = {line.split()[0]: float(line.split()[1])
+               for line in scraped if line.startswith("eventdrop_replica_")}
+    return {"listed": listed, "serving": match and match.group(1), "line": match and match.group(2),
+            "metrics": replica}
 result = {"before": seen()}
 if ACTION:
     response = client.post("/api/raw-events/replay/", {"ids": [NEWEST]},
@@ -114,6 +119,12 @@ def test_reads_from_the_replica_writes_and_claims_on_the_primary_with_fallback()
             assert seen["before"]["listed"] == 3, seen
             assert seen["before"]["serving"] == "replica", seen
             assert "s behind (limit 3600 s)" in seen["before"]["line"]
+            # /metrics says the same as the page (and an alert can watch it).
+            scraped = seen["before"]["metrics"]
+            assert scraped["eventdrop_replica_up"] == 1, scraped
+            assert scraped["eventdrop_replica_serving_reads"] == 1, scraped
+            assert scraped["eventdrop_replica_max_lag_seconds"] == 3600, scraped
+            assert scraped["eventdrop_replica_lag_seconds"] >= 0, scraped
             # The operator's action is written on the primary (the event is only there),
             # and the next page of that browser reads the primary.
             assert seen["action"] == 200, seen
@@ -127,6 +138,9 @@ def test_reads_from_the_replica_writes_and_claims_on_the_primary_with_fallback()
             assert behind["listed"] == 7, behind
             assert behind["serving"] == "primary"
             assert "behind (limit 1 s)" in behind["line"], behind
+            assert behind["metrics"]["eventdrop_replica_serving_reads"] == 0, behind
+            assert behind["metrics"]["eventdrop_replica_up"] == 1, behind
+            assert behind["metrics"]["eventdrop_replica_lag_seconds"] > 1, behind
 
             # Unreachable: the same, and the page says so.
             replica.stop("immediate")
@@ -134,3 +148,8 @@ def test_reads_from_the_replica_writes_and_claims_on_the_primary_with_fallback()
             assert gone["listed"] == 7, gone
             assert gone["serving"] == "primary"
             assert "unreachable" in gone["line"], gone
+            assert gone["metrics"] == {
+                "eventdrop_replica_up": 0,
+                "eventdrop_replica_max_lag_seconds": 3600,
+                "eventdrop_replica_serving_reads": 0,
+            }, gone  # no lag: it cannot be measured
