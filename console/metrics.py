@@ -54,7 +54,7 @@ class OpsCollector(Collector):
 
 
 def replica_families(replica: ReplicaStatus) -> Iterator[GaugeMetricFamily]:
-    """The read replica as this process last measured it (eventdrop/routers.py). Without a
+    """The read replica as this process measured it for the scrape (eventdrop/routers.py). Without a
     replica configured the families are declared with no sample: an alert on them stays
     silent, and a dashboard shows "no data" rather than a made-up 0."""
     configured = replica.configured
