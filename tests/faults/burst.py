@@ -1,16 +1,18 @@
 """A bounded burst of signed webhooks across sources, from a separate process (topology test).
 
     python tests/faults/burst.py --ports 8001,8002 --events 5000 --recaps recaps.json \\
-        --out summary.json --concurrency 8 --deadline 150
+        --out summary.json --concurrency 8 --rate 500 --deadline 150
 
 Every logical event is sent until it gets a 202, as a provider retries: the same body and
 headers again after a connection error or a 503 (so a request whose 202 was lost with a
 killed server arrives twice, and the inbox's dedup must make it one event), alternating
 between the web servers. Sources: GitHub `ping`, Slack `event_callback`, Stripe
 `customer.created`, and one Stripe `checkout.session.completed` (paid) per recap id in
-`--recaps`, spread through the burst. Secrets from the environment (the test secrets).
-Writes a JSON summary: per kind, events sent and acknowledged, and every event that never got
-a 202 before the deadline. Standard library only.
+`--recaps`, spread through the burst. With `--rate`, the n-th event is not sent before
+n / rate seconds into the burst, so a fast machine does not finish it sooner than that.
+Secrets from the environment (the test secrets). Writes a JSON summary: per kind, events sent
+and acknowledged, and every event that never got a 202 before the deadline. Standard library
+only.
 """
 
 import argparse
@@ -92,12 +94,13 @@ def main() -> None:
     parser.add_argument("--recaps", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rate", type=float, help="at most this many new events a second")
     parser.add_argument("--deadline", type=float, default=150.0)
     args = parser.parse_args()
     ports = [int(port) for port in args.ports.split(",")]
     with open(args.recaps) as recaps_file:
         recaps = json.load(recaps_file)
-    work = iter(plan(args.events, recaps))
+    work = iter(enumerate(plan(args.events, recaps)))
     lock = threading.Lock()
     stop_at = time.monotonic() + args.deadline
     summary: dict = {"sent": {}, "acked": {}, "attempts": 0, "failed": [], "seconds": 0.0}
@@ -111,7 +114,9 @@ def main() -> None:
                 item = next(work, None)
             if item is None:
                 break
-            kind, key = item
+            index, (kind, key) = item
+            if args.rate:
+                time.sleep(max(0.0, started + index / args.rate - time.monotonic()))
             with lock:
                 summary["sent"][kind] = summary["sent"].get(kind, 0) + 1
             source, name, body, headers = build(kind, key)

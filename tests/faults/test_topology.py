@@ -10,9 +10,12 @@
     renders and calls back, signed, through the web servers.
 
 A burst of signed events across sources (tests/faults/burst.py, a separate process, retrying
-like a provider), with paid recaps spread through it; during the burst one web server, one
-inbox worker, one dispatcher and one django-q2 cluster are SIGKILLed, one after the other,
-and each is restarted. Afterwards, from the rows:
+like a provider, paced to at most BURST_RATE events a second), with paid recaps spread through
+it. During the burst one web server, one inbox worker, one dispatcher and one django-q2
+cluster are SIGKILLed, one after the other, and each is restarted at once. The kills follow
+the burst's progress, not the clock: the k-th waits until the raw-event table holds k fifths
+of the burst's events, so each lands while the burst runs, however fast the machine is.
+Afterwards, from the rows:
 
 - every event was acknowledged; each logical event is stored as one verified event (a
   retried request whose 202 was lost is a `duplicate` of it), none rejected, none pending;
@@ -21,14 +24,14 @@ and each is restarted. Afterwards, from the rows:
   service accepted exactly one render per recap (retries replayed the idempotency key);
 - /metrics answered during the burst, its reads served by the replica.
 
-Size: TOPOLOGY_EVENTS, default 20,000 (the issue's figure) plus 30 paid recaps. Measured on
-2 cores: the burst takes about 45-65 s (300-450 events/s through 2 single-process web
-servers, 8 senders, a kill every 5 s), the whole module 85-125 s. A kill lands while the
-burst runs or the test fails and says to raise the count.
+Size: TOPOLOGY_EVENTS, default 20,000 (the issue's figure) plus 30 paid recaps. Every wait
+is bounded (the burst by BURST_SECONDS, the drain by DRAIN_SECONDS) and, when it gives up,
+says what it saw: rows stored, events verified, work still waiting.
 """
 
 import json
 import os
+import subprocess
 import sys
 import time
 import urllib.request
@@ -53,7 +56,12 @@ pytestmark = pytest.mark.faults
 
 EVENTS = int(os.environ.get("TOPOLOGY_EVENTS", "20000"))
 RECAPS = 30
+# A ceiling, not a target: the burst takes at least EVENTS / BURST_RATE seconds, so a machine
+# faster than this one still has the load running while each kill's replacement starts.
+BURST_RATE = 500
+BURST_SECONDS = 240
 DRAIN_SECONDS = 120
+KILLED = ("web1", "inbox1", "dispatcher1", "worker1")
 METRICS_TOKEN = "topology-metrics-token-0123456789"
 BURST = Path(__file__).with_name("burst.py")
 
@@ -176,28 +184,35 @@ def run_topology(tmp_path, direct, replica, bouncer, replica_bouncer, redis, rec
         fleet.processes["renderer"].wait_listening(renderer_port, timeout=30)
 
         replica_reads_before = replica_commits(replica)
+        burst_deadline = time.monotonic() + BURST_SECONDS
         burst = fleet.start("burst", lambda log: Managed(
             [sys.executable, str(BURST), "--ports", ",".join(map(str, web_ports)),
              "--events", str(EVENTS), "--recaps", str(tmp_path / "recaps.json"),
              "--out", str(tmp_path / "burst.json"), "--concurrency", "8",
-             "--deadline", "200"],
+             "--rate", str(BURST_RATE), "--deadline", str(BURST_SECONDS)],
             env, log=log,
         ))
         # One of each kind killed mid-burst and restarted at once (its replacement starts
-        # while the others carry the load).
+        # while the others carry the load). Fewer rows than the burst's events means the
+        # burst is still sending, so every kill lands during it.
         metrics_answers = []
-        for name in ("web1", "inbox1", "dispatcher1", "worker1"):
-            time.sleep(5)
-            assert burst.alive, f"the burst ended before {name} was killed: raise TOPOLOGY_EVENTS"
+        kills = []
+        for k, name in enumerate(KILLED, 1):
+            progress = wait_stored(direct, k * EVENTS // (len(KILLED) + 1), burst, burst_deadline)
             fleet.kill_and_restart(name)
+            kills.append((name, progress))
             metrics_answers.append(scrape_metrics(web_ports[1]))
         fleet.processes["web1"].wait_listening(web_ports[0], timeout=60)
-        burst.process.wait(timeout=260)
+        try:
+            burst.process.wait(timeout=max(1.0, burst_deadline - time.monotonic()) + 30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the burst had not exited 30 s past its own {BURST_SECONDS} s "
+                        f"deadline; {progress_of(direct)}; kills: {kills}")
         summary = json.loads((tmp_path / "burst.json").read_text())
         assert summary["failed"] == [], summary["failed"][:10]
         assert sum(summary["acked"].values()) == EVENTS + len(recaps), summary
 
-        wait_drained(direct, recaps, fleet)
+        wait_drained(direct, fleet)
         assert fleet.dead() == [], fleet.dead()
         renders = json.load(urllib.request.urlopen(
             f"http://127.0.0.1:{renderer_port}/_stats", timeout=5))
@@ -227,7 +242,7 @@ def run_topology(tmp_path, direct, replica, bouncer, replica_bouncer, redis, rec
     # Reads through the replica while the burst ran.
     assert metrics_answers == [200] * 4
     assert replica_commits(replica) > replica_reads_before
-    print(f"topology: {summary}")
+    print(f"topology: {summary}; kills at {kills}")
 
 
 def scrape_metrics(port: int) -> int:
@@ -246,20 +261,46 @@ def replica_commits(replica) -> int:
         "SELECT xact_commit FROM pg_stat_database WHERE datname = 'eventdrop'"))
 
 
-def wait_drained(direct: str, recaps: list[str], fleet: Fleet) -> None:
+def progress_of(direct: str) -> dict[str, int]:
+    """How far the burst has come: rows stored and events the inbox has verified."""
+    stored, verified = query(direct, """
+        SELECT count(*), count(*) FILTER (WHERE signature_status = 'verified')
+        FROM ingress_rawevent
+    """)[0]
+    return {"stored": stored, "verified": verified}
+
+
+def wait_stored(direct: str, rows: int, burst: Managed, deadline: float) -> dict[str, int]:
+    """Wait until the raw-event table holds `rows` rows while the burst runs; the progress
+    then. Fails, saying what it saw, if the burst ends first or the deadline passes."""
+    while True:
+        progress = progress_of(direct)
+        if progress["stored"] >= rows:
+            return progress
+        if not burst.alive:
+            pytest.fail(f"the burst exited ({burst.process.returncode}) with {progress} before "
+                        f"{rows} rows were stored: {burst.output()[-1500:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {BURST_SECONDS} s for {rows} rows stored; saw {progress}")
+        time.sleep(0.2)
+
+
+def wait_drained(direct: str, fleet: Fleet) -> None:
     deadline = time.monotonic() + DRAIN_SECONDS
     while True:
-        waiting = scalar(direct, """
-            SELECT (SELECT count(*) FROM ingress_rawevent WHERE signature_status = 'pending')
-                 + (SELECT count(*) FROM ingress_delivery WHERE status IN ('pending', 'processing'))
-                 + (SELECT count(*) FROM recap_side_effects
-                    WHERE status IN ('pending', 'processing'))
-                 + (SELECT count(*) FROM recap_videos WHERE status <> 'ready')
-        """)
-        if waiting == 0:
+        waiting = dict(query(direct, """
+            SELECT 'raw events pending', count(*) FROM ingress_rawevent
+                WHERE signature_status = 'pending'
+            UNION ALL SELECT 'deliveries pending or processing', count(*) FROM ingress_delivery
+                WHERE status IN ('pending', 'processing')
+            UNION ALL SELECT 'side effects pending or processing', count(*)
+                FROM recap_side_effects WHERE status IN ('pending', 'processing')
+            UNION ALL SELECT 'recaps not ready', count(*) FROM recap_videos
+                WHERE status <> 'ready'
+        """))
+        if not any(waiting.values()):
             return
         if time.monotonic() > deadline:
             logs = {name: p.output()[-1500:] for name, p in fleet.processes.items()}
-            pytest.fail(f"{waiting} items still waiting after {DRAIN_SECONDS} s; logs: {logs}")
+            pytest.fail(f"still waiting after {DRAIN_SECONDS} s: {waiting}; logs: {logs}")
         time.sleep(1)
-
