@@ -77,7 +77,7 @@ def _upsert_sql() -> str:
     columns = ", ".join(quote(c) for c in ("source", "hour", *COLUMNS))
     placeholders = ", ".join(["%s"] * (2 + len(COLUMNS)))
     adds = ", ".join(f"{quote(c)} = {table}.{quote(c)} + EXCLUDED.{quote(c)}" for c in COLUMNS)
-    # PostgreSQL and SQLite (3.24+) both speak this. Names from the model, values parameters.
+    # Names from the model, values parameters.
     return (
         f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "  # noqa: S608
         f"ON CONFLICT ({quote('source')}, {quote('hour')}) DO UPDATE SET {adds}"

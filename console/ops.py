@@ -1,10 +1,10 @@
 """The operations figures and their colours: what /ops/ shows and /metrics exports.
 
 Every figure is read when asked for, by aggregate queries in the database, each bounded by
-a window on an indexed column or served by a partial index. `received_at` is indexed and,
-on PostgreSQL, the raw event table's daily partition key: a window on it, closed at both
-ends (the partitions created ahead are empty but would still be scanned), prunes the scan
-to the one or two partitions it overlaps. Queue depths come from `ingress.selectors` and
+a window on an indexed column or served by a partial index. `received_at` is indexed and
+the raw event table's daily partition key: a window on it, closed at both ends (the
+partitions created ahead are empty but would still be scanned), prunes the scan to the one
+or two partitions it overlaps. Queue depths come from `ingress.selectors` and
 `outbox.selectors` (partial indexes on the pending and due rows). Nothing is cached, so the
 page and a scrape cost the same handful of queries (about eight).
 
@@ -26,7 +26,6 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import Count, F, FloatField, Func, Q, Value
 from django.db.models.aggregates import Aggregate
 from django.db.models.functions import Coalesce, Trunc
@@ -62,9 +61,6 @@ DAY = timedelta(hours=24)
 LAG_WINDOW = HOUR
 LAG_PERCENTILE = 0.95
 ACK_PERCENTILE = 0.99
-# SQLite has no percentile_cont: there the p95 is computed in Python over at most this many
-# of the window's most recent events, so a busy SQLite store cannot make the page slow.
-SQLITE_LAG_SAMPLE = 5000
 
 
 # --- Levels and the SLO table -----------------------------------------------------------------
@@ -296,20 +292,6 @@ class Lags:
     processing_p95: float | None
     verification_events: int
     processing_events: int
-    # SQLite only: the window held more events than SQLITE_LAG_SAMPLE; the p95 is of the
-    # most recent ones.
-    sampled: bool = False
-
-
-def percentile(values: Iterable[float], fraction: float) -> float | None:
-    """Linear interpolation between closest ranks: what percentile_cont returns."""
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    position = fraction * (len(ordered) - 1)
-    lower = math.floor(position)
-    upper = min(lower + 1, len(ordered) - 1)
-    return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)
 
 
 def raw_event_lags(*, now: datetime) -> Lags:
@@ -321,8 +303,6 @@ def raw_event_lags(*, now: datetime) -> Lags:
     rejected, duplicate and unhandled events have nothing to process.
     """
     since = now - LAG_WINDOW
-    if connection.vendor != "postgresql":
-        return _raw_event_lags_sampled(since=since, now=now)
     dispatched = Q(dispatch_status=DispatchStatus.DISPATCHED, verified_at__isnull=False)
     verification = EpochSeconds(Coalesce(F("verified_at"), Value(now)) - F("received_at"))
     processing = EpochSeconds(Coalesce(F("handled_at"), Value(now)) - F("verified_at"))
@@ -333,33 +313,6 @@ def raw_event_lags(*, now: datetime) -> Lags:
         processing_events=Count("id", filter=dispatched),
     )
     return Lags(**row)
-
-
-def _raw_event_lags_sampled(*, since: datetime, now: datetime) -> Lags:
-    rows = list(
-        RawEvent.objects.filter(received_at__gte=since, received_at__lte=now)
-        .order_by("-received_at")
-        .values_list("received_at", "verified_at", "handled_at", "dispatch_status")[
-            : SQLITE_LAG_SAMPLE + 1
-        ]
-    )
-    sampled = len(rows) > SQLITE_LAG_SAMPLE
-    rows = rows[:SQLITE_LAG_SAMPLE]
-    verification = [
-        ((verified or now) - received).total_seconds() for received, verified, *_ in rows
-    ]
-    processing = [
-        ((handled or now) - verified).total_seconds()
-        for _, verified, handled, status in rows
-        if verified is not None and status == DispatchStatus.DISPATCHED
-    ]
-    return Lags(
-        verification_p95=percentile(verification, LAG_PERCENTILE),
-        processing_p95=percentile(processing, LAG_PERCENTILE),
-        verification_events=len(verification),
-        processing_events=len(processing),
-        sampled=sampled,
-    )
 
 
 # --- ACK latency (in-process histogram, not the database) -------------------------------------
@@ -555,8 +508,6 @@ class HourlySeries:
     hours: list[datetime]
     # name -> one value per hour (None: no data in that hour)
     series: dict[str, list[float | None]]
-    # SQLite only: lags computed over the most recent SQLITE_LAG_SAMPLE events of the day.
-    sampled: bool = False
 
 
 def _by_hour(hours: list[datetime], rows: Iterable[tuple[datetime, str, float | None]]):
@@ -597,8 +548,6 @@ def hourly_lags(*, now: datetime) -> HourlySeries:
     hours = chart_hours(now=now)
     start, end = _hour_window(now)
     window = RawEvent.objects.filter(received_at__gte=start, received_at__lte=end)
-    if connection.vendor != "postgresql":
-        return _hourly_lags_sampled(window, hours=hours, now=now)
     dispatched = Q(dispatch_status=DispatchStatus.DISPATCHED, verified_at__isnull=False)
     verification = EpochSeconds(Coalesce(F("verified_at"), Value(now)) - F("received_at"))
     processing = EpochSeconds(Coalesce(F("handled_at"), Value(now)) - F("verified_at"))
@@ -622,34 +571,6 @@ def hourly_lags(*, now: datetime) -> HourlySeries:
             name: series.get(name, [None] * len(hours))
             for name in ("verification lag p95", "processing lag p95")
         },
-    )
-
-
-def _hourly_lags_sampled(window, *, hours: list[datetime], now: datetime) -> HourlySeries:
-    rows = list(
-        window.order_by("-received_at").values_list(
-            "received_at", "verified_at", "handled_at", "dispatch_status"
-        )[: SQLITE_LAG_SAMPLE + 1]
-    )
-    sampled = len(rows) > SQLITE_LAG_SAMPLE
-    verification: dict[datetime, list[float]] = defaultdict(list)
-    processing: dict[datetime, list[float]] = defaultdict(list)
-    for received, verified, handled, status in rows[:SQLITE_LAG_SAMPLE]:
-        hour = received.replace(minute=0, second=0, microsecond=0)
-        verification[hour].append(((verified or now) - received).total_seconds())
-        if verified is not None and status == DispatchStatus.DISPATCHED:
-            processing[hour].append(((handled or now) - verified).total_seconds())
-    return HourlySeries(
-        hours=hours,
-        series={
-            "verification lag p95": [
-                percentile(verification.get(h, []), LAG_PERCENTILE) for h in hours
-            ],
-            "processing lag p95": [
-                percentile(processing.get(h, []), LAG_PERCENTILE) for h in hours
-            ],
-        },
-        sampled=sampled,
     )
 
 

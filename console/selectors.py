@@ -4,7 +4,6 @@ import json
 from collections.abc import Iterable
 from datetime import datetime
 
-from django.db import connection
 from django.db.models import (
     BinaryField,
     BooleanField,
@@ -47,18 +46,11 @@ class BodyContains(Func):
     def __init__(self, needle: bytes):
         super().__init__(F("body"), Value(needle, output_field=BinaryField()))
 
-    def _compiled(self, compiler):
-        haystack, needle = self.get_source_expressions()
-        return compiler.compile(haystack), compiler.compile(needle)
-
     def as_postgresql(self, compiler, connection, **extra_context):
-        (haystack, haystack_params), (needle, needle_params) = self._compiled(compiler)
-        return f"position({needle} in {haystack}) > 0", (*needle_params, *haystack_params)
-
-    def as_sqlite(self, compiler, connection, **extra_context):
-        # instr() on two BLOBs compares bytes.
-        (haystack, haystack_params), (needle, needle_params) = self._compiled(compiler)
-        return f"instr({haystack}, {needle}) > 0", (*haystack_params, *needle_params)
+        body, needle = self.get_source_expressions()
+        body_sql, body_params = compiler.compile(body)
+        needle_sql, needle_params = compiler.compile(needle)
+        return f"position({needle_sql} in {body_sql}) > 0", (*needle_params, *body_params)
 
 
 BODY_SEARCH_ENCRYPTED = (
@@ -205,10 +197,7 @@ def operator_actions_on(*, target_model: str, object_id: int | str, limit: int =
     actions = OperatorAction.objects.filter(target_model=target_model).order_by(
         "-started_at", "-id"
     )
-    if connection.features.supports_json_field_contains:
-        return list(actions.filter(target_ids__contains=[object_id])[:limit])
-    # SQLite (trying the project out) has no JSON containment: look through recent actions.
-    return [action for action in actions[:500] if object_id in action.target_ids][:limit]
+    return list(actions.filter(target_ids__contains=[object_id])[:limit])
 
 
 def queue_depths() -> dict:

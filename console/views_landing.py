@@ -18,11 +18,6 @@ from console.selectors import queue_depths
 logger = logging.getLogger(__name__)
 
 
-def _database_vendor() -> str:
-    engine = settings.DATABASES["default"]["ENGINE"]
-    return "PostgreSQL" if "postgresql" in engine else engine.rsplit(".", 1)[-1]
-
-
 def home(request: HttpRequest) -> TemplateResponse:
     user = request.user
     if not (user.is_active and user.is_staff):
@@ -35,7 +30,6 @@ def home(request: HttpRequest) -> TemplateResponse:
         depths = None
     context = {
         "depths": depths,
-        "database_vendor": _database_vendor(),
         "render_service_url": settings.RENDER_SERVICE_URL,
         "stripe_api_base": settings.STRIPE_API_BASE,
         "debug": settings.DEBUG,

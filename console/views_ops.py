@@ -118,7 +118,6 @@ def ops_charts(*, now: datetime, volume: HourlySeries | None = None) -> list[cha
                 f"{SLOS[key].label}: red from {SLOS[key].display_red}": SLOS[key].red_at
                 for key in ("verification_lag_p95", "processing_lag_p95")
             },
-            note=("SQLite: over the day's most recent events only." if lags.sampled else ""),
         ),
         charts.stacked_bars(
             key="dead",

@@ -13,7 +13,6 @@ from console.ops import (
     Level,
     histogram_quantile,
     ops_snapshot,
-    percentile,
     raw_event_lags,
 )
 from ingress.models import Delivery, RawEvent, ReconciliationRun
@@ -280,7 +279,6 @@ def test_lag_p95_of_a_constructed_distribution(now):
     assert lags.verification_events == 100 and lags.processing_events == 100
     assert lags.verification_p95 == pytest.approx(95.05)
     assert lags.processing_p95 == pytest.approx(190.1)
-    assert not lags.sampled
 
 
 def test_waiting_events_count_with_their_age_so_far(now):
@@ -325,34 +323,6 @@ def test_an_empty_store_has_no_lag_data_and_green_queues(now):
     assert levels["dead_deliveries"] == Level.GREEN
     assert levels["drift"] == Level.NO_DATA  # no reconciliation has run
     assert snapshot.breaker_state == "closed"  # no row: never tripped
-
-
-def test_sqlite_sample_is_bounded(now, monkeypatch):
-    from console import ops
-
-    monkeypatch.setattr(ops.connection, "vendor", "sqlite")
-    monkeypatch.setattr(ops, "SQLITE_LAG_SAMPLE", 10)
-    RawEvent.objects.bulk_create(
-        raw_event(now, ago=timedelta(minutes=n + 1), verify_lag=n + 1) for n in range(15)
-    )
-    lags = raw_event_lags(now=now)
-    assert lags.sampled and lags.verification_events == 10
-    # the ten most recent: lags 1..10
-    assert lags.verification_p95 == pytest.approx(percentile(range(1, 11), 0.95))
-
-
-@pytest.mark.parametrize(
-    ("values", "fraction", "expected"),
-    [
-        ([], 0.95, None),
-        ([7], 0.95, 7),
-        ([1, 2], 0.5, 1.5),
-        (list(range(1, 101)), 0.95, 95.05),
-        ([3, 1, 2], 1.0, 3),
-    ],
-)
-def test_percentile_interpolates_like_percentile_cont(values, fraction, expected):
-    assert percentile(values, fraction) == (pytest.approx(expected) if expected else None)
 
 
 # --- the colours --------------------------------------------------------------------------------

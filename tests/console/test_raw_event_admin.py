@@ -118,7 +118,7 @@ def test_body_search_runs_in_the_database_without_fetching_bodies(admin_client):
     with CaptureQueriesContext(connection) as queries:
         response = admin_client.get(CHANGELIST, {"q": "needle"})
     assert len(listed_ids(response)) == 1
-    searches = [q["sql"] for q in queries if "position(" in q["sql"] or "instr(" in q["sql"]]
+    searches = [q["sql"] for q in queries if "position(" in q["sql"]]
     assert searches, "the body condition is part of the SQL"
     for sql in searches:
         selected = sql.split(" FROM ", 1)[0]

@@ -11,7 +11,7 @@ docs/security.md.
 
 import os
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 from django.db import connection
 
 from eventdrop.db_roles import ROLES, db_roles_apply, db_roles_plan, role_name
@@ -24,8 +24,6 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="print the SQL, change nothing")
 
     def handle(self, *args, dry_run: bool, **options):
-        if connection.vendor != "postgresql":
-            raise CommandError("Database roles need PostgreSQL.")
         passwords = {
             spec.kind: os.environ[f"DATABASE_ROLE_PASSWORD_{spec.kind.upper()}"]
             for spec in ROLES
