@@ -387,10 +387,8 @@ def _archived_rows(storage: Storage, entry: dict) -> Iterator[RawEvent]:
 
 def _insert_missing(batch: list[RawEvent], result: RestoreResult) -> None:
     now = timezone.now()
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [RESTORE_LOCK_KEY])
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [RESTORE_LOCK_KEY])
         ids = [event.id for event in batch]
         # Bounded by the batch's own time span, so PostgreSQL reads only its partitions.
         present = set(

@@ -1,6 +1,6 @@
 """Daily partitions of the raw event store, and its retention.
 
-On PostgreSQL `ingress_rawevent` is partitioned by range on `received_at` (migration 0001),
+`ingress_rawevent` is partitioned by range on `received_at` (migration 0001),
 one partition per UTC day named `ingress_rawevent_pYYYYMMDD` covering `[day, day + 1)`, plus
 the DEFAULT partition `ingress_rawevent_default`, which exists so that an INSERT never fails
 because this maintenance lagged. `raw_event_partitions_maintain` (hourly, django-q2, and
@@ -21,8 +21,7 @@ because this maintenance lagged. `raw_event_partitions_maintain` (hourly, django
 
 Deleting or dropping an event deletes its dedup key, its deliveries and their attempts first:
 they point at raw events without a database foreign key (see ingress/models.py), so nothing
-else would. On a plain table (SQLite) the same retention rules are applied with DELETEs, row
-by row instead of day by day.
+else would.
 
 Every step is its own short transaction: the locks that ATTACH and DROP need are held for
 milliseconds, not for the whole run. Each step first takes a transaction-level advisory lock
@@ -91,7 +90,6 @@ _UNFINISHED_DELIVERY = (
 class PartitionMaintenance:
     """What one run did (or, with dry_run, would do)."""
 
-    partitioned: bool
     dry_run: bool = False
     # Another run held the maintenance lock; this one stopped where it was.
     lock_busy: bool = False
@@ -110,34 +108,16 @@ class PartitionMaintenance:
     archive_failed: dict[str, str] = field(default_factory=dict)
     kept_restored: list[str] = field(default_factory=list)
     kept_changed: list[str] = field(default_factory=list)
-    # Plain table with the archive on: nothing is deleted past retention (no archive there).
-    archive_unsupported: bool = False
     # Dry run with the archive on: each drop would first archive and verify.
     archive_before_drop: bool = False
     rejected_deleted: int = 0
-    # Plain table only: expired rows deleted, and expired rows kept because in flight.
-    expired_deleted: int = 0
-    expired_kept_in_flight: int = 0
 
     def lines(self) -> list[str]:
         would = "would " if self.dry_run else ""
         out: list[str] = []
         if self.lock_busy:
             out.append("another maintenance run holds the lock; stopped (it does the work)")
-        if not self.partitioned:
-            out.append(
-                f"partitions do not apply: {PARENT_TABLE} is a plain table on "
-                f"{connection.vendor}; retention applied with DELETEs"
-            )
-            if self.archive_unsupported:
-                out.append(
-                    "archive configured but the table is not partitioned: nothing deleted "
-                    "past retention"
-                )
-            else:
-                out.append(f"{would}delete {self.expired_deleted} events past retention")
-            out.append(f"kept {self.expired_kept_in_flight} expired events still in flight")
-        if self.partitioned and not (self.created or self.lock_busy):
+        if not (self.created or self.lock_busy):
             out.append(f"{would}create no partition: all exist")
         for name in self.created:
             moved = self.moved_from_default.get(name, 0)
@@ -156,7 +136,7 @@ class PartitionMaintenance:
             for name in self.kept_changed
         )
         kept = self.kept_in_flight or self.archive_failed or self.kept_restored or self.kept_changed
-        if self.partitioned and not (self.dropped or kept or self.lock_busy):
+        if not (self.dropped or kept or self.lock_busy):
             out.append("no partition past retention")
         out.extend(f"deferred {step}: lock timeout, next run retries" for step in self.deferred)
         out.append(f"{would}delete {self.rejected_deleted} rejected events past their retention")
@@ -186,13 +166,9 @@ def _with_unfinished_delivery() -> QuerySet:
     return Delivery.objects.filter(_UNFINISHED_DELIVERY).values("raw_event_id")
 
 
-def _in_flight() -> Q:
-    return Q(signature_status=Status.PENDING) | Q(id__in=_with_unfinished_delivery())
-
-
 def _has_in_flight(events: QuerySet[RawEvent]) -> bool:
-    # The two halves of _in_flight() as two queries: ORed in one, they force a scan of the
-    # whole day; apart, each is an index lookup.
+    # Not yet verified, or with an unfinished delivery: two queries, since ORed in one they
+    # force a scan of the whole day; apart, each is an index lookup.
     return (
         events.filter(signature_status=Status.PENDING).exists()
         or events.filter(id__in=_with_unfinished_delivery()).exists()
@@ -264,15 +240,6 @@ def _locked_step() -> Iterator[CursorWrapper]:
             raise _LockHeld
         cursor.execute(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'")
         yield cursor
-
-
-def _is_partitioned() -> bool:
-    if connection.vendor != "postgresql":
-        return False
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [PARENT_TABLE])
-        row = cursor.fetchone()
-    return row is not None and row[0] == "p"
 
 
 def _attached_partitions(cursor: CursorWrapper) -> dict[date, str]:
@@ -413,12 +380,10 @@ def raw_event_partitions_maintain(
         retention_days = settings.RAW_EVENT_RETENTION_DAYS
     boundary = _expiry_boundary(now, retention_days)
 
-    if not _is_partitioned():
-        result = _maintain_plain_table(now=now, boundary=boundary, dry_run=dry_run)
-    elif dry_run:
+    if dry_run:
         result = _plan_partitions(now=now, days_ahead=days_ahead, boundary=boundary)
     else:
-        result = PartitionMaintenance(partitioned=True)
+        result = PartitionMaintenance()
         try:
             _maintain_partitions(result, now=now, days_ahead=days_ahead, boundary=boundary)
         except _LockHeld:
@@ -434,7 +399,6 @@ def raw_event_partitions_maintain(
             "partitions_kept_in_flight": len(result.kept_in_flight),
             "steps_deferred": len(result.deferred),
             "rejected_deleted": result.rejected_deleted,
-            "expired_deleted": result.expired_deleted,
         },
     )
     return result
@@ -510,7 +474,7 @@ def _maintain_partitions(
 
 
 def _plan_partitions(*, now: datetime, days_ahead: int, boundary: datetime) -> PartitionMaintenance:
-    result = PartitionMaintenance(partitioned=True, dry_run=True)
+    result = PartitionMaintenance(dry_run=True)
     with connection.cursor() as cursor:
         missing, in_default, attached = _days_to_create(cursor, now=now, days_ahead=days_ahead)
     for day in missing:
@@ -527,26 +491,4 @@ def _plan_partitions(*, now: datetime, days_ahead: int, boundary: datetime) -> P
         else:
             result.dropped.append(attached[day])
     result.archive_before_drop = archive.archive_enabled()
-    return result
-
-
-def _maintain_plain_table(
-    *, now: datetime, boundary: datetime, dry_run: bool
-) -> PartitionMaintenance:
-    result = PartitionMaintenance(partitioned=False, dry_run=dry_run)
-    # Nothing to archive day by day here: an archive that is configured is never bypassed.
-    result.archive_unsupported = archive.archive_enabled()
-    expired = RawEvent.objects.filter(received_at__lt=boundary)
-    if result.archive_unsupported:
-        expired = expired.none()
-    with transaction.atomic():
-        result.expired_kept_in_flight = expired.filter(_in_flight()).count()
-        doomed = expired.exclude(_in_flight())
-        rejected = _rejected_expired(now)
-        if dry_run:
-            result.expired_deleted = doomed.count()
-            result.rejected_deleted = rejected.count()
-        else:
-            result.expired_deleted = _delete_events(doomed)
-            result.rejected_deleted = _delete_events(rejected)
     return result

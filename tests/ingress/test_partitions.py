@@ -1,6 +1,6 @@
 """Partition maintenance and retention of the raw event store (ingress/partitions.py).
 
-The PostgreSQL tests run real DDL against the real partitioned table, so they use
+The tests run real DDL against the real partitioned table, so they use
 `transactional_db` and a fixture that drops every daily partition before and after each test
 (TRUNCATE empties partitions but does not remove them). Time is injected through `now`.
 """
@@ -14,7 +14,6 @@ from django.db import connection
 from django.utils.module_loading import import_string
 
 from eventdrop.schedules import SCHEDULES
-from ingress import partitions
 from ingress.models import DedupKey, Delivery, DeliveryAttempt, RawEvent
 from ingress.partitions import (
     DEFAULT_PARTITION,
@@ -27,8 +26,6 @@ from ingress.partitions import (
 NOW = datetime(2026, 6, 15, 10, 30, tzinfo=UTC)
 TODAY = NOW.date()
 OLD = NOW - timedelta(days=100)  # past the 90-day retention
-
-postgres = pytest.mark.postgres
 
 
 def day(offset: int) -> date:
@@ -151,15 +148,14 @@ def test_maintenance_is_scheduled_hourly():
     assert (entry.schedule_type, entry.minutes) == ("I", 60)
 
 
-# --- PostgreSQL: partitions ----------------------------------------------------------------
+# --- partitions ----------------------------------------------------------------------------
 
 
-@postgres
 def test_creates_daily_partitions_from_yesterday_through_days_ahead(pg):
     result = raw_event_partitions_maintain(now=NOW, days_ahead=3)
 
     expected = [partition_name(day(offset)) for offset in range(-1, 4)]
-    assert result.partitioned and not result.lock_busy
+    assert not result.lock_busy
     assert result.created == expected
     assert attached() == {DEFAULT_PARTITION, *expected}
     assert partition_bound(partition_name(TODAY)) == (
@@ -170,7 +166,6 @@ def test_creates_daily_partitions_from_yesterday_through_days_ahead(pg):
     assert table_of(event) == "ingress_rawevent_p20260615"
 
 
-@postgres
 def test_second_run_is_idempotent(pg):
     raw_event_partitions_maintain(now=NOW, days_ahead=2)
     before = attached()
@@ -182,7 +177,6 @@ def test_second_run_is_idempotent(pg):
     assert "create no partition: all exist" in again.lines()
 
 
-@postgres
 def test_rows_in_the_default_partition_move_to_their_new_partition(pg):
     # Maintenance never ran: every INSERT so far landed in the DEFAULT partition.
     body = bytes(range(256))
@@ -207,7 +201,6 @@ def test_rows_in_the_default_partition_move_to_their_new_partition(pg):
     assert make_event(NOW).pk > max(e.pk for e in [*today_events, late])
 
 
-@postgres
 def test_drops_partitions_past_retention_with_their_dependents(pg):
     raw_event_partitions_maintain(now=OLD, days_ahead=0)  # the partitions of 100 days ago
     old = make_event(OLD)
@@ -226,7 +219,6 @@ def test_drops_partitions_past_retention_with_their_dependents(pg):
     assert RawEvent.objects.filter(pk=recent.pk).exists()
 
 
-@postgres
 def test_keeps_a_partition_that_holds_an_unverified_event(pg):
     raw_event_partitions_maintain(now=OLD, days_ahead=0)
     pending = make_event(OLD, status="pending")
@@ -242,7 +234,20 @@ def test_keeps_a_partition_that_holds_an_unverified_event(pg):
     assert f"keep {partition_name(OLD.date())}: events still in flight" in result.lines()
 
 
-@postgres
+def test_expiry_is_by_whole_days(pg):
+    # 90 days before NOW is 2026-03-17 10:30: that whole day stays, the day before goes.
+    boundary = datetime(2026, 3, 17, tzinfo=UTC)
+    raw_event_partitions_maintain(now=boundary, days_ahead=0)
+    kept = make_event(boundary)
+    gone = make_event(boundary - timedelta(microseconds=1))
+
+    result = raw_event_partitions_maintain(now=NOW, days_ahead=0)
+
+    assert result.dropped == [partition_name(date(2026, 3, 16))]
+    assert list(RawEvent.objects.values_list("pk", flat=True)) == [kept.pk]
+    assert not RawEvent.objects.filter(pk=gone.pk).exists()
+
+
 @pytest.mark.parametrize("delivery_status", ["pending", "processing"])
 def test_keeps_a_partition_whose_event_has_an_unfinished_delivery(pg, delivery_status):
     raw_event_partitions_maintain(now=OLD, days_ahead=0)
@@ -261,7 +266,6 @@ def test_keeps_a_partition_whose_event_has_an_unfinished_delivery(pg, delivery_s
     assert dependents_of(event) == (0, 0, 0)
 
 
-@postgres
 def test_rejected_events_have_a_shorter_retention(pg, settings):
     settings.RAW_EVENT_REJECTED_RETENTION_DAYS = 30
     expired = make_event(NOW - timedelta(days=31), status="rejected")
@@ -280,7 +284,6 @@ def test_rejected_events_have_a_shorter_retention(pg, settings):
     assert {young.pk, verified.pk, with_delivery.pk} <= remaining
 
 
-@postgres
 def test_dry_run_reports_and_changes_nothing(pg):
     raw_event_partitions_maintain(now=OLD, days_ahead=0)
     make_event(OLD)
@@ -300,7 +303,6 @@ def test_dry_run_reports_and_changes_nothing(pg):
     )
 
 
-@postgres
 def test_a_second_run_that_finds_the_lock_held_stops(pg, other_session):
     with other_session.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [MAINTENANCE_LOCK_KEY])
@@ -314,7 +316,6 @@ def test_a_second_run_that_finds_the_lock_held_stops(pg, other_session):
     assert raw_event_partitions_maintain(now=NOW, days_ahead=1).created
 
 
-@postgres
 def test_a_drop_that_waits_for_a_lock_gives_up_and_is_retried(pg, other_session):
     raw_event_partitions_maintain(now=OLD, days_ahead=0)
     raw_event_partitions_maintain(now=NOW, days_ahead=0, retention_days=365)
@@ -337,7 +338,6 @@ def test_a_drop_that_waits_for_a_lock_gives_up_and_is_retried(pg, other_session)
     assert not RawEvent.objects.filter(pk=old.pk).exists()
 
 
-@postgres
 def test_command_prints_what_it_would_do_and_then_does_it(pg):
     today = partition_name(datetime.now(tz=UTC).date())
 
@@ -350,84 +350,3 @@ def test_command_prints_what_it_would_do_and_then_does_it(pg):
     call_command("raw_event_partitions", stdout=out)
     assert f"create {today}" in out.getvalue().splitlines()
     assert today in attached()
-
-
-# --- the plain table (SQLite), also exercised on PostgreSQL --------------------------------
-
-
-@pytest.fixture
-def plain_table(db, monkeypatch):
-    """The row-by-row retention path. On SQLite it is the only one; on PostgreSQL the
-    same DELETEs work on the partitioned table, so the path is forced to run there too."""
-    if connection.vendor == "postgresql":
-        monkeypatch.setattr(partitions, "_is_partitioned", lambda: False)
-
-
-def test_plain_table_deletes_expired_events_but_keeps_those_in_flight(plain_table):
-    expired = make_event(OLD)
-    with_dependents(expired)
-    pending = make_event(OLD, status="pending")
-    unfinished = make_event(OLD)
-    with_dependents(unfinished, delivery_status="processing")
-    recent = make_event(NOW - timedelta(days=89))
-    with_dependents(recent)
-
-    result = raw_event_partitions_maintain(now=NOW)
-
-    assert not result.partitioned
-    assert (result.expired_deleted, result.expired_kept_in_flight) == (1, 2)
-    assert set(RawEvent.objects.values_list("pk", flat=True)) == {
-        pending.pk,
-        unfinished.pk,
-        recent.pk,
-    }
-    assert dependents_of(expired) == (0, 0, 0)
-    assert dependents_of(unfinished) == (1, 1, 1)
-    assert dependents_of(recent) == (1, 1, 1)
-    assert result.lines()[0].startswith("partitions do not apply")
-
-
-def test_plain_table_expiry_is_by_whole_days_like_a_partition(plain_table):
-    # 90 days before NOW is 2026-03-17 10:30; that whole day stays, the day before goes.
-    boundary = datetime(2026, 3, 17, tzinfo=UTC)
-    kept = make_event(boundary)
-    gone = make_event(boundary - timedelta(microseconds=1))
-
-    raw_event_partitions_maintain(now=NOW)
-
-    assert list(RawEvent.objects.values_list("pk", flat=True)) == [kept.pk]
-    assert not RawEvent.objects.filter(pk=gone.pk).exists()
-
-
-def test_plain_table_rejected_retention(plain_table, settings):
-    settings.RAW_EVENT_REJECTED_RETENTION_DAYS = 7
-    expired = make_event(NOW - timedelta(days=8), status="rejected")
-    young = make_event(NOW - timedelta(days=6), status="rejected")
-
-    result = raw_event_partitions_maintain(now=NOW)
-
-    assert result.rejected_deleted == 1
-    assert list(RawEvent.objects.values_list("pk", flat=True)) == [young.pk]
-    assert not RawEvent.objects.filter(pk=expired.pk).exists()
-
-
-def test_plain_table_dry_run_deletes_nothing(plain_table):
-    make_event(OLD)
-    make_event(NOW - timedelta(days=31), status="rejected")
-
-    result = raw_event_partitions_maintain(now=NOW, dry_run=True)
-
-    assert (result.expired_deleted, result.rejected_deleted) == (1, 1)
-    assert RawEvent.objects.count() == 2
-    assert "would delete 1 events past retention" in result.lines()
-
-
-def test_command_on_a_plain_table_says_partitions_do_not_apply(plain_table):
-    make_event(OLD)
-    out = StringIO()
-
-    call_command("raw_event_partitions", stdout=out)
-
-    assert "partitions do not apply" in out.getvalue()
-    assert "delete 1 events past retention" in out.getvalue().splitlines()
-    assert not RawEvent.objects.exists()
