@@ -174,21 +174,18 @@ _STATEMENT_TIMEOUT = re.compile(r"statement_timeout\s*=\s*(\d+)")
 
 def database_statement_worst_case(database: Mapping[str, Any] | None = None) -> WorstCase:
     """One statement on the default database: connect, then at most the statement timeout
-    (on PostgreSQL it includes lock waits); on SQLite, the busy timeout."""
+    (which includes lock waits)."""
     database = database or settings.DATABASES["default"]
     options = database.get("OPTIONS", {})
-    if "postgresql" in database["ENGINE"]:
-        connect = options.get("connect_timeout")
-        match = _STATEMENT_TIMEOUT.search(str(options.get("options", "")))
-        if connect is None or match is None:
-            return WorstCase(math.inf, "no connect_timeout or statement_timeout: unbounded")
-        statement = int(match.group(1)) / 1000
-        return WorstCase.of(
-            [f"connect {seconds_text(float(connect))}", f"statement {seconds_text(statement)}"],
-            float(connect) + statement,
-        )
-    busy = float(options.get("timeout", 5))
-    return WorstCase(busy, f"SQLite busy timeout {seconds_text(busy)}")
+    connect = options.get("connect_timeout")
+    match = _STATEMENT_TIMEOUT.search(str(options.get("options", "")))
+    if connect is None or match is None:
+        return WorstCase(math.inf, "no connect_timeout or statement_timeout: unbounded")
+    statement = int(match.group(1)) / 1000
+    return WorstCase.of(
+        [f"connect {seconds_text(float(connect))}", f"statement {seconds_text(statement)}"],
+        float(connect) + statement,
+    )
 
 
 def raw_event_store_worst_case() -> WorstCase:

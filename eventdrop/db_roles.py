@@ -296,10 +296,10 @@ def handler_role(using: str = "default") -> Iterator[None]:
     their savepoint (or transaction) rolled back, which undoes the SET with it; once they
     return the role is switched back here, so the deliveries' own bookkeeping runs as the
     inbox role again. One query and two SETs per use, only when the setting is on. Unset
-    (one role for everything, `make run`, SQLite): nothing happens.
+    (one role for everything, `make run`): nothing happens.
     """
     role = settings.DATABASE_HANDLER_ROLE
-    if not role or connections[using].vendor != "postgresql":
+    if not role:
         yield
         return
     quote = connections[using].ops.quote_name

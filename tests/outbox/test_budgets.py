@@ -114,11 +114,6 @@ def test_stripe_sdk_timeouts_and_retries_are_checked_against_the_purchase_budget
             math.inf,
             "no connect_timeout or statement_timeout: unbounded",
         ),
-        (
-            {"ENGINE": "django.db.backends.sqlite3", "OPTIONS": {"timeout": 5}},
-            5.0,
-            "SQLite busy timeout 5.0 s",
-        ),
     ],
 )
 def test_database_statement_worst_case(database, seconds, arithmetic):

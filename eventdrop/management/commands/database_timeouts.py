@@ -15,7 +15,7 @@ server_lifetime.
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 from psycopg import sql
 
@@ -30,8 +30,6 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, database: str, **options: Any) -> None:
         connection = connections[database]
-        if connection.vendor != "postgresql":
-            raise CommandError(f"{database} is {connection.vendor}, not PostgreSQL")
         timeout_ms = pooled_statement_timeout_ms(connection.settings_dict["OPTIONS"]["options"])
         # Our own connection, not Django's: behind the pooler Django's refuses to open until
         # this default exists (the check in init_connection_state).
