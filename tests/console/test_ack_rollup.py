@@ -159,11 +159,8 @@ def test_p99_per_hour_comes_from_the_buckets():
     assert series["github"][-1] == 10.0
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_two_flushers_at_once_add_up_on_postgresql():
-    if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL's INSERT … ON CONFLICT under concurrency")
     rounds = 15
     start = threading.Barrier(2)
     errors: list[BaseException] = []
@@ -215,13 +212,10 @@ def _post_webhook(port: int) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_real_web_server_writes_the_roll_up_and_the_ops_page_charts_it(
     client, django_user_model, tmp_path
 ):
-    if connection.vendor != "postgresql":
-        pytest.skip("the production server runs on PostgreSQL")
     webhooks = 12
     port = free_port()
     env = app_env(_database_url(), ACK_ROLLUP_FLUSH_SECONDS="1", WEB_CONCURRENCY="2")
@@ -250,11 +244,8 @@ def test_a_real_web_server_writes_the_roll_up_and_the_ops_page_charts_it(
     assert "histogram_quantile" in page
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_the_flusher_adds_and_prunes_as_the_web_role(settings):
-    if connection.vendor != "postgresql":
-        pytest.skip("database roles are PostgreSQL's")
     from eventdrop.db_roles import db_roles_apply, role_name
 
     settings.DATABASE_ROLE_PREFIX = prefix = f"edtest_{uuid.uuid4().hex[:6]}_"

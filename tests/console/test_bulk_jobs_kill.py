@@ -60,7 +60,6 @@ def _hold_row_lock(event_id: int, locked: threading.Event, release: threading.Ev
         connections.close_all()
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="a second process needs PostgreSQL")
 def test_a_worker_killed_mid_batch_is_resumed_at_its_cursor_and_nothing_is_done_twice(
     operator, monkeypatch, tmp_path
 ):

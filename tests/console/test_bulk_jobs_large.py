@@ -9,7 +9,7 @@ import time
 
 import pytest
 from django.conf import settings
-from django.db import connection, connections
+from django.db import connections
 from django_q.conf import Conf
 
 from console import bulk_jobs
@@ -106,7 +106,6 @@ def _test_database_url() -> str:
     return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="a second process needs PostgreSQL")
 def test_a_real_qcluster_runs_the_job_in_several_tasks(operator, monkeypatch, tmp_path):
     # No handler in the worker process for these: each replay arms nothing, which is
     # enough to watch the job's batches, continuations and final record go through.

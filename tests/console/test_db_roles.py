@@ -28,7 +28,7 @@ from tests.console.samples import paid_recap
 from tests.support.signing import stripe_event, stripe_headers
 from tests.support.sql import scalar
 
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+pytestmark = pytest.mark.django_db
 
 PREFIX = f"edtest_{uuid.uuid4().hex[:6]}_"
 

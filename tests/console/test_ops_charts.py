@@ -62,7 +62,6 @@ def test_volume_per_source_and_rejections_per_hour_in_one_query():
     assert total(volume.series["rejected (all sources)"]) == 1
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="percentile_cont is PostgreSQL's")
 def test_lag_p95_per_hour_received_waiting_events_count_with_their_wait():
     RawEvent.objects.bulk_create(
         [

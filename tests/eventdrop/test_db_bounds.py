@@ -175,7 +175,6 @@ def _terminate_backend_and_wait_for_the_hangup(wrapper) -> int:
     return pid
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_the_health_check_sees_a_connection_the_server_closed():
     RawEvent.objects.exists()
@@ -183,7 +182,6 @@ def test_the_health_check_sees_a_connection_the_server_closed():
     assert not connection.is_usable()
 
 
-@pytest.mark.postgres
 def test_a_webhook_after_the_server_closed_the_connection_is_stored(client, transactional_db):
     """Between two requests the server ends the session (a restart): the next webhook gets a
     new connection before its INSERT, not a 503 (finding 6)."""
@@ -204,7 +202,6 @@ def test_a_webhook_after_the_server_closed_the_connection_is_stored(client, tran
     assert bytes(event.body) == b'{"id": "evt_after_restart"}'
 
 
-@pytest.mark.postgres
 def test_raw_event_store_reconnects_once_when_the_connection_broke(transactional_db):
     """A dead connection the health check did not catch (it ran before the hang-up) breaks
     on the INSERT itself: the store reconnects once and inserts again."""
@@ -228,7 +225,6 @@ def test_raw_event_store_reconnects_once_when_the_connection_broke(transactional
     assert stored == [(event.pk, b'{"id": "evt_retried"}')]
 
 
-@pytest.mark.postgres
 def test_raw_event_store_does_not_retry_on_a_refused_connection(transactional_db):
     saved = {key: connection.settings_dict[key] for key in ("HOST", "PORT")}
     connection.close()
@@ -279,7 +275,6 @@ def test_a_group_commit_gather_outside_0_to_50_ms_is_refused_at_check(settings, 
         call_command("check")
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_every_process_on_postgresql_gets_the_bounded_backend():
     """The settings every process (web, inbox, qcluster, commands) starts from."""

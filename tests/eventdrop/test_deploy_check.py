@@ -26,7 +26,7 @@ PRODUCTION = {
 
 
 def deploy_check(**overrides: str) -> subprocess.CompletedProcess:
-    database_url = os.environ.get("DATABASE_URL", "sqlite:///:memory:")
+    database_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/eventdrop")
     env = app_env(database_url, **{**PRODUCTION, **overrides})
     return subprocess.run(
         [PYTHON, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],

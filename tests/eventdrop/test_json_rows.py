@@ -23,7 +23,6 @@ def test_a_naive_datetime_or_an_unknown_type_is_refused():
         json_rows(["body"], [(b"\x00",)])
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_json_to_recordset_gives_back_every_value_typed_and_in_order():
     document = json_rows(["n", "text", "at"], ROWS)

@@ -15,18 +15,12 @@ from eventdrop.db.postgresql.base import open_async_connection
 from ingress.models import RawEvent, SignatureStatus
 from tests.support.processes import PYTHON, ROOT, app_env
 
-postgresql_only = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's"
-)
-
 _SERVER_PREPARED = "SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql"
 
 
 def _options(**environ: str) -> dict:
     """OPTIONS of the default database as a fresh process with `environ` builds them."""
     database_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/x")
-    if not database_url.startswith("postgres"):
-        database_url = "postgres://postgres@127.0.0.1:5432/x"  # settings only: no connection
     out = subprocess.run(
         [
             PYTHON,
@@ -64,7 +58,6 @@ def test_a_threshold_of_zero_binds_on_the_client():
     assert "prepare_threshold" not in options
 
 
-@postgresql_only
 @pytest.mark.django_db
 def test_an_orm_statement_run_again_is_prepared_once_and_answers_the_same():
     RawEvent.objects.filter(pk=0).exists()  # connect
@@ -84,7 +77,6 @@ def test_an_orm_statement_run_again_is_prepared_once_and_answers_the_same():
     assert after > before
 
 
-@postgresql_only
 @pytest.mark.django_db(transaction=True)
 def test_the_web_servers_asyncio_connection_prepares_too():
     # The loop's group commit opens its connection with the backend's own parameters

@@ -29,7 +29,7 @@ from django.db import connection
 from ingress.models import RawEvent
 from tests.support.processes import PYTHON, Managed, app_env, free_port, start_procfile
 
-pytestmark = [pytest.mark.faults, pytest.mark.postgres]
+pytestmark = pytest.mark.faults
 
 LOAD_SCRIPT = Path(__file__).with_name("load.py")
 SLOW_CLIENTS = 32

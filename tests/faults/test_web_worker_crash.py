@@ -20,7 +20,7 @@ from django.db import connection
 from ingress.models import RawEvent
 from tests.support.processes import app_env, free_port, start_procfile
 
-pytestmark = [pytest.mark.faults, pytest.mark.postgres]
+pytestmark = pytest.mark.faults
 
 RESPAWN_SECONDS = 20
 

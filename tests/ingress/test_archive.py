@@ -27,7 +27,7 @@ from ingress.partitions import partition_name, raw_event_partitions_maintain
 from tests.ingress.test_partitions import NOW, OLD, attached, make_event, pg, with_dependents
 from tests.support.processes import free_port
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 __all__ = ["pg"]  # the fixture, imported for its use below
 

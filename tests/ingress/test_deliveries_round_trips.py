@@ -19,7 +19,7 @@ from ingress.inbox import raw_events_verify_batch
 from ingress.models import Delivery, DeliveryAttempt, RawEvent
 from tests.support.signing import store_signed_stripe_event, stripe_event
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 EVENT_TYPE = "test.round_trips.ordinary"
 # What each handler call writes: committed once per delivery that is done, never for one

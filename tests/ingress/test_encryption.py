@@ -31,7 +31,7 @@ from tests.console import conftest as console_fixtures
 from tests.ingress import test_inbox
 from tests.ingress.test_inbox import receive_github
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
+pytestmark = pytest.mark.django_db
 
 # Fixtures: a registered `push` handler; staff with and without ingress.view_raw_payload.
 push_handler = test_inbox.push_handler

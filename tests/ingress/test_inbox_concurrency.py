@@ -16,7 +16,7 @@ from ingress.inbox import inbox_run_once, raw_events_verify_batch
 from ingress.models import Delivery, RawEvent
 from tests.support.signing import store_signed_stripe_event, stripe_event
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from ingress.inbox import inbox_run_once
 from ingress.models import Delivery, DeliveryAttempt, HandlerPause, RawEvent
 from tests.support.signing import store_signed_stripe_event, stripe_event
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 EVENT_TYPE = "test.settle_run.ordinary"
 EFFECTS_TABLE = "test_settle_run_effect"

@@ -29,7 +29,7 @@ from ingress.sources import all_sources
 from tests.support.processes import app_env, start_manage
 from tests.support.signing import github_headers, store_signed_stripe_event
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 ORDINARY_TYPE = "test.poison.ordinary"
 FAILING_TYPE = "test.poison.failing"

@@ -18,7 +18,7 @@ from ingress.services import raw_event_replay
 from tests.ingress import test_inbox
 from tests.ingress.test_inbox import receive_github
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
+pytestmark = pytest.mark.django_db
 
 push_handler = test_inbox.push_handler  # the fixture: a registered `push` handler
 

@@ -14,7 +14,7 @@ from ingress.inbox import raw_events_verify_batch
 from ingress.models import DedupKey, Delivery, RawEvent
 from tests.support.signing import store_signed_stripe_event, stripe_event
 
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+pytestmark = pytest.mark.django_db
 
 EVENT_TYPE = "test.throughput"
 

@@ -20,8 +20,6 @@ from ingress.models import Delivery, RawEvent
 from ingress.services import raw_event_replay, raw_events_replay_batch
 from tests.support.signing import store_signed_stripe_event
 
-pytestmark = [pytest.mark.postgres]
-
 ORDERED_TYPE = "test.ordering"
 UNORDERED_TYPE = "test.concurrency"
 BASE_TIME = 1_700_000_000  # Stripe's `created`: Unix seconds

@@ -32,8 +32,6 @@ from tests.ingress.test_inbox import receive_github
 from tests.support.processes import app_env, start_manage
 from tests.support.signing import store_signed_stripe_event, stripe_event
 
-pytestmark = [pytest.mark.postgres]
-
 push_handler = test_inbox.push_handler  # the fixture: a registered `push` handler
 stripe_handler = test_inbox.stripe_handler  # and one for Stripe's `test.concurrency`
 

@@ -98,7 +98,6 @@ def database_unreachable(transactional_db):
         restore()
 
 
-@pytest.mark.postgres
 def test_unreachable_database_is_503_with_retry_after(client, database_unreachable, caplog):
     body = b'{"id": "evt_secret_payload"}'
     response = client.generic(
@@ -112,7 +111,6 @@ def test_unreachable_database_is_503_with_retry_after(client, database_unreachab
     assert "evt_secret_payload" not in caplog.text  # never log payloads
 
 
-@pytest.mark.postgres
 def test_nothing_was_stored_while_the_database_was_unreachable(client, database_unreachable):
     response = client.generic(
         "POST", "/webhooks/stripe/", b"{}", content_type="application/json", **STRIPE_HEADERS
@@ -280,7 +278,6 @@ def _post_chunked(port: int, chunks: list[bytes]) -> tuple[int, bytes]:
     return status, body
 
 
-@pytest.mark.postgres
 def test_chunked_request_through_gunicorn_is_stored_byte_exact(gunicorn_port):
     chunks = [b'{"id": "evt_', bytes(range(256)), b"\r\n0\r\n", b'"}']
 
@@ -292,7 +289,6 @@ def test_chunked_request_through_gunicorn_is_stored_byte_exact(gunicorn_port):
     assert "transfer-encoding" not in event.headers
 
 
-@pytest.mark.postgres
 def test_oversized_chunked_request_through_gunicorn_is_413(gunicorn_port):
     status, body = _post_chunked(gunicorn_port, [b"x" * 1024] * (GUNICORN_LIMIT // 1024 + 1))
 

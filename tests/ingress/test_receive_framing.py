@@ -23,7 +23,7 @@ from django.db import connection
 from ingress.models import RawEvent
 from tests.support.processes import VENV_BIN, Managed, app_env, free_port, start_procfile
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = pytest.mark.slow
 
 SIGNATURE = b"Stripe-Signature: t=1700000000,v1=00\r\n"
 BODY_READ_TIMEOUT_SECONDS = 1.5

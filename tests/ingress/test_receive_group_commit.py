@@ -19,7 +19,7 @@ from ingress.services import raw_event_store
 from ingress.sources import all_sources
 from ingress.store import raw_rows
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 WAIT_SECONDS = 10.0
 

@@ -7,18 +7,13 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-from django.db import DatabaseError, DataError, OperationalError, connection
+from django.db import DatabaseError, DataError, OperationalError
 
 from eventdrop.db.postgresql.base import open_async_connection
 from ingress.models import RawEvent
 from ingress.store import LoopGroupCommit, StoreTimeout
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        connection.vendor != "postgresql", reason="asyncio connections are PostgreSQL's"
-    ),
-]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _fields(number: int, **overrides) -> dict:

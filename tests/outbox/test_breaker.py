@@ -194,7 +194,6 @@ def test_a_dispatch_denied_by_the_breaker_is_released_with_its_attempt_refunded(
     assert list(side_effect.history.values_list("outcome", flat=True)) == ["skipped"]
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_shared_state_many_processes_one_probe():
     for row in (1, 2, 3):
@@ -220,7 +219,6 @@ def test_shared_state_many_processes_one_probe():
     assert state() == "half_open"
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_breaker_write_behind_a_held_row_lock_is_dropped_within_its_lock_timeout():
     import time

@@ -9,7 +9,7 @@ from outbox.dispatcher import dispatch_run
 from outbox.models import RecapSideEffect
 from tests.recaps.fixtures import T0
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def run_in_threads(count: int, work) -> tuple[list, list[BaseException]]:

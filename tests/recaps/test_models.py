@@ -50,17 +50,14 @@ def test_a_free_recap_carries_no_payment():
 
 def test_one_payment_pays_one_recap():
     RecapFactory.create(payment_reference="pi_same")
-    # PostgreSQL names the constraint, SQLite the columns.
-    unique = "recap_payment_reference_unique|UNIQUE constraint failed: recap_videos.payment_ref"
-    with pytest.raises(IntegrityError, match=unique):
+    with pytest.raises(IntegrityError, match="recap_payment_reference_unique"):
         RecapFactory.create(payment_reference="pi_same")
 
 
 def test_one_side_effect_per_recap_and_type():
     recap = RecapFactory.create()
     RecapSideEffect.objects.create(recap=recap, effect_type="render")
-    unique = "recap_side_effect_unique|UNIQUE constraint failed: recap_side_effects.recap_id"
-    with pytest.raises(IntegrityError, match=unique), transaction.atomic():
+    with pytest.raises(IntegrityError, match="recap_side_effect_unique"), transaction.atomic():
         RecapSideEffect.objects.create(recap=recap, effect_type="render")
     with pytest.raises(IntegrityError, match="recap_side_effect_status_valid"):
         RecapSideEffect.objects.filter(recap=recap).update(status="lost")
@@ -74,11 +71,7 @@ def test_side_effect_defaults_are_in_the_database_too():
         cursor.execute(
             "INSERT INTO recap_side_effects (recap_id, effect_type, key_generation, last_error,"
             " last_error_class, created_at, updated_at) VALUES (%s, 'render', 0, '', '', %s, %s)",
-            [
-                recap.pk.hex if connection.vendor == "sqlite" else recap.pk,
-                timezone.now(),
-                timezone.now(),
-            ],
+            [recap.pk, timezone.now(), timezone.now()],
         )
     row = RecapSideEffect.objects.get(recap=recap)
     assert (row.status, row.attempts) == ("pending", 0)
