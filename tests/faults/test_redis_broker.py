@@ -7,7 +7,10 @@ Q_BROKER=redis started at the same moment, so that their schedulers reach the du
 in the same second:
 
 - each due schedule is enqueued once for its tick, by one of the two clusters, and its task
-  runs once (the inbox pass verifies every pending event, once);
+  runs once (the inbox pass verifies every pending event, once). The minute schedules' period
+  is lengthened to an hour first, so that their next tick cannot fall inside the test on a
+  slow machine; the test waits until every task the clusters' logs say they enqueued has
+  run, not for a fixed time;
 - a task message lost in Redis (FLUSHALL, as a Redis restart without persistence would)
   loses no work: the rows it was meant to nudge are still pending, untouched, and the next
   worker to look takes them.
@@ -30,6 +33,8 @@ pytestmark = pytest.mark.faults
 
 # django-q2 runs its scheduler every 30 s of its guard loop, the first time 30 s after start.
 SCHEDULER_WAIT_SECONDS = 75
+# What django-q2 logs for each task its scheduler enqueues: the task's name and the schedule.
+ENQUEUED = re.compile(r"created task (\S+) from schedule \[([^\]]+)\]")
 MINUTE_SCHEDULES = {
     "ingress.inbox_pass", "ingress.raw_event_partitions", "outbox.dispatch_side_effects",
     "console.bulk_jobs_sweep",
@@ -61,28 +66,35 @@ def test_schedules_fire_once_per_tick_across_two_clusters_and_a_lost_message_los
         store_pending_events(env, 0, 40)
         due = counts(url, "SELECT name, next_run <= now() FROM django_q_schedule")
         assert {name for name, is_due in due.items() if is_due} == MINUTE_SCHEDULES
+        # One tick each: the next one an hour away, wherever the test's clock has got to.
+        with psycopg.connect(url, connect_timeout=10) as conn:
+            conn.execute("UPDATE django_q_schedule SET minutes = 60 WHERE name = ANY(%s)",
+                         [sorted(MINUTE_SCHEDULES)])
 
         clusters = [
             start_procfile("worker", env, log=tmp_path / f"qcluster-{n}.log") for n in (1, 2)
         ]
         try:
             deadline = time.monotonic() + SCHEDULER_WAIT_SECONDS
-            while time.monotonic() < deadline:
-                done = counts(url, 'SELECT "group", count(*) FROM django_q_task GROUP BY 1')
-                if set(done) >= MINUTE_SCHEDULES:
-                    break
+            while True:
+                enqueued = [ENQUEUED.findall(c.output()) for c in clusters]
+                ran = counts(url, "SELECT name, \"group\" FROM django_q_task")
+                logged = dict(enqueued[0] + enqueued[1])
+                if set(logged.values()) >= MINUTE_SCHEDULES and set(logged) <= set(ran):
+                    break  # every minute schedule enqueued, and every task enqueued has run
+                assert all(c.alive for c in clusters), [c.output()[-2000:] for c in clusters]
+                assert time.monotonic() < deadline, (
+                    f"waited {SCHEDULER_WAIT_SECONDS} s for every minute schedule's task to be "
+                    f"enqueued and run; enqueued {enqueued}, ran {ran}"
+                )
                 time.sleep(1)
-            time.sleep(3)  # a second enqueue of the same tick would have landed by now
-            assert all(c.alive for c in clusters), [c.output()[-2000:] for c in clusters]
         finally:
             for process in clusters:
                 process.stop()
         logs = [process.output() for process in clusters]
         tasks = counts(url, 'SELECT "group", count(*) FROM django_q_task GROUP BY 1')
         assert tasks == dict.fromkeys(MINUTE_SCHEDULES, 1), (tasks, [log[-3000:] for log in logs])
-        enqueued = [
-            re.findall(r"from schedule \[([^\]]+)\]", log) for log in logs
-        ]
+        enqueued = [[schedule for _, schedule in ENQUEUED.findall(log)] for log in logs]
         assert sorted(enqueued[0] + enqueued[1]) == sorted(MINUTE_SCHEDULES), enqueued
         failed = counts(
             url, "SELECT name, count(*) FROM django_q_task WHERE NOT success GROUP BY 1"
