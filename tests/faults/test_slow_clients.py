@@ -70,6 +70,7 @@ class SlowClients:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.answers: list[bytes] = []  # the status line of every answer a slow client got
+        self.mid_body: set[int] = set()  # the clients that have sent a byte of a body
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(count)]
 
     def __enter__(self) -> "SlowClients":
@@ -85,6 +86,21 @@ class SlowClients:
     def count_408(self) -> int:
         with self.lock:
             return sum(answer.startswith(b"HTTP/1.1 408") for answer in self.answers)
+
+    def wait_mid_body(self, seconds: float) -> None:
+        """Until every client has its head and a byte of its body sent; fails after
+        `seconds`, saying how many had."""
+        deadline = time.monotonic() + seconds
+        while True:
+            with self.lock:
+                ready, answers = len(self.mid_body), self.answers[:5]
+            if ready == self.count:
+                return
+            assert time.monotonic() < deadline, (
+                f"waited {seconds} s for {self.count} slow clients mid-body; {ready} were, "
+                f"answers: {answers}"
+            )
+            time.sleep(0.05)
 
     def _run(self) -> None:
         head = (
@@ -105,11 +121,14 @@ class SlowClients:
                     self.answers.append(answer.split(b"\r\n", 1)[0])
 
     def _trickle(self, sock: socket.socket) -> bytes:
-        for _ in range(SLOW_BODY_BYTES):
+        for sent in range(SLOW_BODY_BYTES):
             if self.stop.is_set():
                 return b""
             try:
                 sock.sendall(b"x")
+                if sent == 0:
+                    with self.lock:
+                        self.mid_body.add(threading.get_ident())
                 return sock.recv(65536) or b"<closed>"  # waits up to 1 s: the pace
             except TimeoutError:
                 continue
@@ -127,7 +146,7 @@ def test_slow_clients_do_not_move_the_p99_of_normal_senders(web):
     port, workdir = web
     out = workdir / "normal.jsonl"
     with SlowClients(port, SLOW_CLIENTS) as slow:
-        time.sleep(2)  # every slow client is connected and mid-body
+        slow.wait_mid_body(30)
         load = Managed(
             [PYTHON, str(LOAD_SCRIPT), "--port", str(port), "--out", str(out),
              "--requests", str(NORMAL_REQUESTS), "--concurrency", str(NORMAL_CONCURRENCY),
