@@ -80,7 +80,10 @@ def wait_replayed(primary, replica, timeout: float = 20) -> None:
     while replica.psql(
         f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn", db="eventdrop"
     ) != "t":
-        assert time.monotonic() < deadline, "the replica did not catch up"
+        replayed = replica.psql("SELECT pg_last_wal_replay_lsn()", db="eventdrop")
+        assert time.monotonic() < deadline, (
+            f"waited {timeout} s for the replica to replay up to {target}; it is at {replayed}"
+        )
         time.sleep(0.2)
 
 
