@@ -473,7 +473,8 @@ def test_requests_past_the_in_flight_cap_wait_unread_and_are_then_served(tmp_pat
         body = b'{"id": "evt_waits_its_turn"}'
         with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as slow:
             slow.sendall(post_head("/webhooks/stripe/", b"Content-Length: 50\r\n") + b"\r\nx")
-            time.sleep(0.3)  # its request is in flight, its body incomplete
+            sent = time.monotonic()
+            _wait_read_by_server(port, slow)  # its request is in flight, its body incomplete
             started = time.monotonic()
             status, answer = exchange(
                 port, post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body)), body
@@ -485,11 +486,33 @@ def test_requests_past_the_in_flight_cap_wait_unread_and_are_then_served(tmp_pat
         process.stop()
 
     assert status == 202 and answer is not None, answer
-    assert waited > BODY_READ_TIMEOUT_SECONDS - 0.3 - 0.2, waited  # held until the 408
+    assert started - sent + waited > BODY_READ_TIMEOUT_SECONDS - 0.2, waited  # held until the 408
     assert [bytes(event.body) for event in RawEvent.objects.all()] == [body]
 
 
 # --- how answers leave the production server -----------------------------------------------
+
+
+def _wait_read_by_server(port: int, client: socket.socket, seconds: float = 30) -> None:
+    """Until the server has read every byte `client` sent: the receive queue of the server's
+    end of the connection (Linux's /proc/net/tcp, local port `port`) is empty."""
+    peer = client.getsockname()[1]
+    deadline = time.monotonic() + seconds
+    while True:
+        unread = None
+        with open("/proc/net/tcp") as table:
+            for line in list(table)[1:]:
+                fields = line.split()
+                if (int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)) \
+                        == (port, peer):
+                    unread = int(fields[4].split(":")[1], 16)
+        if unread == 0:
+            return
+        assert time.monotonic() < deadline, (
+            f"waited {seconds} s for the server to read what the client sent; {unread} bytes "
+            "still unread"
+        )
+        time.sleep(0.01)
 
 
 def _data_segments_received(sock: socket.socket) -> int:
