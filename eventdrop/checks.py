@@ -1,5 +1,5 @@
 """The project layer's system checks: the production web server (eventdrop/web.py) against
-the webhook's budget and the sources' limits.
+the webhook's budget and the sources' limits, and the process kind (EVENTDROP_PROCESS).
 
 They check eventdrop/web.py, so they live beside it, above the apps: ingress, which they also
 read, imports nothing of the project layer. Their ids are the ones they had in ingress
@@ -15,6 +15,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from eventdrop.budgets import raw_event_store_worst_case
+from eventdrop.processes import KINDS
 from eventdrop.web import WebServerConfig
 from ingress.sources import all_sources
 
@@ -62,3 +63,21 @@ def check_web_server_limits(
                 )
             )
     return messages
+
+
+@checks.register()
+def check_process_kind(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """A misspelt kind would otherwise go unnoticed: it connects with DATABASE_URL instead of
+    its role's URL, and eventdrop/processes.py checks everything for it."""
+    kind = settings.PROCESS_KIND
+    if not kind or kind in KINDS:
+        return []
+    return [
+        checks.Error(
+            f"EVENTDROP_PROCESS={kind!r} is not a process kind.",
+            hint=f"One of {', '.join(KINDS)}; or unset (a developer's shell: every check).",
+            id="eventdrop.E003",
+        )
+    ]

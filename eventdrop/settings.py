@@ -194,7 +194,8 @@ def _database(url: str) -> dict[str, Any]:
 
 
 # A process may connect as its kind's own role (`manage.py db_roles`, docs/security.md):
-# EVENTDROP_PROCESS=web reads DATABASE_URL_WEB, and so on; without one, DATABASE_URL.
+# EVENTDROP_PROCESS=web reads DATABASE_URL_WEB, and so on; without one, DATABASE_URL. The
+# kind also decides which checks of outbound configuration stop it (eventdrop/processes.py).
 PROCESS_KIND = os.environ.get("EVENTDROP_PROCESS", "").strip().lower()
 PROCESS_DATABASE_URL = (
     os.environ.get(f"DATABASE_URL_{PROCESS_KIND.upper()}", "") if PROCESS_KIND else ""

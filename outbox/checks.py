@@ -5,7 +5,9 @@
 - outbox.E002  django-q2's task timeout does not cover one scheduled run
 - outbox.E003  the stale threshold would re-arm a live dispatch
 - outbox.E004  the dispatcher's configuration is incomplete (a deployment: DEBUG off);
-  outbox.W001  the same in development (DEBUG on), where the dispatcher still refuses to run
+  outbox.W001  the same in development (DEBUG on), where the dispatcher still refuses to run.
+  Checked for the process kinds that call the render service (eventdrop/processes.py),
+  and for every kind by `check --deploy`; never by `migrate`.
 - outbox.E005  the rendering deadline settings are not sane or contradict each other
 - outbox.E006  the side effects' retry settings cannot work; outbox.W002  their horizon is
   shorter than the backoff alone (it extends nothing). Both show the give-up arithmetic.
@@ -31,6 +33,7 @@ from eventdrop.budgets import (
     render_status_worst_case,
     stripe_call_worst_case,
 )
+from eventdrop.processes import RENDER_SERVICE, kinds_needing, register_configuration_check
 from ingress.archive import ArchiveClientConfig, archive_enabled, calls_per_day
 from ingress.sources import all_sources
 from outbox.configuration import dispatch_configuration_problems
@@ -129,8 +132,8 @@ def check_time_budgets(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     return messages
 
 
-@checks.register()
-def check_dispatch_configuration(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+@register_configuration_check(RENDER_SERVICE)
+def check_dispatch_configuration() -> list[checks.CheckMessage]:
     """The same list the dispatcher refuses to start on (outbox/configuration.py)."""
     problems = dispatch_configuration_problems()
     if not problems:
@@ -144,8 +147,8 @@ def check_dispatch_configuration(app_configs=None, **kwargs) -> list[checks.Chec
             f"{problem}: the recap dispatcher and recovery refuse to run, so paid recaps wait "
             "unrendered.",
             hint=(
-                "Set RENDER_SERVICE_URL, RENDER_CALLBACK_URL and RENDERER_WEBHOOK_SECRET "
-                "(locally scripts/run-local.sh does)."
+                "Set RENDER_SERVICE_URL, RENDER_CALLBACK_URL and RENDERER_WEBHOOK_SECRET for "
+                f"{kinds_needing(RENDER_SERVICE)} (locally scripts/run-local.sh does)."
             ),
             id=check_id,
         )

@@ -1,0 +1,85 @@
+"""Process kinds (EVENTDROP_PROCESS) and the outbound configuration each one needs.
+
+A process says what it is in EVENTDROP_PROCESS: the Procfile sets it on its `release`,
+`inbox`, `dispatcher` and `worker` lines; a split web tier runs `web` (webhooks only) and
+`console` (docs/security.md). The same variable picks the kind's database role
+(eventdrop/settings.py).
+
+The system check of a piece of outbound configuration is registered with
+`register_configuration_check(need)`: it stops (or warns) only the processes whose kind
+needs it, per `NEEDED_BY`, and `manage.py check --deploy` reports it whatever the kind, since
+a deployment needs every one of its processes. Every other check holds for every kind.
+"""
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+
+KINDS = ("web", "console", "inbox", "dispatcher", "worker", "release")
+
+RENDER_SERVICE = "the render service"
+STRIPE_API = "Stripe's API"
+
+# Which kinds call out with which configuration. `web` only stores webhooks and `release`
+# only migrates, writes schedules and partitions: neither calls out.
+NEEDED_BY: dict[str, tuple[str, ...]] = {
+    # RENDER_SERVICE_URL, RENDER_CALLBACK_URL and the renderer source (outbox.E004): the
+    # dispatcher, and the worker, whose django-q2 schedule dispatches and recovers too. The
+    # inbox's handlers only record a render's result (outbox/handlers.py).
+    RENDER_SERVICE: ("dispatcher", "worker"),
+    # STRIPE_API_KEY (recaps.W001): the buyer API's checkout sessions (console) and the
+    # nightly Stripe reconciliation (worker). The inbox's handlers read the event only.
+    STRIPE_API: ("console", "worker"),
+}
+
+CheckFunction = Callable[[], list[checks.CheckMessage]]
+
+
+def process_kind(*, databases: Collection[str] | None) -> str:
+    """This process's kind, or "" for none (a developer's shell, `make run`: every need).
+
+    Without EVENTDROP_PROCESS, a check run given `databases` is taken for the release phase.
+    Django passes them to the checks of a command that works on a database: `migrate`
+    (BaseCommand.get_check_kwargs) and `check --database`. A migration never calls out, so a
+    plain `manage.py migrate` passes with the web process's settings, while `manage.py
+    check` still checks every need.
+    """
+    if settings.PROCESS_KIND:
+        return settings.PROCESS_KIND
+    return "release" if databases is not None else ""
+
+
+def needed_here(need: str, *, databases: Collection[str] | None) -> bool:
+    kind = process_kind(databases=databases)
+    # An unknown kind (eventdrop.E003) checks everything: a typo never lowers the bar.
+    return kind not in KINDS or kind in NEEDED_BY[need]
+
+
+def kinds_needing(need: str) -> str:
+    """For a hint: 'the dispatcher and worker processes (EVENTDROP_PROCESS)'."""
+    return f"the {' and '.join(NEEDED_BY[need])} processes (EVENTDROP_PROCESS)"
+
+
+def register_configuration_check(need: str) -> Callable[[CheckFunction], CheckFunction]:
+    """Register `check` (what is wrong with `need`'s configuration) twice: as a check of the
+    processes whose kind needs it, and as a deploy check of the others, so that `manage.py
+    check --deploy` reports it once whatever the kind."""
+
+    def register(check: CheckFunction) -> CheckFunction:
+        def for_this_process(
+            app_configs: Any = None, databases: Collection[str] | None = None, **kwargs: Any
+        ) -> list[checks.CheckMessage]:
+            return check() if needed_here(need, databases=databases) else []
+
+        def for_the_deployment(
+            app_configs: Any = None, databases: Collection[str] | None = None, **kwargs: Any
+        ) -> list[checks.CheckMessage]:
+            return [] if needed_here(need, databases=databases) else check()
+
+        checks.register(for_this_process)
+        checks.register(for_the_deployment, deploy=True)
+        return check
+
+    return register
