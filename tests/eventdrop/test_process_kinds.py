@@ -8,10 +8,13 @@ the deployment checks. The subprocesses of the same are in test_deploy_check.py 
 tests/outbox/test_config_refusal.py.
 """
 
+import re
+
 import pytest
 from django.core import checks
 
 from eventdrop.processes import KINDS, NEEDED_BY, RENDER_SERVICE, STRIPE_API
+from tests.support.processes import ROOT
 
 # What a missing piece of configuration reports (in a deployment: DEBUG off).
 REPORTED_AS = {RENDER_SERVICE: "outbox.E004", STRIPE_API: "recaps.W001"}
@@ -73,3 +76,21 @@ def test_the_development_level_is_kept(nothing_outbound):
     assert [(m.id, m.level) for m in checks.run_checks() if (m.id or "").startswith("outbox.")] == [
         ("outbox.W001", checks.WARNING)
     ]
+
+
+def test_the_procfile_names_each_process_by_a_known_kind():
+    lines = dict(
+        line.split(":", 1) for line in (ROOT / "Procfile").read_text().splitlines() if line
+    )
+    kinds = {
+        name: re.findall(r"EVENTDROP_PROCESS=(\w+)", command) for name, command in lines.items()
+    }
+    # The web line serves the console too (no split tier), so it takes no kind; its server
+    # runs no system checks.
+    assert kinds == {
+        "release": ["release"],
+        "web": [],
+        "worker": ["worker"],
+        "inbox": ["inbox"],
+        "dispatcher": ["dispatcher"],
+    }
