@@ -1,8 +1,11 @@
 """Settings, all from the environment (twelve-factor).
 
-`DATABASE_URL` selects the database; unset means an embedded SQLite file so that trying the
-project needs nothing installed. Production (DJANGO_DEBUG unset/false) refuses to start
-without a real `DJANGO_SECRET_KEY` of at least SECRET_KEY_MIN_LENGTH characters.
+`DATABASE_URL` selects the database, always PostgreSQL; unset means the local one,
+`postgres://postgres@127.0.0.1:5432/eventdrop` (the port is `LOCAL_POSTGRES_PORT`), where
+`make run` and `make test` start an embedded PostgreSQL when none answers
+(scripts/localdb.py), so that trying the project needs nothing installed. Production
+(DJANGO_DEBUG unset/false) refuses to start without a real `DJANGO_SECRET_KEY` of at least
+SECRET_KEY_MIN_LENGTH characters.
 
 A `.env` file at the top of the checkout (written by `make run` on first use, documented in
 `.env.example`) is read first, so every `manage.py` command in any shell sees the same local
@@ -200,10 +203,14 @@ PROCESS_KIND = os.environ.get("EVENTDROP_PROCESS", "").strip().lower()
 PROCESS_DATABASE_URL = (
     os.environ.get(f"DATABASE_URL_{PROCESS_KIND.upper()}", "") if PROCESS_KIND else ""
 )
+# Unset, the local PostgreSQL: the one on 127.0.0.1:LOCAL_POSTGRES_PORT, or the embedded one
+# that `make run` and `make test` start there when none answers (scripts/localdb.py).
+LOCAL_DATABASE_URL = (
+    f"postgres://postgres@127.0.0.1:{env_int('LOCAL_POSTGRES_PORT', 5432)}/eventdrop"
+)
 DATABASES = {
     "default": _database(
-        PROCESS_DATABASE_URL
-        or os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}")
+        PROCESS_DATABASE_URL or os.environ.get("DATABASE_URL") or LOCAL_DATABASE_URL
     )
 }
 # A streaming replica for what only reads (eventdrop/routers.py decides what may): the
@@ -215,14 +222,6 @@ DATABASE_REPLICA_MAX_LAG_SECONDS = env_float("DATABASE_REPLICA_MAX_LAG_SECONDS",
 if DATABASE_REPLICA_URL:
     DATABASES["replica"] = {**_database(DATABASE_REPLICA_URL), "TEST": {"MIRROR": "default"}}
 DATABASE_ROUTERS = ["eventdrop.routers.ReplicaRouter"]
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # SQLite (`make run`): WAL lets the web server's INSERTs and the inbox's reads run side by
-    # side; IMMEDIATE takes the write lock when a transaction begins, so two writers queue on
-    # the busy timeout (5 s) instead of one failing at once with "database is locked" when
-    # it upgrades a read lock. synchronous stays FULL: a 202 means the row is on disk.
-    DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {"timeout": 5, "init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE"}
-    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -1,7 +1,8 @@
 """Test settings: the normal settings with test secrets and fast hashing.
 
-The database still comes from DATABASE_URL (PostgreSQL in CI), so tests exercise the real
-engine; without it they fall back to SQLite and PostgreSQL-only tests are skipped.
+The database is the settings' own: DATABASE_URL, else the local PostgreSQL (`make test`
+starts an embedded one when none answers; scripts/localdb.py). pytest-django creates its
+test database beside it.
 """
 
 import os

@@ -85,8 +85,9 @@ def ensure_env() -> int:
         return 0
     key = secrets.token_urlsafe(50)  # 67 characters of [A-Za-z0-9_-]
     # Ports chosen for this first run (`PORT=8100 make run`) are kept, so that a command in
-    # another shell, without them in its environment, reaches the same processes.
-    chosen = {name: os.environ[name] for name, _ in PORTS if os.environ.get(name)}
+    # another shell, without them in its environment, reaches the same processes and database.
+    names = [*(name for name, _ in PORTS), "LOCAL_POSTGRES_PORT"]
+    chosen = {name: os.environ[name] for name in names if os.environ.get(name)}
     lines = []
     for line in EXAMPLE_FILE.read_text().splitlines():
         name = line.partition("=")[0].strip()

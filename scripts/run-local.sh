@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make run`: check the ports, write .env on first use, migrate, then the web server, the
-# django-q2 cluster, the inbox worker, the dispatcher, the fake render service and the fake
-# Stripe, all in the foreground; Ctrl-C stops them all.
+# `make run`: check the ports, write .env on first use, find or start PostgreSQL, migrate,
+# then the web server, the django-q2 cluster, the inbox worker, the dispatcher, the fake
+# render service and the fake Stripe, all in the foreground; Ctrl-C stops them all (and the
+# embedded PostgreSQL, when this run started it).
 #
 # Configuration is .env (from .env.example; real environment variables win), read by the
 # settings of every process — and of every manage.py command in any other shell.
@@ -11,11 +12,16 @@ PY=.venv/bin/python
 export DJANGO_DEBUG="${DJANGO_DEBUG:-1}"
 export PYTHONUNBUFFERED=1  # the processes' lines interleave in the order they happen
 
-# Before anything starts: a busy port is one line naming it, not a traceback later.
-ports=$($PY scripts/localdev.py ports) || exit 1
-read -r PORT FAKE_RENDERER_PORT FAKE_STRIPE_PORT <<<"$ports"
-export PORT FAKE_RENDERER_PORT FAKE_STRIPE_PORT
-$PY scripts/localdev.py ensure-env
+if [ "${1:-}" != --with-database ]; then
+  # Before anything starts: a busy port is one line naming it, not a traceback later.
+  ports=$($PY scripts/localdev.py ports) || exit 1
+  read -r PORT FAKE_RENDERER_PORT FAKE_STRIPE_PORT <<<"$ports"
+  export PORT FAKE_RENDERER_PORT FAKE_STRIPE_PORT
+  $PY scripts/localdev.py ensure-env
+  # The rest of this script runs on the settings' PostgreSQL: DATABASE_URL, or the one on
+  # 127.0.0.1:LOCAL_POSTGRES_PORT, or an embedded one started there until this run ends.
+  exec $PY scripts/localdb.py run -- bash scripts/run-local.sh --with-database
+fi
 
 # The system checks once, here; every process below skips them (they would print each
 # warning once per process).
