@@ -1,17 +1,21 @@
 """`manage.py check --deploy` is clean under production settings, and the headers it asks
-for are really sent.
+for are really sent; a first release with only the web process's settings migrates, and
+`check --deploy` then names what the other processes still need.
 
 The check runs in a subprocess with a production environment (DJANGO_DEBUG off, a real
 secret key, every secret and URL a deployment has), as a release step would run it, with
 `--fail-level WARNING`: a new deploy-check warning fails CI. About 3 s per subprocess.
 """
 
-import os
 import subprocess
+from collections.abc import Iterator
 
+import psycopg
 import pytest
+from django.conf import settings
+from psycopg import sql
 
-from tests.support.processes import PYTHON, ROOT, app_env
+from tests.support.processes import PYTHON, ROOT, app_env, procfile_command
 
 pytestmark = pytest.mark.slow
 
@@ -25,18 +29,34 @@ PRODUCTION = {
 }
 
 
-def deploy_check(**overrides: str) -> subprocess.CompletedProcess:
-    database_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/eventdrop")
-    env = app_env(database_url, **{**PRODUCTION, **overrides})
+# What only the other processes need (eventdrop/processes.py): the web process stores
+# webhooks and calls nothing out.
+OUTBOUND = ("RENDER_SERVICE_URL", "RENDER_CALLBACK_URL", "STRIPE_API_KEY")
+
+
+def database_url(name: str | None = None) -> str:
+    db = settings.DATABASES["default"]
+    host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
+    return f"postgres://{db['USER']}@{host}:{port}/{name or db['NAME']}"
+
+
+def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PYTHON, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
     )
+
+
+def deploy_check(**overrides: str) -> subprocess.CompletedProcess:
+    env = app_env(database_url(), **{**PRODUCTION, **overrides})
+    return run([PYTHON, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], env)
+
+
+def web_only_env(url: str, **extra: str) -> dict[str, str]:
+    """Production as the web process has it: DJANGO_DEBUG unset, no outbound configuration."""
+    env = app_env(url, **{k: v for k, v in PRODUCTION.items() if k not in OUTBOUND}, **extra)
+    for name in ("DJANGO_DEBUG", *OUTBOUND):
+        env.pop(name, None)
+    return env
 
 
 def test_check_deploy_is_clean_in_production():
@@ -72,6 +92,60 @@ def test_the_check_fails_a_weaker_configuration(overrides, check_id):
 def test_the_opt_ins_are_clean_too(overrides):
     result = deploy_check(**overrides)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture
+def fresh_database() -> Iterator[str]:
+    """An empty database of this run's own, as a first release finds it; dropped after."""
+    db = settings.DATABASES["default"]
+    name = f"{db['NAME']}_first_release"
+    server = {
+        "host": db["HOST"] or "127.0.0.1",
+        "port": db["PORT"] or 5432,
+        "user": db["USER"],
+        "password": db["PASSWORD"] or None,
+        "dbname": "postgres",
+        "autocommit": True,
+    }
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    with psycopg.connect(**server) as conn:
+        conn.execute(drop)
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield name
+    finally:
+        with psycopg.connect(**server) as conn:
+            conn.execute(drop)
+
+
+def test_a_first_release_with_only_the_web_settings(fresh_database):
+    env = web_only_env(database_url(fresh_database))
+    # A plain `migrate`, as an operator types it (no EVENTDROP_PROCESS).
+    migrate = run([PYTHON, "manage.py", "migrate", "--noinput"], env)
+    assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+    # The Procfile's release line as a platform runs it: through a shell, every step.
+    release = run(["bash", "-c", procfile_command("release")], env)
+    assert release.returncode == 0, release.stdout + release.stderr
+    for result in (migrate, release):
+        # Nothing about the render service or Stripe, not even a warning.
+        assert "outbox.E004" not in result.stderr and "recaps.W001" not in result.stderr
+    with psycopg.connect(database_url(fresh_database)) as conn:
+        assert conn.execute("SELECT to_regclass('ingress_rawevent')::text").fetchone() == (
+            "ingress_rawevent",
+        )
+
+
+@pytest.mark.parametrize("kind", ["", "web", "release"], ids=["no-kind", "web", "release"])
+def test_check_deploy_reports_the_missing_outbound_configuration(kind):
+    env = web_only_env(database_url(), **({"EVENTDROP_PROCESS": kind} if kind else {}))
+    result = run([PYTHON, "manage.py", "check", "--deploy"], env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    for line in (
+        "?: (outbox.E004) RENDER_SERVICE_URL is not set",
+        "?: (outbox.E004) RENDER_CALLBACK_URL is not set",
+        "?: (recaps.W001) STRIPE_API_KEY is not set",
+    ):
+        assert result.stderr.count(line) == 1, result.stderr
 
 
 @pytest.mark.django_db
