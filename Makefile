@@ -1,9 +1,10 @@
-# Two entry points: `make run` (try it, SQLite unless DATABASE_URL is set) and `make test`.
+# Two entry points: `make run` (try it) and `make test`. Both run on PostgreSQL: DATABASE_URL,
+# else the one on 127.0.0.1:$LOCAL_POSTGRES_PORT (5432), else an embedded one they start there
+# and stop when they end (scripts/localdb.py).
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-HOST_PG := postgres://postgres@127.0.0.1:5432/eventdrop
 
 BENCH_INGRESS_JSON ?= /tmp/eventdrop_bench_ingress.json
 
@@ -27,13 +28,13 @@ run: $(STAMP)
 # `make test` (and CI, which runs it) fails on a type error; `make typecheck` runs it alone.
 TYPECHECK := $(PY) -m mypy
 
-# DATABASE_URL wins; else a PostgreSQL answering on 127.0.0.1:5432; else SQLite, with the
-# PostgreSQL-only tests skipped and the reason printed in the summary.
+# The system packages the suite needs first (installed as root, else named), then lint and
+# types, then pytest on PostgreSQL.
 test: $(STAMP)
-	@if [ -z "$$DATABASE_URL" ] && $(PY) -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
-		echo "make test: using PostgreSQL at $(HOST_PG)"; export DATABASE_URL=$(HOST_PG); \
-	elif [ -z "$$DATABASE_URL" ]; then echo "make test: no PostgreSQL on 127.0.0.1:5432, using SQLite"; fi; \
-	$(PY) -m ruff check . && $(TYPECHECK) && $(PY) -m pytest $(PYTEST_ARGS)
+	@bash scripts/install-test-deps.sh
+	$(PY) -m ruff check . && $(TYPECHECK)
+	@DJANGO_SETTINGS_MODULE=eventdrop.settings_test $(PY) scripts/localdb.py run -- \
+		$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check . && $(TYPECHECK)
@@ -47,4 +48,4 @@ bench: $(STAMP)
 	$(PY) bench/inbox_throughput.py --events 50000 --workers 2 --ingress-json $(BENCH_INGRESS_JSON)
 
 clean:
-	rm -rf $(VENV) db.sqlite3 db.sqlite3-wal db.sqlite3-shm  # .env stays (it holds your key and ports)
+	rm -rf $(VENV)  # .env stays (your key and ports), and so does .pgdata/ (the local database)

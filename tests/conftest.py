@@ -1,39 +1,41 @@
-"""Suite-wide fixtures and the PostgreSQL guard.
+"""Suite-wide: the suite runs on PostgreSQL only, and the report's header says which one.
 
-`postgres`-marked tests are skipped, with the reason in the summary, when the suite runs on
-SQLite. CI sets EVENTDROP_REQUIRE_POSTGRES=1 so a suite that silently fell back to SQLite
-fails instead of passing with half its tests skipped.
+`make test` gives it one: DATABASE_URL, else the one on 127.0.0.1:LOCAL_POSTGRES_PORT, else
+an embedded one it starts there (scripts/localdb.py).
 """
 
-import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 
-def _vendor() -> str:
-    engine = settings.DATABASES["default"]["ENGINE"]
-    return "postgresql" if "postgresql" in engine else engine.rsplit(".", 1)[-1]
+def _database() -> str:
+    database = settings.DATABASES["default"]
+    return f"{database['ENGINE']} {database['HOST']}:{database['PORT']}/{database['NAME']}"
 
 
 def pytest_report_header(config):
-    return f"eventdrop: database vendor = {_vendor()}"
+    return f"eventdrop: database {_database()}"
 
 
 def pytest_sessionstart(session):
-    if os.environ.get("EVENTDROP_REQUIRE_POSTGRES") == "1" and _vendor() != "postgresql":
+    if settings.DATABASES["default"]["ENGINE"] != "eventdrop.db.postgresql":
         raise pytest.UsageError(
-            "EVENTDROP_REQUIRE_POSTGRES=1 but the suite would run on "
-            f"{_vendor()}; set DATABASE_URL to a PostgreSQL database."
+            f"the suite runs on PostgreSQL only, not {_database()}: unset DATABASE_URL (make "
+            "test then finds or starts one) or point it at a PostgreSQL database"
         )
 
 
-def pytest_collection_modifyitems(config, items):
-    if _vendor() == "postgresql":
-        return
-    skip = pytest.mark.skip(
-        reason="needs PostgreSQL (set DATABASE_URL or run one on 127.0.0.1:5432)"
-    )
-    for item in items:
-        if "postgres" in item.keywords:
-            item.add_marker(skip)
+@pytest.fixture
+def reachable_tmp_path():
+    """A temp dir other users can reach, unlike pytest's tmp_path (under a 0700 dir): as
+    root, a checkout's embedded PostgreSQL runs as its own user (scripts/localdb.py)."""
+    path = Path(tempfile.mkdtemp(prefix="eventdrop_"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -9,7 +9,6 @@ Set EVENTDROP_SCREENSHOTS=1 to refresh the screenshot kept in docs/.
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from ingress.inbox import inbox_run_once
 from ingress.models import Delivery, RawEvent
 from ingress.sources import all_sources
 from tests.console.conftest import receive_github
+from tests.support.tools import tool
 
 # Playwright's sync API runs an asyncio loop in this thread; Django's ORM calls made here by
 # the test itself are still plain synchronous calls.
@@ -37,13 +37,7 @@ CHROMIUM_ARGS = [
 ]
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not shutil.which(CHROMIUM), reason=f"{CHROMIUM} missing (apt-get install chromium)"
-    ),
-]
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
@@ -51,7 +45,9 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(
+            executable_path=tool(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
         try:
             yield browser
         finally:

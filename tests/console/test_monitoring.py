@@ -1,14 +1,12 @@
 """The shipped monitoring: deploy/prometheus/alerts.yml and deploy/grafana/eventdrop.json.
 
 promtool (Debian's `prometheus` package) checks the rules, runs their unit tests
-(alerts_test.yml) and parses every dashboard query; CI installs it (.ci/run) and this module
-then refuses to skip. Every metric either file names must be one /metrics serves.
+(alerts_test.yml) and parses every dashboard query; without it these tests are skipped, and
+fail on CI (tests/support/tools.py). Every metric either file names must be one /metrics serves.
 """
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.console.conftest import receive_github
+from tests.support.tools import tool
 
 pytestmark = pytest.mark.django_db
 
@@ -25,23 +24,12 @@ RULES = DEPLOY / "prometheus" / "alerts.yml"
 RULES_TESTS = DEPLOY / "prometheus" / "alerts_test.yml"
 DASHBOARD = DEPLOY / "grafana" / "eventdrop.json"
 METRIC_NAME = re.compile(r"\beventdrop_[a-z0-9_]+")
-# CI sets EVENTDROP_REQUIRE_POSTGRES=1 (.ci/run); EVENTDROP_CI=1 asks for the same elsewhere.
-IN_CI = os.environ.get("EVENTDROP_CI") == "1" or os.environ.get("EVENTDROP_REQUIRE_POSTGRES") == "1"
 PROMTOOL_TIMEOUT_SECONDS = 30
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if IN_CI:
-            pytest.fail("promtool is missing in CI: .ci/run installs Debian's prometheus package")
-        pytest.skip("promtool missing (apt-get install prometheus); CI runs this check")
-    return path
 
 
 def run_promtool(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [promtool(), *args],
+        [tool("promtool"), *args],
         capture_output=True,
         text=True,
         timeout=PROMTOOL_TIMEOUT_SECONDS,

@@ -1,7 +1,6 @@
 """Pauses and bulk jobs on the ops page, in /metrics and on their own pages: figures,
 colours by age, the replay SLO, and who may see or change what."""
 
-import shutil
 import subprocess
 from datetime import timedelta
 
@@ -16,6 +15,7 @@ from console.pauses import SOURCE_DISABLE_COST, handlers_pause, pause_level
 from ingress.models import HandlerPause
 from tests.console.conftest import OPERATOR_PERMISSIONS, grant
 from tests.console.test_bulk_jobs import stored_events
+from tests.support.tools import tool
 
 pytestmark = pytest.mark.django_db
 
@@ -144,11 +144,10 @@ def test_metrics_export_pauses_held_jobs_and_the_replay_slo(client, settings, on
     assert value("eventdrop_replay_slo_missed_ratio") == 0
 
 
-@pytest.mark.skipif(not shutil.which("promtool"), reason="promtool missing; CI installs it")
 def test_metrics_with_pauses_and_jobs_pass_promtool(client, settings):
     paused_for(5)
     result = subprocess.run(
-        ["promtool", "check", "metrics"],
+        [tool("promtool"), "check", "metrics"],
         input=scrape(client, settings),
         capture_output=True,
         text=True,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.processes import free_port
+from tests.support.tools import tool
 
 
 def _wait_listening(process: subprocess.Popen, port: int, log: Path, timeout: float) -> None:
@@ -73,8 +74,7 @@ def pgbouncer(
     Its other settings are Debian's defaults; in particular `ignore_startup_parameters` is
     empty, so a client sending the libpq `options` startup setting is refused, as in a
     stock deployment (pgbouncer#381)."""
-    if shutil.which("pgbouncer") is None:
-        raise RuntimeError("pgbouncer is not installed (apt-get install pgbouncer)")
+    binary = tool("pgbouncer")
     workdir = Path(tempfile.mkdtemp(prefix="ed_pgbouncer_"))
     port = free_port()
     (workdir / "userlist.txt").write_text('"postgres" ""\n')
@@ -97,7 +97,7 @@ def pgbouncer(
     # PgBouncer runs as postgres and must read its files (mkdtemp makes the dir 0700).
     os.chmod(workdir, 0o755)  # noqa: S103
     log = workdir / "pgbouncer.log"
-    args = ["pgbouncer", str(workdir / "pgbouncer.ini")]
+    args = [binary, str(workdir / "pgbouncer.ini")]
     if os.geteuid() == 0:
         args[1:1] = ["-u", "postgres"]
     with log.open("ab") as out:
@@ -124,13 +124,12 @@ class Redis:
 def redis_server(timeout: float = 15) -> Iterator[Redis]:
     """A redis-server of our own: no persistence (a lost message must lose no work, and the
     tests show it does not), loopback only."""
-    if shutil.which("redis-server") is None:
-        raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+    binary = tool("redis-server")
     workdir = Path(tempfile.mkdtemp(prefix="ed_redis_"))
     port = free_port()
     log = workdir / "redis.log"
     args = [
-        "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
         "--appendonly", "no", "--dir", str(workdir), "--protected-mode", "yes",
     ]
     with log.open("ab") as out:
