@@ -4,7 +4,9 @@ Started in a shell without RENDER_SERVICE_URL, `dispatch_side_effects --once` us
 paid recap and write it `failed` ("not_configured"). Now every dispatcher entry point — the
 command (once and as its worker loop), the nightly `recover_recaps`, and their django-q2
 tasks — refuses to run with one line naming what is missing and a non-zero exit, touching no
-row; `manage.py check` reports the same list as errors for a deployment (DEBUG off).
+row; `manage.py check` reports the same list as errors for a deployment (DEBUG off), in the
+processes that call the render service (EVENTDROP_PROCESS dispatcher or worker, or none):
+the others start without it (issue 26).
 
 The commands run as real subprocesses in a clean environment (tests/support/processes.py)
 against this test's database. About 10 s for the module.
@@ -124,6 +126,33 @@ def test_check_fails_a_deployment_without_the_render_service_url():
     ) in result.stderr
     # The complete configuration passes (the clean environment has everything else).
     assert manage("check", env=clean_env()).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("kind", "refuses"),
+    [("dispatcher", True), ("worker", True), ("web", False), ("inbox", False), ("release", False)],
+)
+def test_check_refuses_only_the_kinds_that_call_the_render_service(kind, refuses):
+    env = clean_env(drop=("RENDER_SERVICE_URL", "RENDER_CALLBACK_URL"), EVENTDROP_PROCESS=kind)
+    result = manage("check", env=env)
+    if refuses:
+        assert result.returncode == 1
+        assert "?: (outbox.E004) RENDER_SERVICE_URL is not set" in result.stderr
+        assert "?: (outbox.E004) RENDER_CALLBACK_URL is not set" in result.stderr
+    else:
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "outbox.E004" not in result.stderr
+
+
+def test_an_inbox_without_the_render_service_starts_and_dispatches_nothing(due_row):
+    """The inbox runs its checks, then a pass, where it used to stop on outbox.E004; the
+    paid recap's render row waits for a dispatcher."""
+    side_effect, before = due_row
+    env = clean_env(drop=("RENDER_SERVICE_URL", "RENDER_CALLBACK_URL"), EVENTDROP_PROCESS="inbox")
+    result = manage("process_inbox", "--once", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "outbox.E004" not in result.stderr
+    assert snapshot(side_effect) == before
 
 
 def test_the_scheduled_tasks_refuse_and_touch_no_row(due_row, settings):
