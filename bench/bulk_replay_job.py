@@ -51,7 +51,7 @@ def _manage(*args: str, env: dict[str, str]) -> None:
         env=env,
         check=True,
         timeout=600,
-        capture_output=True,
+        stdout=subprocess.DEVNULL,  # its errors stay on stderr
     )
 
 
@@ -60,6 +60,7 @@ def _load(count: int) -> None:
 
     from django.utils import timezone
 
+    from bench.bulk_insert import bulk_insert
     from ingress.models import Delivery, RawEvent
 
     now = timezone.now()
@@ -88,12 +89,13 @@ def _load(count: int) -> None:
                     handled_at=now,
                 )
             )
-        events = RawEvent.objects.bulk_create(rows)
-        Delivery.objects.bulk_create(
+        events = bulk_insert(RawEvent, rows)
+        bulk_insert(
+            Delivery,
             [
                 Delivery(raw_event_id=e.id, handler=HANDLER, status="done", finished_at=now)
                 for e in events
-            ]
+            ],
         )
 
 

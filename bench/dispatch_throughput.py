@@ -27,7 +27,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DB_NAME = "eventdrop_bench_dispatch"
 DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 MAX_ROWS = 20_000
 
 
@@ -40,11 +39,14 @@ def _free_port() -> int:
 
 
 def _start_fake(port: int) -> subprocess.Popen:
-    code = (
-        "from recaps.fake_renderer import FakeRenderer; "
-        f"FakeRenderer(secret={SECRET!r}, port={port}, callbacks=False).serve_forever()"
+    # The test settings carry the render service's test secret.
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "eventdrop.settings_test"}
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "run_fake_renderer", "--port", str(port), "--no-callbacks"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
     import requests
 
     deadline = time.monotonic() + 20
@@ -82,6 +84,7 @@ def _recreate_database() -> None:
 def _store_backlog(count: int) -> None:
     from django.db import connection
 
+    from bench.bulk_insert import bulk_insert
     from outbox.models import CircuitBreaker, RecapSideEffect, RecapSideEffectAttempt
     from recaps.models import Event, Photo, RecapVideo
     from recaps.services import recap_mark_paid
@@ -99,9 +102,7 @@ def _store_backlog(count: int) -> None:
         Photo.objects.bulk_create(
             Photo(event=event, storage_key=f"events/{event.pk}/photo-{n}.jpg") for n in range(6)
         )
-    recaps = RecapVideo.objects.bulk_create(
-        RecapVideo(event=event, buyer=buyer) for _ in range(count)
-    )
+    recaps = bulk_insert(RecapVideo, [RecapVideo(event=event, buyer=buyer) for _ in range(count)])
     for recap in recaps:
         recap_mark_paid(recap_id=recap.id, payment_reference=f"pi_{recap.id.hex[:16]}")
     with connection.cursor() as cursor:

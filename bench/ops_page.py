@@ -81,6 +81,7 @@ def _fill(events: int, rng: random.Random) -> dict:
     from django.db import connection
     from django.utils import timezone
 
+    from bench.bulk_insert import bulk_insert
     from ingress.models import Delivery, RawEvent
     from ingress.partitions import raw_event_partitions_maintain
     from ingress.sources import all_sources
@@ -156,8 +157,9 @@ def _fill(events: int, rng: random.Random) -> dict:
                 if delivery is not None and verified_at is not None
                 else None
             )
-        stored = RawEvent.objects.bulk_create(raw)
-        Delivery.objects.bulk_create(
+        stored = bulk_insert(RawEvent, raw)
+        bulk_insert(
+            Delivery,
             [
                 Delivery(
                     raw_event_id=event.id,
@@ -174,7 +176,7 @@ def _fill(events: int, rng: random.Random) -> dict:
                 for event, plan in zip(stored, plans, strict=True)
                 if plan is not None
                 for delivery, verified_at, handled_at in [plan]
-            ]
+            ],
         )
     _fill_outbox(rng, now)
     _fill_reconciliation(now)
@@ -187,6 +189,7 @@ def _fill(events: int, rng: random.Random) -> dict:
 def _fill_outbox(rng: random.Random, now) -> None:
     from django.contrib.auth import get_user_model
 
+    from bench.bulk_insert import bulk_insert
     from outbox.models import RecapSideEffect
     from recaps.models import Event, RecapVideo
 
@@ -219,8 +222,8 @@ def _fill_outbox(rng: random.Random, now) -> None:
                 finished_at=now if status in ("done", "dead") else None,
             )
         )
-    RecapVideo.objects.bulk_create(recaps)
-    RecapSideEffect.objects.bulk_create(effects)
+    bulk_insert(RecapVideo, recaps)
+    bulk_insert(RecapSideEffect, effects)
 
 
 def _fill_reconciliation(now) -> None:
