@@ -167,8 +167,7 @@ def deliveries_runnable_at_settle(
     """The (event, handlers) among freshly settled ones whose handlers may run at settle
     (see above). One read of the active pauses, only if any event qualifies otherwise."""
     clock = time.monotonic()
-    if clock < _settle_cooldown.everything_until or connection.vendor != "postgresql":
-        # Not under SQLite (`make run`, one worker): its claimed path is the one it needs.
+    if clock < _settle_cooldown.everything_until:
         return []
     cooled = {name for name, until in _settle_cooldown.handlers.items() if clock < until}
     candidates = [
@@ -568,8 +567,6 @@ _head_read = _HeadReadChoice()  # per worker process; only a cost decision, neve
 
 def _key_head_candidates(cursor, limit: int, now: datetime) -> list[int]:
     """The ids of up to `limit` key heads that are pending and due, the longest due first."""
-    if connection.vendor != "postgresql":
-        return _key_head_candidates_portable(limit, now)
     if _head_read.sorted_passes_left <= 0:  # (threads of one worker may race here: harmless)
         cursor.execute(_KEY_HEADS_SKIP_SCAN, [_SKIP_SCAN_MAX_KEYS, now])
         rows = cursor.fetchall()
@@ -580,71 +577,6 @@ def _key_head_candidates(cursor, limit: int, now: datetime) -> list[int]:
     _head_read.sorted_passes_left -= 1
     cursor.execute(_KEY_HEADS, [now, limit])
     return [row[0] for row in cursor.fetchall()]
-
-
-_UNFINISHED_ORDERED = (DeliveryStatus.PENDING, DeliveryStatus.PROCESSING, DeliveryStatus.HELD)
-
-
-def _ordered_unfinished(handlers_keys: set[tuple[str, str]] | None = None) -> list[tuple]:
-    """(id, handler, key, status, next_attempt_at, event_time, raw_event_id) of unfinished
-    ordered deliveries in key order — the SQLite path (`make run`) reads heads in Python."""
-    rows = Delivery.objects.exclude(ordering_key="").filter(status__in=_UNFINISHED_ORDERED)
-    if handlers_keys is not None:
-        rows = rows.filter(
-            handler__in={h for h, _ in handlers_keys},
-            ordering_key__in={k for _, k in handlers_keys},
-        )
-    return list(
-        rows.order_by("handler", "ordering_key", "event_time", "raw_event_id").values_list(
-            "id", "handler", "ordering_key", "status", "next_attempt_at", "event_time",
-            "raw_event_id",
-        )
-    )
-
-
-def _key_head_candidates_portable(limit: int, now: datetime) -> list[int]:
-    """_key_head_candidates without PostgreSQL's DISTINCT ON: the first unfinished delivery
-    of each key, kept if it is pending and due. Fine for make run's SQLite sizes."""
-    heads: dict[tuple[str, str], tuple] = {}
-    for row in _ordered_unfinished():
-        heads.setdefault((row[1], row[2]), row)
-    due = sorted(
-        (row[4], row[0])
-        for row in heads.values()
-        if row[3] == DeliveryStatus.PENDING and row[4] <= now
-    )
-    return [delivery_id for _, delivery_id in due[:limit]]
-
-
-def _key_state_portable(keys: set[tuple[str, str]]) -> dict[tuple[str, str, str], tuple]:
-    """_KEY_STATE without PostgreSQL (SQLite: one writer at a time, and `make run` starts
-    one inbox worker, so no key lock is taken): per key, the first running delivery, the
-    first pending-or-held one (under its own status) and the newest handled one."""
-    state: dict[tuple[str, str, str], tuple] = {}
-    for delivery_id, handler, key, status, _, event_time, raw_event_id in _ordered_unfinished(
-        keys
-    ):
-        if (handler, key) not in keys:
-            continue
-        probe = "processing" if status == DeliveryStatus.PROCESSING else "pending_or_held"
-        if (handler, key, probe) not in state:
-            state[(handler, key, probe)] = (status, delivery_id, event_time, raw_event_id)
-    done = (
-        Delivery.objects.filter(
-            status=DeliveryStatus.DONE,
-            handler__in={h for h, _ in keys},
-            ordering_key__in={k for _, k in keys},
-        )
-        .order_by("-event_time", "-raw_event_id")
-        .values_list("handler", "ordering_key", "id", "event_time", "raw_event_id")
-    )
-    for handler, key, delivery_id, event_time, raw_event_id in done:
-        if (handler, key) in keys:
-            newest = ("done", delivery_id, event_time, raw_event_id)
-            state.setdefault((handler, key, "done"), newest)
-    return {
-        (handler, key, found[0]): found[1:] for (handler, key, _), found in state.items()
-    }
 
 
 _KEY_LOCKS = (
@@ -702,19 +634,15 @@ def _claim_key_heads(limit: int, now: datetime) -> tuple[list[tuple], set[int]]:
     rows = _hold_paused(rows)
     if not rows:
         return [], set()
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _KEY_LOCKS, [ORDERING_LOCK_CLASS, [r[2] for r in rows], [r[5] for r in rows]]
-            )
-            locked = [rows[n - 1] for n, got in cursor.fetchall() if got]
-            if not locked:
-                return [], set()
-            cursor.execute(_KEY_STATE, [[r[2] for r in locked], [r[5] for r in locked]])
-            state = {(h, k, status): (i, t, e) for h, k, status, i, t, e in cursor.fetchall()}
-    else:
-        locked = rows
-        state = _key_state_portable({(r[2], r[5]) for r in locked})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _KEY_LOCKS, [ORDERING_LOCK_CLASS, [r[2] for r in rows], [r[5] for r in rows]]
+        )
+        locked = [rows[n - 1] for n, got in cursor.fetchall() if got]
+        if not locked:
+            return [], set()
+        cursor.execute(_KEY_STATE, [[r[2] for r in locked], [r[5] for r in locked]])
+        state = {(h, k, status): (i, t, e) for h, k, status, i, t, e in cursor.fetchall()}
     claimed, superseded = [], []
     for row in locked:
         delivery_id, raw_event_id, handler, _, _, key, event_time, forced = row

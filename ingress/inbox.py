@@ -257,13 +257,6 @@ def _save_settled(events: list[RawEvent], *, handled: bool = False) -> None:
     by_column = {field.column: field for field in meta.concrete_fields}
     columns = (*_SETTLED_COLUMNS, "handled_at") if handled else _SETTLED_COLUMNS
     fields = [by_column[column] for column in ("id", "received_at", *columns)]
-    if connection.vendor != "postgresql":
-        # SQLite (`make run`): no unnest; a statement per row, run in process, costs little.
-        for event in events:
-            RawEvent.objects.filter(id=event.id).update(
-                **{field.attname: getattr(event, field.attname) for field in fields[2:]}
-            )
-        return
     values = [[getattr(event, field.attname) for event in events] for field in fields]
     (id_sql, id_params), (at_sql, at_params), *settled, rows = _row_set(fields, values)
     quote = connection.ops.quote_name
@@ -333,11 +326,6 @@ def _insert_all(objs: list, *, returning: tuple[str, ...] = ()) -> set[tuple]:
     key and columns left to their database default.
     """
     if not objs:
-        return set()
-    if connection.vendor != "postgresql":
-        # SQLite (`make run`): bulk_create cannot say which rows it inserted, so none is
-        # reported as inserted and the caller looks every key up.
-        type(objs[0]).objects.bulk_create(objs, ignore_conflicts=True)
         return set()
     meta = type(objs[0])._meta
     fields, values = [], []

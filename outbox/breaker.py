@@ -223,9 +223,8 @@ class Breaker:
     def _write(self, snapshot: Snapshot, now: datetime, **fields) -> bool:
         """One conditional UPDATE, fenced on the version read; True if it was ours."""
         with transaction.atomic():
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute(f"SET LOCAL lock_timeout = {int(self.config.lock_timeout_ms)}")
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET LOCAL lock_timeout = {int(self.config.lock_timeout_ms)}")
             updated = CircuitBreaker.objects.filter(
                 name=self.name, version=snapshot.version
             ).update(version=F("version") + 1, updated_at=now, **fields)
@@ -283,11 +282,8 @@ class Breaker:
             return  # the last write could not get the row; the streak ends next time
         try:
             with transaction.atomic():
-                if connection.vendor == "postgresql":
-                    with connection.cursor() as cursor:
-                        cursor.execute(
-                            f"SET LOCAL lock_timeout = {int(self.config.lock_timeout_ms)}"
-                        )
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SET LOCAL lock_timeout = {int(self.config.lock_timeout_ms)}")
                 closed = (
                     CircuitBreaker.objects.filter(name=self.name)
                     .exclude(state=BreakerState.CLOSED, consecutive_failures=0)
