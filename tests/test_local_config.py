@@ -1,25 +1,31 @@
-"""Local configuration: `.env` (and who wins over it), and make run's busy-port message.
+"""Local configuration: `.env` (and who wins over it), make run's busy-port message, and
+the local PostgreSQL (scripts/localdb.py: the one that answers, or the embedded one).
 
 Each test works in a temp dir holding a copy of what it needs from this working tree (so
-uncommitted changes are what is tested), never in the checkout itself: a `.env` written
-there would change every other command run from it. About 5 s.
+uncommitted changes are what is tested), never in the checkout itself: a `.env` or a
+`.pgdata/` written there would change every other command run from it. About 10 s.
 """
 
 import json
+import re
 import shutil
+import signal
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 from tests.support.processes import ROOT, VENV_BIN, free_port
 
 PROBE = (
     "import json, django; django.setup(); from django.conf import settings; "
-    "print(json.dumps({name: str(getattr(settings, name)) for name in "
+    "seen = {name: str(getattr(settings, name)) for name in "
     "('DEBUG', 'RENDER_SERVICE_URL', 'RENDER_CALLBACK_URL', 'STRIPE_API_KEY', "
-    "'OUTBOX_IDLE_SLEEP_SECONDS')}))"
+    "'OUTBOX_IDLE_SLEEP_SECONDS')}; "
+    "seen['database'] = [str(settings.DATABASES['default'][k]) for k in ('HOST', 'PORT', 'NAME')]; "
+    "print(json.dumps(seen))"
 )
 DOTENV = """\
 DJANGO_DEBUG=1
@@ -38,10 +44,10 @@ def shell_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def project(tmp_path):
+def project(reachable_tmp_path):
     """The settings package copied (BASE_DIR, and so `.env`, is where settings.py is), the
     other apps linked, the checkout's virtualenv linked."""
-    copy = tmp_path / "project"
+    copy = reachable_tmp_path / "project"
     copy.mkdir()
     skip = shutil.ignore_patterns("__pycache__")
     shutil.copytree(ROOT / "eventdrop", copy / "eventdrop", ignore=skip)
@@ -74,6 +80,7 @@ def test_a_command_in_any_shell_reads_dotenv(project, tmp_path):
         "RENDER_CALLBACK_URL": "http://127.0.0.1:8123/webhooks/renderer/",
         "STRIPE_API_KEY": "sk_test_from_dotenv",
         "OUTBOX_IDLE_SLEEP_SECONDS": "0.25",
+        "database": ["127.0.0.1", "5432", "eventdrop"],
     }
 
 
@@ -152,4 +159,119 @@ def test_make_run_names_a_busy_port_in_one_line_before_starting_anything(
         f"stop what listens there or choose another, e.g. {variable}={port + 1} make run"
     ]
     # Nothing started: no configuration written, no database created.
-    assert not (project / ".env").exists() and not (project / "db.sqlite3").exists()
+    assert not (project / ".env").exists() and not (project / ".pgdata").exists()
+
+
+# --- the local PostgreSQL ------------------------------------------------------------------
+
+
+def test_the_default_database_follows_local_postgres_port_and_database_url_wins(
+    project, tmp_path
+):
+    (project / ".env").write_text(DOTENV + "LOCAL_POSTGRES_PORT=6543\n")
+    assert settings_seen(project, tmp_path)["database"] == ["127.0.0.1", "6543", "eventdrop"]
+    seen = settings_seen(project, tmp_path, DATABASE_URL="postgres://u@db.example:5433/other")
+    assert seen["database"] == ["db.example", "5433", "other"]
+
+
+CONNECT = (
+    "import os, sys, psycopg; "
+    "url = f\"postgres://postgres@127.0.0.1:{os.environ['LOCAL_POSTGRES_PORT']}/eventdrop\"; "
+    "print('command:', psycopg.connect(url).execute('SELECT current_database()').fetchone()[0]); "
+    "sys.exit(3)"
+)
+
+
+def localdb(project: Path, tmp_path: Path, command: list[str], **env: str):
+    """scripts/localdb.py run -- command, as `make test` runs it, from a new shell."""
+    return subprocess.run(
+        [".venv/bin/python", "scripts/localdb.py", "run", "--", *command],
+        cwd=project,
+        env=shell_env(tmp_path, DJANGO_SETTINGS_MODULE="eventdrop.settings_test", **env),
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+def stopped(project: Path, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", port))  # nothing listens any more
+    return not (project / ".pgdata" / "data" / "postmaster.pid").exists()
+
+
+def test_where_none_answers_the_embedded_postgresql_runs_the_command_and_stops(
+    project, tmp_path
+):
+    port = free_port()
+    lines = []
+    for _ in range(2):  # the first run makes the cluster, the second starts it
+        result = localdb(project, tmp_path, [".venv/bin/python", "-c", CONNECT],
+                         LOCAL_POSTGRES_PORT=str(port))
+        assert result.returncode == 3, result.stdout + result.stderr  # the command's status
+        database_line, command_line = result.stdout.splitlines()
+        assert command_line == "command: eventdrop"  # created on first use
+        assert stopped(project, port)
+        lines.append(database_line)
+    pattern = (
+        rf"database: PostgreSQL 18\.\d+ on 127\.0\.0\.1:{port}, database eventdrop \(embedded, "
+        r"data in \.pgdata/, {} in \d+\.\d s; stops with this command\)"
+    )
+    assert re.fullmatch(pattern.format("initdb and start"), lines[0]), lines
+    assert re.fullmatch(pattern.format("started"), lines[1]), lines
+
+
+def test_sigterm_reaches_the_command_and_the_embedded_postgresql_still_stops(
+    project, tmp_path
+):
+    port = free_port()
+    command = (
+        "import signal, sys, time; "
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7)); "
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    with subprocess.Popen(
+        [".venv/bin/python", "scripts/localdb.py", "run", "--", ".venv/bin/python", "-c",
+         command],
+        cwd=project,
+        env=shell_env(tmp_path, DJANGO_SETTINGS_MODULE="eventdrop.settings_test",
+                      LOCAL_POSTGRES_PORT=str(port)),
+        stdout=subprocess.PIPE, text=True,
+    ) as process:
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                if line == "ready\n":
+                    break
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 7
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert stopped(project, port)
+
+
+def test_a_postgresql_that_answers_is_used_and_left_running(project, tmp_path):
+    database = settings.DATABASES["default"]
+    if database["HOST"] != "127.0.0.1":
+        pytest.skip("the suite's PostgreSQL is not on 127.0.0.1")
+    port = int(database["PORT"])
+    result = localdb(project, tmp_path, [".venv/bin/python", "-c", CONNECT],
+                     LOCAL_POSTGRES_PORT=str(port))
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert re.fullmatch(
+        rf"database: PostgreSQL \d+\.\d+ on 127\.0\.0\.1:{port}, database eventdrop "
+        r"\((already running, left running|this checkout's embedded one, left running by an "
+        r"earlier command)\)",
+        result.stdout.splitlines()[0],
+    ), result.stdout
+    socket.create_connection(("127.0.0.1", port), 5).close()  # still there
+    assert not (project / ".pgdata").exists()
+
+
+def test_with_database_url_nothing_is_started(project, tmp_path):
+    result = localdb(project, tmp_path, ["true"],
+                     DATABASE_URL="postgres://someone:secret@db.example:5433/other")
+    assert (result.returncode, result.stdout) == (
+        0, "database: DATABASE_URL (database other on db.example:5433)\n"
+    )
+    assert not (project / ".pgdata").exists()
