@@ -15,7 +15,13 @@ import pytest
 from django.conf import settings
 from psycopg import sql
 
-from tests.support.processes import PYTHON, ROOT, app_env, procfile_command
+from tests.support.processes import (
+    PYTHON,
+    ROOT,
+    app_env,
+    procfile_command,
+    settings_database_url,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +40,6 @@ PRODUCTION = {
 OUTBOUND = ("RENDER_SERVICE_URL", "RENDER_CALLBACK_URL", "STRIPE_API_KEY")
 
 
-def database_url(name: str | None = None) -> str:
-    db = settings.DATABASES["default"]
-    host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
-    return f"postgres://{db['USER']}@{host}:{port}/{name or db['NAME']}"
-
-
 def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
@@ -47,7 +47,7 @@ def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def deploy_check(**overrides: str) -> subprocess.CompletedProcess:
-    env = app_env(database_url(), **{**PRODUCTION, **overrides})
+    env = app_env(settings_database_url(), **{**PRODUCTION, **overrides})
     return run([PYTHON, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], env)
 
 
@@ -119,7 +119,7 @@ def fresh_database() -> Iterator[str]:
 
 
 def test_a_first_release_with_only_the_web_settings(fresh_database):
-    env = web_only_env(database_url(fresh_database))
+    env = web_only_env(settings_database_url(fresh_database))
     # A plain `migrate`, as an operator types it (no EVENTDROP_PROCESS).
     migrate = run([PYTHON, "manage.py", "migrate", "--noinput"], env)
     assert migrate.returncode == 0, migrate.stdout + migrate.stderr
@@ -129,7 +129,7 @@ def test_a_first_release_with_only_the_web_settings(fresh_database):
     for result in (migrate, release):
         # Nothing about the render service or Stripe, not even a warning.
         assert "outbox.E004" not in result.stderr and "recaps.W001" not in result.stderr
-    with psycopg.connect(database_url(fresh_database)) as conn:
+    with psycopg.connect(settings_database_url(fresh_database)) as conn:
         assert conn.execute("SELECT to_regclass('ingress_rawevent')::text").fetchone() == (
             "ingress_rawevent",
         )
@@ -137,7 +137,7 @@ def test_a_first_release_with_only_the_web_settings(fresh_database):
 
 @pytest.mark.parametrize("kind", ["", "web", "release"], ids=["no-kind", "web", "release"])
 def test_check_deploy_reports_the_missing_outbound_configuration(kind):
-    env = web_only_env(database_url(), **({"EVENTDROP_PROCESS": kind} if kind else {}))
+    env = web_only_env(settings_database_url(), **({"EVENTDROP_PROCESS": kind} if kind else {}))
     result = run([PYTHON, "manage.py", "check", "--deploy"], env)
     assert result.returncode == 1, result.stdout + result.stderr
     for line in (

@@ -15,14 +15,13 @@ against this test's database. About 10 s for the module.
 import subprocess
 
 import pytest
-from django.conf import settings
 from django.core import checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from outbox.models import RecapSideEffect, RecapSideEffectAttempt
 from recaps.models import RecapStatus
-from tests.support.processes import PYTHON, ROOT, app_env
+from tests.support.processes import PYTHON, ROOT, app_env, settings_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -31,13 +30,8 @@ REFUSAL = (
 )
 
 
-def database_url() -> str:
-    db = settings.DATABASES["default"]
-    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 def clean_env(*, drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
-    env = app_env(database_url(), **extra)
+    env = app_env(settings_database_url(), **extra)
     for name in drop:
         env.pop(name, None)
     return env

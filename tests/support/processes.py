@@ -46,6 +46,15 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def settings_database_url(name: str | None = None) -> str:
+    """This run's database as a URL for a subprocess (or the database `name` on its server)."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
+    return f"postgres://{db['USER']}@{host}:{port}/{name or db['NAME']}"
+
+
 def app_env(database_url: str, **extra: str) -> dict[str, str]:
     """A clean environment (nothing inherited but PATH, HOME and the locale) for a
     production-mode process against `database_url`."""
