@@ -114,8 +114,8 @@ def test_production_names_the_one_minimum_key_length(project, tmp_path):
     )
     assert result.returncode != 0
     assert "shorter than 50 characters" in result.stderr
-    readme = (ROOT / "README.md").read_text()
-    assert "50+ characters" in readme and "32+" not in readme
+    configuration = (ROOT / "docs" / "configuration.md").read_text()
+    assert "50+ characters" in configuration and "32+" not in configuration
 
 
 def test_first_use_writes_dotenv_with_a_random_key_and_the_chosen_ports(project, tmp_path):
