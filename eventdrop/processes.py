@@ -53,7 +53,7 @@ def process_kind(*, databases: Collection[str] | None) -> str:
 
 def needed_here(need: str, *, databases: Collection[str] | None) -> bool:
     kind = process_kind(databases=databases)
-    # An unknown kind (eventdrop.E003) checks everything: a typo never lowers the bar.
+    # No kind, or an unknown one (eventdrop.E003), checks everything: a typo lowers no bar.
     return kind not in KINDS or kind in NEEDED_BY[need]
 
 
