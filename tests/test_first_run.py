@@ -219,8 +219,11 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
         # 3. The Stripe handler paused on the console's pause page.
         pauses = console.get(f"http://127.0.0.1:{port}/ops/pauses/", timeout=left(10))
         assert f'data-handler="{HANDLER}"' in pauses.text
-        paused = post_form(console, f"http://127.0.0.1:{port}/ops/pauses/pause/",
-                           {"handler": HANDLER}, timeout=left(10))
+        paused = post_form(
+            console, f"http://127.0.0.1:{port}/ops/pauses/pause/",
+            {"handler": HANDLER, "reason": "first run: hold the demo's payment"},
+            timeout=left(10),
+        )
         assert f"Paused handler {HANDLER}: 0 deliveries held" in paused.text, paused.text
 
         # 4. The demo: its paid recap's payment webhook is stored, verified, and held.
@@ -316,7 +319,7 @@ def held(session: requests.Session, port: int, timeout: float) -> int:
     page = session.get(f"http://127.0.0.1:{port}/ops/pauses/", timeout=timeout).text
     row = re.search(r'<tr id="pause-\d+".*?</tr>', page, flags=re.S)
     assert row, page[-2000:]
-    return int(re.findall(r'<td class="num">(\d+)</td>', row.group(0))[-1])
+    return int(re.findall(r'<td class="num">(?:<a [^>]*>)?(\d+)(?:</a>)?</td>', row.group(0))[-1])
 
 
 def test_make_run_prints_each_check_warning_once(fresh_clone, tmp_path):
