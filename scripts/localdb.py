@@ -21,6 +21,7 @@ without search permission for others gets that one bit (o+x), nothing more.
 """
 
 import contextlib
+import inspect
 import os
 import pwd
 import signal
@@ -143,7 +144,7 @@ def start_embedded(port: int) -> str:
         entry = pwd.getpwnam(SERVER_USER)
         os.chown(PGDATA, entry.pw_uid, entry.pw_gid)
         reachable(PGDATA)
-        reachable(Path(package.__file__))  # its binaries are inside
+        reachable(Path(inspect.getfile(package)))  # its binaries are inside
     first = not (CLUSTER / "PG_VERSION").exists()
     if first:
         package.initdb(
@@ -157,6 +158,9 @@ def start_embedded(port: int) -> str:
             ["--wait", "--timeout", str(START_TIMEOUT_SECONDS), "--log", str(SERVER_LOG),
              "-o", f"-h 127.0.0.1 -p {port} -k ''", "start"],
             pgdata=CLUSTER, cwd=PGDATA, timeout=START_TIMEOUT_SECONDS + 10, **as_user,
+            # Out of the terminal's process group: Ctrl-C reaches COMMAND, and the server
+            # stops after it, when we stop it.
+            start_new_session=True,
         )
     except subprocess.CalledProcessError:
         log = SERVER_LOG.read_text(errors="replace").splitlines()[-20:]
