@@ -43,7 +43,7 @@ def test_the_check_names_every_missing_package_and_installs_nothing(tmp_path):
         if shutil.which(name, path=str(empty)) is None
         for package in packages
     ]
-    assert {"pgbouncer", "redis-server", "chromium", "chromium-driver", "prometheus", "wrk",
+    assert {"pgbouncer", "redis-server", "chromium-driver", "prometheus", "wrk",
             "postgresql-common", "postgresql-client", "git", "curl", "openssl",
             "procps"} <= set(missing)
     assert result.returncode == 1
