@@ -234,7 +234,7 @@ class BulkJobCancelApi(JobsApi):
 # --- handler pauses ------------------------------------------------------------------------
 #
 #     GET  /api/pauses/                  the pauses in force: scope, since, age, held, level
-#     POST /api/pauses/                  {"handler": name} or {"source": name} -> pause
+#     POST /api/pauses/                  {"handler" or "source": name, "reason": why} -> pause
 #     POST /api/pauses/resume/           the same body -> resume (release in received order)
 #
 # Reading needs console.view_ops (the ops page's figures), pausing and resuming operate.
@@ -249,6 +249,11 @@ class PauseScopeSerializer(serializers.Serializer):
         if bool(attrs["handler"]) == bool(attrs["source"]):
             raise serializers.ValidationError("Give exactly one of handler and source.")
         return attrs
+
+
+class PauseInputSerializer(PauseScopeSerializer):
+    # Why: shown beside the pause and kept as its operator action's note.
+    reason = serializers.CharField(max_length=1000, trim_whitespace=True)
 
 
 class PausesApi(ConsoleApi):
@@ -276,13 +281,15 @@ class PauseListApi(PausesApi):
                     "age_seconds": row.pause.age_seconds,
                     "held": row.pause.held,
                     "level": row.level,
+                    "paused_by": row.actor_username,
+                    "reason": row.reason,
                 }
                 for row in pauses_active()
             ]
         )
 
     def post(self, request: Request) -> Response:
-        scope = PauseScopeSerializer(data=request.data)
+        scope = PauseInputSerializer(data=request.data)
         scope.is_valid(raise_exception=True)
         return _pause_response(
             handlers_pause(

@@ -36,6 +36,7 @@ from console.bulk_jobs import ReplaySlo, bulk_jobs_active_counts, replay_slo
 from console.models import ACK_ROLLUP_BUCKETS, AckLatencyHour
 from console.pauses import PauseRow, pauses_active
 from console.presentation import format_seconds
+from console.selectors import inbox_queue_depths
 from ingress.models import (
     Delivery,
     DeliveryStatus,
@@ -45,7 +46,6 @@ from ingress.models import (
     SignatureStatus,
 )
 from ingress.reconcile.selectors import reconciliation_runs_latest
-from ingress.selectors import deliveries_held_count, inbox_depths
 from ingress.sources import all_sources
 from ingress.views import ACK_SECONDS
 from outbox.breaker import RENDER_SERVICE_BREAKER
@@ -464,12 +464,13 @@ class OpsSnapshot:
 def ops_snapshot(*, now: datetime | None = None) -> OpsSnapshot:
     now = now or timezone.now()
     volume = raw_event_volume(now=now)
+    inbox = inbox_queue_depths(now=now)
     return OpsSnapshot(
         taken_at=now,
         sources=_volume_by_source(volume),
         rejections=_rejections(volume),
         volume_by_hour=_hourly_volume(volume, now=now),
-        inbox=inbox_depths(now=now),
+        inbox=inbox,
         outbox=side_effect_depths(now=now),
         lags=raw_event_lags(now=now),
         ack=ack_latency(),
@@ -478,7 +479,7 @@ def ops_snapshot(*, now: datetime | None = None) -> OpsSnapshot:
         replay=replay_slo(now=now, window=DAY),
         bulk_jobs=bulk_jobs_active_counts(),
         pauses=tuple(pauses_active()),
-        deliveries_held=deliveries_held_count(),
+        deliveries_held=inbox["deliveries"][DeliveryStatus.HELD],
     )
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError
+from django.db.models import Q
 from django.utils import timezone
 
 from console.models import (
@@ -26,7 +27,8 @@ from console.models import (
     OperatorActionKind,
     OperatorActionOutcome,
 )
-from console.presentation import format_seconds
+from console.presentation import format_seconds, format_time
+from console.services import NOTE_REQUIRED, OperatorActionError
 from ingress.models import HandlerPause
 from ingress.selectors import ActivePause, handler_pauses_active
 from ingress.services import PauseRefused, handler_pause, handler_resume
@@ -41,23 +43,35 @@ SOURCE_DISABLE_COST = (
     "hand); GitHub does not retry at all. To stop processing while still accepting events, "
     "pause the source's handlers instead."
 )
-PAUSED = "paused {scope}: {count} deliveries held"
+PAUSED = "Paused {scope}: {count} deliveries held"
 # Two operators (or one double click) pausing the same scope at once: both found it not
 # paused, the database's one-active-pause constraint let one in.
 PAUSED_CONCURRENTLY = "The {scope} was paused by another request at the same moment."
-RESUMED = "resumed {scope}: {count} deliveries released over {seconds}"
+RESUMED = "Resumed {scope}: {count} deliveries released over {seconds}"
 
 
 @dataclass(frozen=True)
 class PauseRow:
-    """An active pause as the ops page and the pauses page show it."""
+    """An active pause as the ops page and the pauses page show it: who paused it and why
+    come from its operator action (the inbox's pause row knows only the scope)."""
 
     pause: ActivePause
     level: str  # green / yellow / red by age
+    actor_username: str = ""
+    reason: str = ""
 
     @property
     def age(self) -> str:
         return format_seconds(self.pause.age_seconds)
+
+    @property
+    def since(self) -> str:
+        return format_time(self.pause.paused_at, timezone.now())
+
+    @property
+    def who_since(self) -> str:
+        who = f"by {self.actor_username} " if self.actor_username else ""
+        return f"{who}since {self.since}"
 
 
 def pause_level(age_seconds: float) -> str:
@@ -69,7 +83,43 @@ def pause_level(age_seconds: float) -> str:
 
 
 def pauses_active() -> list[PauseRow]:
-    return [PauseRow(pause=p, level=pause_level(p.age_seconds)) for p in handler_pauses_active()]
+    active = handler_pauses_active()
+    recorded: dict[int, OperatorAction] = {}
+    if active:
+        # One query for every pause in force (few: an operator's, during an incident).
+        matches = Q()
+        for pause in active:
+            matches |= Q(target_ids__contains=[pause.id])
+        for record in OperatorAction.objects.filter(
+            matches,
+            action=OperatorActionKind.HANDLER_PAUSE,
+            outcome=OperatorActionOutcome.SUCCEEDED,
+            target_model=HandlerPause._meta.label_lower,
+        ):
+            recorded.update(dict.fromkeys(record.target_ids, record))
+    rows = []
+    for pause in active:
+        record = recorded.get(pause.id)
+        rows.append(
+            PauseRow(
+                pause=pause,
+                level=pause_level(pause.age_seconds),
+                actor_username=record.actor_username if record else "",
+                reason=record.note if record else "",
+            )
+        )
+    return rows
+
+
+def pauses_holding(*, source: str, handlers: set[str]) -> str:
+    """The pauses in force over an event of `source` whose deliveries to `handlers` are
+    held, with who paused and since when: "handler x (by ada since 10:03:12 UTC)"."""
+    described = []
+    for row in pauses_active():
+        pause = row.pause
+        if pause.handler in handlers or pause.source == source:
+            described.append(f"{pause.scope} ({row.who_since})")
+    return ", ".join(described)
 
 
 def _scope(handler: str, source: str) -> str:
@@ -77,7 +127,7 @@ def _scope(handler: str, source: str) -> str:
 
 
 def _record(
-    *, actor: User, via: str, kind: str, handler: str, source: str, change
+    *, actor: User, via: str, kind: str, handler: str, source: str, change, note: str = ""
 ) -> OperatorAction:
     record = OperatorAction.objects.create(
         actor=actor,
@@ -87,7 +137,7 @@ def _record(
         target_model=HandlerPause._meta.label_lower,
         target_ids=[],
         requested=1,
-        note=_scope(handler, source),
+        note=note,
     )
     try:
         result = change()
@@ -140,8 +190,14 @@ def _record(
     return record
 
 
-def handlers_pause(*, actor: User, via: str, handler: str = "", source: str = "") -> OperatorAction:
-    """Pause one handler or every handler of one source; recorded whatever the outcome."""
+def handlers_pause(
+    *, actor: User, via: str, reason: str, handler: str = "", source: str = ""
+) -> OperatorAction:
+    """Pause one handler or every handler of one source, saying why; recorded whatever the
+    outcome (the reason is the operator action's note, shown beside the pause)."""
+    reason = reason.strip()
+    if not reason:
+        raise OperatorActionError(NOTE_REQUIRED)
     return _record(
         actor=actor,
         via=via,
@@ -149,6 +205,7 @@ def handlers_pause(*, actor: User, via: str, handler: str = "", source: str = ""
         handler=handler,
         source=source,
         change=lambda: handler_pause(handler=handler, source=source),
+        note=reason,
     )
 
 

@@ -22,8 +22,8 @@ from knox.models import AuthToken
 from console.models import OperatorAction
 from eventdrop.errors import EventDropError
 from ingress.encryption import bodies_may_be_encrypted
-from ingress.models import Delivery, DeliveryAttempt, RawEvent
-from ingress.selectors import inbox_depths
+from ingress.models import Delivery, DeliveryAttempt, DeliveryStatus, RawEvent
+from ingress.selectors import deliveries_held_count, inbox_depths
 from outbox.models import RecapSideEffect
 from outbox.selectors import side_effect_depths
 from recaps.models import RecapVideo
@@ -200,9 +200,17 @@ def operator_actions_on(*, target_model: str, object_id: int | str, limit: int =
     return list(actions.filter(target_ids__contains=[object_id])[:limit])
 
 
+def inbox_queue_depths(*, now: datetime | None = None) -> dict:
+    """The inbox's depths with the held deliveries among them: a delivery a pause holds is
+    waiting too, and leaving it out made a paused handler's backlog invisible."""
+    depths = inbox_depths(now=now)
+    depths["deliveries"][DeliveryStatus.HELD.value] = deliveries_held_count()
+    return depths
+
+
 def queue_depths() -> dict:
     """Depths of every queue an operator can act on, by pipeline stage."""
-    return {"ingress": inbox_depths(), "outbox": side_effect_depths()}
+    return {"ingress": inbox_queue_depths(), "outbox": side_effect_depths()}
 
 
 def api_token_list(*, username: str = "") -> QuerySet[AuthToken]:

@@ -86,7 +86,7 @@ def _form_choices() -> dict:
         "reasons": RejectionReason.values,
         "handlers": sorted(spec.name for spec in all_handlers()),
         "filters_per_kind": {kind: sorted(spec.filters) for kind, spec in KINDS.items()},
-        "source_disable_cost": pauses.SOURCE_DISABLE_COST,
+        "disabled_sources": sorted(n for n, source in all_sources().items() if not source.enabled),
     }
 
 
@@ -223,24 +223,53 @@ def job_new_link(**filters: str) -> str:
 # --- handler pauses ------------------------------------------------------------------------
 
 
+def _pause_scopes() -> tuple[list[dict], list[dict]]:
+    """Every handler, and every source with the handlers its provider has: a pause is
+    offered only where a handler exists (a source without one has nothing to hold)."""
+    handlers = sorted(all_handlers(), key=lambda spec: spec.name)
+    sources = [
+        {
+            "name": source.name,
+            "enabled": source.enabled,
+            "handlers": [spec.name for spec in handlers if spec.provider == source.provider],
+        }
+        for source in sorted(all_sources().values(), key=lambda s: s.name)
+    ]
+    return [{"name": spec.name, "provider": spec.provider} for spec in handlers], sources
+
+
+def held_deliveries_link(*, handler: str = "", source: str = "") -> str:
+    """The delivery list filtered to what a pause of this scope holds."""
+    query = {"status__exact": "held", **({"handler": handler} if handler else {"source": source})}
+    return f"{reverse('admin:ingress_delivery_changelist')}?{urlencode(query)}"
+
+
 @never_cache
 @staff_member_required
 def pause_list(request: HttpRequest) -> TemplateResponse:
     _require(request, VIEW_OPS_PERMISSION)
-    paused_handlers = {row.pause.handler for row in pauses.pauses_active() if row.pause.handler}
-    paused_sources = {row.pause.source for row in pauses.pauses_active() if row.pause.source}
+    active = pauses.pauses_active()
+    paused_handlers = {row.pause.handler for row in active if row.pause.handler}
+    paused_sources = {row.pause.source for row in active if row.pause.source}
+    handlers, sources = _pause_scopes()
+    for handler in handlers:
+        handler["paused"] = handler["name"] in paused_handlers
+    for source in sources:
+        source["paused"] = source["name"] in paused_sources
     context = _context(
         request,
         "Paused handlers",
-        pauses=pauses.pauses_active(),
-        handlers=[
-            {"name": spec.name, "provider": spec.provider, "paused": spec.name in paused_handlers}
-            for spec in sorted(all_handlers(), key=lambda spec: spec.name)
+        pauses=[
+            {
+                "row": row,
+                "held_link": held_deliveries_link(
+                    handler=row.pause.handler, source=row.pause.source
+                ),
+            }
+            for row in active
         ],
-        sources=[
-            {"name": s.name, "enabled": s.enabled, "paused": s.name in paused_sources}
-            for s in sorted(all_sources().values(), key=lambda s: s.name)
-        ],
+        handlers=handlers,
+        sources=sources,
         source_disable_cost=pauses.SOURCE_DISABLE_COST,
         yellow_after=format_seconds(settings.HANDLER_PAUSE_YELLOW_SECONDS),
         red_after=format_seconds(settings.HANDLER_PAUSE_RED_SECONDS),
@@ -248,13 +277,49 @@ def pause_list(request: HttpRequest) -> TemplateResponse:
     return TemplateResponse(request, "console/pauses.html", context)
 
 
-def _pause_action(request: HttpRequest, service) -> HttpResponse:
+PAUSE_NO_HANDLER = "Source {source} has no handler: there is nothing to pause."
+
+
+@never_cache
+@staff_member_required
+def pause_handlers(request: HttpRequest) -> HttpResponse:
+    """GET: the confirmation page, asking why. POST with a reason: pause, and back to the
+    list; POST without one: the confirmation page again, saying the reason is required."""
+    _require(request, WRITE_PERMISSION)
+    values = request.POST if request.method == "POST" else request.GET
+    handler = values.get("handler", "").strip()
+    source = values.get("source", "").strip()
+    reason = request.POST.get("reason", "").strip()
+    if request.method == "POST" and reason:
+        return _pause_action(request, pauses.handlers_pause, reason=reason)
+    _, sources = _pause_scopes()
+    covered = [handler] if handler else []
+    if source:
+        covered = next((s["handlers"] for s in sources if s["name"] == source), [])
+        if not covered:
+            # Not offered on the list; a hand-made link is told why.
+            messages.error(request, PAUSE_NO_HANDLER.format(source=source))
+            return HttpResponseRedirect(reverse("console-pauses"))
+    context = _context(
+        request,
+        f"Pause {'handler ' + handler if handler else 'source ' + source}?",
+        handler=handler,
+        source=source,
+        covered=covered,
+        error=pauses.NOTE_REQUIRED if request.method == "POST" else "",
+    )
+    status = 400 if request.method == "POST" else 200
+    return TemplateResponse(request, "console/pause_confirm.html", context, status=status)
+
+
+def _pause_action(request: HttpRequest, service, **extra) -> HttpResponse:
     _require(request, WRITE_PERMISSION)
     record = service(
         actor=acting_user(request.user),
         via=OperatorActionVia.ADMIN,
         handler=request.POST.get("handler", "").strip(),
         source=request.POST.get("source", "").strip(),
+        **extra,
     )
     detail = record.results[0]["detail"]
     if record.succeeded:
@@ -262,12 +327,6 @@ def _pause_action(request: HttpRequest, service) -> HttpResponse:
     else:
         messages.error(request, detail)
     return HttpResponseRedirect(reverse("console-pauses"))
-
-
-@staff_member_required
-@require_POST
-def pause_handlers(request: HttpRequest) -> HttpResponse:
-    return _pause_action(request, pauses.handlers_pause)
 
 
 @staff_member_required

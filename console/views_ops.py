@@ -35,10 +35,10 @@ from console.ops import (
     hourly_volume,
     ops_snapshot,
 )
-from console.pauses import SOURCE_DISABLE_COST
 from console.presentation import format_seconds
 from eventdrop.routers import replica_status
 from ingress.models import RejectionReason, SignatureStatus
+from ingress.sources import all_sources
 
 # The page reloads itself: left open on a screen, it never shows stale colours for long.
 REFRESH_SECONDS = 60
@@ -167,7 +167,7 @@ def ops_page(request: HttpRequest) -> TemplateResponse:
         ],
         "yellow_percent": round(YELLOW_FRACTION * 100),
         "refresh_seconds": REFRESH_SECONDS,
-        "source_disable_cost": SOURCE_DISABLE_COST,
+        "disabled_sources": sorted(n for n, source in all_sources().items() if not source.enabled),
         "replica": replica,
         "raw_events_since_query": urlencode({"received_at__gte": _admin_filter_since(since)}),
         "oldest_pending": format_seconds(snapshot.inbox["raw_events_oldest_pending_age_seconds"]),

@@ -40,6 +40,7 @@ RAW_EVENT_FILTERS = {
 DELIVERY_FILTERS = {
     "status__exact": "status",
     "handler": "handler",
+    "source": "source",
 }
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import DateFieldListFilter
+from django.db.models import Exists, OuterRef
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
@@ -30,7 +31,7 @@ from console.admin_actions import (
     operator_action,
 )
 from console.models import OperatorActionKind, OperatorActionVia, PayloadAccessKind
-from console.pauses import SOURCE_DISABLE_COST
+from console.pauses import pauses_holding
 from console.presentation import (
     body_view,
     error_for_viewer,
@@ -117,12 +118,24 @@ class SourceFilter(NamesFilter):
         return sorted(all_sources())
 
     def lookups(self, request, model_admin):
-        # A disabled source answers 404 (SOURCE_DISABLE_COST, written under the list).
+        # A disabled source answers 404 (the pauses page says why to pause instead).
         sources = all_sources()
         return [
             (name, name if sources[name].enabled else f"{name} (disabled: answers 404)")
             for name in self.names()
         ]
+
+
+class DeliverySourceFilter(SourceFilter):
+    """A delivery's event's source: what a source's pause holds (the pauses page links here)."""
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(
+            Exists(RawEvent.objects.filter(id=OuterRef("raw_event_id"), source=value))
+        )
 
 
 class ProviderFilter(NamesFilter):
@@ -206,6 +219,11 @@ NEXT_DEAD = (
     "Replay this event — it re-arms the dead delivery with fresh attempts."
 )
 NEXT_IN_PROGRESS = "Nothing yet: the worker runs the pending deliveries and retries failures."
+NEXT_HELD = (
+    "{held} delivery(ies) held: {pauses} paused, so nothing runs and no attempt is charged. "
+    "Resume it on the pauses page (/ops/pauses/) once the cause is fixed; the held deliveries "
+    "then run in received order."
+)
 NEXT_NONE = "Nothing: every delivery is done."
 
 
@@ -218,7 +236,10 @@ class RawEventState:
     next_step: str
 
 
-def raw_event_state(event: RawEvent, delivery_statuses: list[str]) -> RawEventState:
+def raw_event_state(
+    event: RawEvent, delivery_statuses: list[str], held_by: str = ""
+) -> RawEventState:
+    """`held_by` names the pauses holding the event's held deliveries ("handler x")."""
     provider = event.provider or "the provider"
     what = {"source": event.source, "provider": provider}
     if event.signature_status == SignatureStatus.PENDING:
@@ -263,6 +284,13 @@ def raw_event_state(event: RawEvent, delivery_statuses: list[str]) -> RawEventSt
         noun = "delivery" if counts[DeliveryStatus.DEAD] == 1 else "deliveries"
         return RawEventState(
             f"verified, {noun} dead", "bad", NEXT_DEAD.format(dead=counts[DeliveryStatus.DEAD])
+        )
+    if counts[DeliveryStatus.HELD]:
+        noun = "delivery" if counts[DeliveryStatus.HELD] == 1 else "deliveries"
+        return RawEventState(
+            f"verified, {noun} held",
+            "warn",
+            NEXT_HELD.format(held=counts[DeliveryStatus.HELD], pauses=held_by or "its handler"),
         )
     if counts[DeliveryStatus.PENDING] or counts[DeliveryStatus.PROCESSING]:
         return RawEventState("verified, deliveries running", "wait", NEXT_IN_PROGRESS)
@@ -442,7 +470,7 @@ class RawEventAdmin(OperatorAdmin):
     def changelist_view(self, request, extra_context=None):
         extra_context = dict(extra_context or {})
         extra_context["bulk_job"] = raw_events_bulk_job_link(request)
-        extra_context["source_disable_cost"] = SOURCE_DISABLE_COST
+        extra_context["show_source_disable_link"] = True
         extra_context["disabled_sources"] = sorted(
             name for name, source in all_sources().items() if not source.enabled
         )
@@ -505,8 +533,13 @@ class RawEventAdmin(OperatorAdmin):
         # Once per page: status_summary and next_step share it.
         cached = getattr(obj, "_console_state", None)
         if cached is None:
-            statuses = [d.status for d in raw_event_deliveries(raw_event_id=obj.pk)]
-            cached = raw_event_state(obj, statuses)
+            deliveries = raw_event_deliveries(raw_event_id=obj.pk)
+            statuses = [d.status for d in deliveries]
+            held_by = ""
+            if DeliveryStatus.HELD in statuses:
+                held = {d.handler for d in deliveries if d.status == DeliveryStatus.HELD}
+                held_by = pauses_holding(source=obj.source, handlers=held)
+            cached = raw_event_state(obj, statuses, held_by)
             setattr(obj, "_console_state", cached)  # noqa: B010  (not a field of the model)
         return cached
 
@@ -753,7 +786,12 @@ class DeliveryAdmin(LastErrorColumn, OperatorAdmin):
         "finished_at",
         "short_error",
     )
-    list_filter = ("status", HandlerFilter, ("created_at", DateFieldListFilter))
+    list_filter = (
+        "status",
+        HandlerFilter,
+        DeliverySourceFilter,
+        ("created_at", DateFieldListFilter),
+    )
     search_fields = ("handler",)
     search_help_text = "Raw event id or handler name (exact)."
     ordering = ("-created_at", "-id")

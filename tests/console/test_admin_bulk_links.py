@@ -122,7 +122,9 @@ def test_without_operate_there_is_no_link_and_no_form(client, django_user_model)
     assert client.post(reverse("console-job-new"), prefill).status_code == 403
 
 
-def test_the_raw_event_list_says_what_disabling_a_source_costs(client, operator):
+def test_the_raw_event_list_links_to_what_disabling_a_source_costs(client, operator):
     client.force_login(operator)
     response = client.get(RAW_EVENTS)
-    assert escape(SOURCE_DISABLE_COST).encode() in response.content
+    # Said once, on the pauses page; the list links there.
+    assert escape(SOURCE_DISABLE_COST).encode() not in response.content
+    assert b'href="/ops/pauses/#source-disable-cost"' in response.content

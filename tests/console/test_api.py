@@ -134,7 +134,13 @@ def test_queue_depths(api, operator, events):
     as_user(api, grant(operator, "console.view_ops"))
     depths = api.get("/api/queues/").json()
     assert depths["ingress"]["raw_events_pending"] == 0
-    assert depths["ingress"]["deliveries"] == {"pending": 0, "processing": 0, "dead": 0}
+    # Held deliveries are waiting too (a paused handler's backlog).
+    assert depths["ingress"]["deliveries"] == {
+        "pending": 0,
+        "processing": 0,
+        "dead": 0,
+        "held": 0,
+    }
 
 
 # --- actions -------------------------------------------------------------------------------

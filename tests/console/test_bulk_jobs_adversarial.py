@@ -218,7 +218,8 @@ def test_hostile_pause_bodies_are_a_400(api, body):
 
 
 def test_pausing_an_unknown_handler_is_a_recorded_refusal(api):
-    response = api.post("/api/pauses/", {"handler": "no.such.handler"}, format="json")
+    body = {"handler": "no.such.handler", "reason": "x"}
+    response = api.post("/api/pauses/", body, format="json")
     assert response.status_code == 409
     assert response.json()["outcome"] == "refused"
     assert not HandlerPause.objects.exists()
@@ -395,7 +396,7 @@ def test_without_operate_the_api_refuses_every_write(viewer, operator, no_enqueu
         ("/api/jobs/", {"kind": "replay_raw_events"}),
         (f"/api/jobs/{job.id}/start/", {}),
         (f"/api/jobs/{job.id}/cancel/", {}),
-        ("/api/pauses/", {"source": "github"}),
+        ("/api/pauses/", {"source": "github", "reason": "x"}),
         ("/api/pauses/resume/", {"source": "github"}),
     ):
         assert client.post(path, body, format="json").status_code == 403, path
@@ -435,7 +436,7 @@ def test_a_replay_job_of_a_paused_handler_runs_nothing_until_resume(
     settings.INBOX_RESUME_RELEASE_PER_SECOND = 1_000_000  # released at once, for the test
     events = stored_events(5)
     (handler,) = [s.name for s in all_handlers() if s.name.endswith("console_test_on_push")]
-    assert handlers_pause(actor=operator, via="api", handler=handler).succeeded == 1
+    assert handlers_pause(actor=operator, via="api", handler=handler, reason="x").succeeded == 1
     job = bulk_job_preview(actor=operator, kind="replay_raw_events", via="api", filters={})
     job = bulk_job_run(job_id=bulk_job_start(job=job, actor=operator, via="api").id)
     assert (job.state, job.succeeded) == ("done", 5)
@@ -485,7 +486,7 @@ def test_pause_clicked_twice_at_once_pauses_once_and_records_the_other_as_refuse
 
     monkeypatch.setattr(HandlerPause.objects, "create", create)
     results = _in_threads(
-        [lambda: pauses.handlers_pause(actor=operator, via="api", source="github")] * 2
+        [lambda: pauses.handlers_pause(actor=operator, via="api", source="github", reason="x")] * 2
     )
     assert all(isinstance(r, OperatorAction) for r in results), results
     outcomes = sorted(r.outcome for r in results)

@@ -26,7 +26,7 @@ ENDPOINTS = {
     "job_start": ("post", "/api/jobs/{job}/start/", {}, "console.operate", 202),
     "job_cancel": ("post", "/api/jobs/{job}/cancel/", {}, "console.operate", 202),
     "pause_list": ("get", "/api/pauses/", None, "console.view_ops", 200),
-    "pause": ("post", "/api/pauses/", {"source": "github"}, "console.operate", 200),
+    "pause": ("post", "/api/pauses/", {"source": "github", "reason": "x"}, "console.operate", 200),
     "resume": ("post", "/api/pauses/resume/", {"source": "stripe"}, "console.operate", 200),
 }
 # console/urls.py patterns these cover (test_api_access checks every route is tabled).
@@ -173,13 +173,13 @@ def test_bad_input_is_a_400_naming_the_field(api, payload, field, fragment):
 
 def test_pause_and_resume_are_recorded_operator_actions(api, operator, push_handler):
     handler = "tests.console.conftest.push_handler.<locals>.console_test_on_push"
-    paused = api.post("/api/pauses/", {"handler": handler}, format="json")
+    paused = api.post("/api/pauses/", {"handler": handler, "reason": "x"}, format="json")
     assert paused.status_code == 200, paused.content
     assert paused.json()["action"] == "handler_pause" and paused.json()["outcome"] == "succeeded"
     listed = api.get("/api/pauses/").json()
     assert [(p["handler"], p["held"], p["level"]) for p in listed] == [(handler, 0, "green")]
 
-    twice = api.post("/api/pauses/", {"handler": handler}, format="json")
+    twice = api.post("/api/pauses/", {"handler": handler, "reason": "x"}, format="json")
     assert twice.status_code == 409 and twice.json()["outcome"] == "refused"
     assert "already paused" in twice.json()["results"][0]["detail"]
 
@@ -193,7 +193,9 @@ def test_pause_and_resume_are_recorded_operator_actions(api, operator, push_hand
         ("handler_resume", "succeeded"),
     ]
     assert api.post("/api/pauses/", {}, format="json").status_code == 400
-    both = api.post("/api/pauses/", {"handler": handler, "source": "github"}, format="json")
+    both = api.post(
+        "/api/pauses/", {"handler": handler, "source": "github", "reason": "x"}, format="json"
+    )
     assert both.status_code == 400
 
 

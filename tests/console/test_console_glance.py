@@ -7,6 +7,7 @@ import re
 import pytest
 from django.test import Client
 from django.urls import reverse
+from django.utils.html import escape
 
 from console.admin.ingress import (
     NEXT_BODY,
@@ -15,6 +16,7 @@ from console.admin.ingress import (
     NEXT_DEAD,
     NEXT_DUPLICATE,
     NEXT_FIX_SIGNING_KEY,
+    NEXT_HELD,
     NEXT_IN_PROGRESS,
     NEXT_NO_HANDLER,
     NEXT_NONE,
@@ -59,6 +61,10 @@ def event(**fields) -> RawEvent:
          "verified, delivery dead", "bad", NEXT_DEAD),
         ({"dispatch_status": "dispatched"}, ["done", "pending"],
          "verified, deliveries running", "wait", NEXT_IN_PROGRESS),
+        ({"dispatch_status": "dispatched"}, ["done", "held"],
+         "verified, delivery held", "warn", NEXT_HELD),
+        ({"dispatch_status": "dispatched"}, ["held", "held", "pending"],
+         "verified, deliveries held", "warn", NEXT_HELD),
         ({"dispatch_status": "dispatched"}, ["done"], "verified, handled", "ok", NEXT_NONE),
     ],
 )  # fmt: skip
@@ -196,3 +202,32 @@ def test_a_dead_delivery_shows_no_next_attempt_and_says_what_to_do(
     assert "none: dead (fix the cause, then Replay its event)" in field.group(0)
     listing = admin_client.get(reverse("admin:ingress_delivery_changelist")).content.decode()
     assert 'class="console-badge console-tone-bad">dead' in listing
+
+
+def test_a_held_event_says_which_pause_holds_it_who_paused_and_how_to_resume(
+    client, admin_user, push_handler
+):
+    from console.pauses import handlers_pause
+    from recaps.management.commands.demo import held_hint
+    from recaps.models import RecapStatus, RecapVideo
+
+    handler = "tests.console.conftest.push_handler.<locals>.console_test_on_push"
+    handlers_pause(actor=admin_user, via="admin", handler=handler, reason="CRM down")
+    event = receive_github(client, {"ref": "refs/heads/main"}, delivery="held-1")
+    inbox_run_once()
+    inbox_run_once()  # the due delivery is found paused and held
+    assert Delivery.objects.get(raw_event=event).status == "held"
+    client.force_login(admin_user)
+    page = client.get(f"/admin/ingress/rawevent/{event.pk}/change/").content.decode()
+    assert f"github #{event.pk}: verified, delivery held" in page
+    assert escape(f"handler {handler} (by admin since") in page
+    assert "/ops/pauses/" in page
+    assert NEXT_NONE not in page
+    # manage.py demo's diagnosis: a paused payment handler, not a missing inbox worker.
+    recap = RecapVideo(status=RecapStatus.PENDING_PAYMENT)
+    assert held_hint(recap) == ""
+    handlers_pause(
+        actor=admin_user, via="admin", handler="recaps.handlers.record_checkout_session",
+        reason="Stripe incident",
+    )
+    assert "held: handler recaps.handlers.record_checkout_session paused" in held_hint(recap)

@@ -245,7 +245,7 @@ def test_figures_on_a_known_store(known_store, now):
 
     assert snapshot.inbox["raw_events_pending"] == 1
     assert snapshot.inbox["raw_events_oldest_pending_age_seconds"] == pytest.approx(10)
-    assert snapshot.inbox["deliveries"] == {"pending": 1, "processing": 1, "dead": 1}
+    assert snapshot.inbox["deliveries"] == {"pending": 1, "processing": 1, "dead": 1, "held": 0}
     assert snapshot.inbox["deliveries_oldest_due_age_seconds"] == pytest.approx(100)
     assert (snapshot.outbox["pending"], snapshot.outbox["done"], snapshot.outbox["dead"]) == (
         1,

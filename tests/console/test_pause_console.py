@@ -64,8 +64,11 @@ def test_the_ops_page_shows_pauses_held_counts_and_the_source_cost(client, oncal
     client.force_login(oncall)
     page = client.get("/ops/").content.decode()
     assert 'data-level="red"' in page and "source github" in page
-    assert SOURCE_DISABLE_COST.split(":")[0] in page
+    # The paragraph on disabling a source is on the pauses page only; here, a link to it.
+    assert SOURCE_DISABLE_COST.split(":")[0] not in page
+    assert "/ops/pauses/#source-disable-cost" in page
     assert "/ops/pauses/" in page and "/ops/jobs/" in page
+    assert SOURCE_DISABLE_COST.split(":")[0] in client.get("/ops/pauses/").content.decode()
 
 
 def test_the_replay_slo_is_a_figure_on_the_ops_page(client, oncall):
@@ -192,7 +195,7 @@ def test_a_viewer_cannot_pause_start_or_cancel(client, viewer, oncall):
     stored_events(1)
     job = bulk_job_preview(actor=oncall, kind="replay_raw_events", via="api", filters={})
     client.force_login(viewer)
-    assert client.post("/ops/pauses/pause/", {"source": "github"}).status_code == 403
+    assert client.post("/ops/pauses/pause/", {"source": "github", "reason": "x"}).status_code == 403
     assert client.post(f"/ops/jobs/{job.pk}/start/").status_code == 403
     assert client.post(f"/ops/jobs/{job.pk}/cancel/").status_code == 403
     assert client.get(f"/ops/jobs/{job.pk}/start/").status_code in (403, 405)
@@ -203,11 +206,12 @@ def test_a_viewer_cannot_pause_start_or_cancel(client, viewer, oncall):
 
 def test_pause_from_the_page_is_recorded_and_a_refusal_is_shown(client, oncall):
     client.force_login(oncall)
-    response = client.post("/ops/pauses/pause/", {"source": "github"}, follow=True)
+    why = {"reason": "the CRM is down"}
+    response = client.post("/ops/pauses/pause/", {"source": "github", **why}, follow=True)
     assert "source github: 0 deliveries held" in response.content.decode()
-    again = client.post("/ops/pauses/pause/", {"source": "github"}, follow=True)
+    again = client.post("/ops/pauses/pause/", {"source": "github", **why}, follow=True)
     assert "already paused" in again.content.decode()
-    unknown = client.post("/ops/pauses/pause/", {"source": "nowhere"}, follow=True)
+    unknown = client.post("/ops/pauses/pause/", {"source": "nowhere", **why}, follow=True)
     assert "No source named" in unknown.content.decode()
     assert list(OperatorAction.objects.order_by("id").values_list("outcome", "via")) == [
         ("succeeded", "admin"),
@@ -216,6 +220,36 @@ def test_pause_from_the_page_is_recorded_and_a_refusal_is_shown(client, oncall):
     ]
     page = client.get("/ops/pauses/").content.decode()
     assert "all handlers paused" in page
+    # Who paused it, why, since when, and the held count linking to the held deliveries.
+    assert "the CRM is down" in page and ">oncall<" in page
+    assert "/admin/ingress/delivery/?status__exact=held&amp;source=github" in page
+
+
+def test_pausing_asks_for_confirmation_and_a_reason(client, oncall):
+    client.force_login(oncall)
+    handler = "recaps.handlers.record_checkout_session"
+    listed = client.get("/ops/pauses/").content.decode()
+    assert f'href="/ops/pauses/pause/?handler={handler}"' in listed
+    confirm = client.get("/ops/pauses/pause/", {"handler": handler})
+    assert confirm.status_code == 200 and 'name="reason"' in confirm.content.decode()
+    assert not OperatorAction.objects.exists()
+    # Without a reason: asked again, nothing paused and nothing recorded.
+    refused = client.post("/ops/pauses/pause/", {"handler": handler, "reason": "  "})
+    assert refused.status_code == 400 and 'id="pause-reason-error"' in refused.content.decode()
+    assert not HandlerPause.objects.exists() and not OperatorAction.objects.exists()
+    done = client.post("/ops/pauses/pause/", {"handler": handler, "reason": "bug 42"}, follow=True)
+    assert f"Paused handler {handler}: 0 deliveries held" in done.content.decode()
+    assert OperatorAction.objects.get().note == "bug 42"
+
+
+def test_pause_is_offered_only_where_handlers_exist(client, oncall):
+    client.force_login(oncall)
+    page = client.get("/ops/pauses/").content.decode()
+    # Test settings: stripe has a handler, github none.
+    assert 'data-source="stripe"' in page and 'data-source="github"' not in page
+    assert "no handler to pause" in page
+    response = client.get("/ops/pauses/pause/", {"source": "github"}, follow=True)
+    assert "Source github has no handler" in response.content.decode()
 
 
 def test_the_job_form_refuses_bad_input_with_the_field(client, oncall):
@@ -234,7 +268,7 @@ def test_the_job_form_refuses_bad_input_with_the_field(client, oncall):
 
 
 def test_handlers_pause_service_records_before_and_after(oncall):
-    record = handlers_pause(actor=oncall, via="api", source="github")
+    record = handlers_pause(actor=oncall, via="api", source="github", reason="an incident")
     assert (record.action, record.outcome, record.requested, record.succeeded) == (
         "handler_pause",
         "succeeded",
@@ -242,4 +276,13 @@ def test_handlers_pause_service_records_before_and_after(oncall):
         1,
     )
     assert record.target_ids == [HandlerPause.objects.get().pk]
-    assert record.note == "source github"
+    assert record.note == "an incident"
+    assert record.results[0]["detail"] == "Paused source github: 0 deliveries held"
+
+
+def test_a_pause_needs_a_reason(oncall):
+    from console.services import OperatorActionError
+
+    with pytest.raises(OperatorActionError):
+        handlers_pause(actor=oncall, via="api", source="github", reason=" ")
+    assert not OperatorAction.objects.exists() and not HandlerPause.objects.exists()

@@ -5,6 +5,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.urls import reverse
 
 from eventdrop.errors import EventDropError
+from ingress.handlers import all_handlers
+from ingress.selectors import handler_pauses_active
+from ingress.sources import all_sources
 from recaps.demo import FINAL, DemoUnavailable, demo_hint, demo_preflight, demo_run, demo_wait
 from recaps.models import RecapStatus, RecapVideo
 
@@ -72,6 +75,30 @@ class Command(BaseCommand):
                 write(f"{recaps[recap.id]} recap ready: {recap.video_url}")
         if stuck or failed:
             lines = [f"{recaps[r.id]} recap {r.id} is {r.status} after {wait:g} s: "
-                     f"{demo_hint(r)}" for r in stuck]
+                     f"{held_hint(r) or demo_hint(r)}" for r in stuck]
             lines += [f"{recaps[r.id]} recap {r.id} failed: {r.failure_reason}" for r in failed]
             raise CommandError("demo: " + "; ".join(lines))
+
+
+# The source the fake Stripe's payment webhook is posted to (FAKE_STRIPE_WEBHOOK_URL).
+PAYMENT_SOURCE = "stripe"
+HELD_HINT = (
+    "the payment webhook was received, but its handling is held: {scopes} paused (not run, "
+    "nothing charged); resume it on the console's pauses page (/ops/pauses/)"
+)
+
+
+def held_hint(recap: RecapVideo) -> str:
+    """A recap waiting for its payment while an operator's pause holds the payment's
+    handlers: the inbox worker is fine, the pause is why (else "" and the usual hint)."""
+    if recap.status != RecapStatus.PENDING_PAYMENT:
+        return ""
+    source = all_sources().get(PAYMENT_SOURCE)
+    provider = source.provider if source else PAYMENT_SOURCE
+    handlers = {spec.name for spec in all_handlers() if spec.provider == provider}
+    scopes = [
+        pause.scope
+        for pause in handler_pauses_active()
+        if pause.source == PAYMENT_SOURCE or pause.handler in handlers
+    ]
+    return HELD_HINT.format(scopes=" and ".join(scopes)) if scopes else ""
