@@ -21,7 +21,7 @@ sent; every other answer is a 503 with Retry-After or a 4xx, each with a JSON bo
 answer takes longer than the store deadline plus a margin; once PostgreSQL accepts
 connections again, webhooks succeed within 2 s.
 
-Run alone (this module about 65 s on 2 cores; the whole directory, with the scale tests, 5 to
+Run alone (this module about 35 s on 2 cores; the whole directory, with the scale tests, 5 to
 6 minutes):
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/eventdrop \\
