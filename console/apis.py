@@ -12,17 +12,14 @@ its credentials.
 """
 
 import logging
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.shortcuts import get_object_or_404
-from django.utils.http import is_same_domain
 from rest_framework import serializers
-from rest_framework.exceptions import ParseError, PermissionDenied
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.parsers import JSONParser
-from rest_framework.permissions import SAFE_METHODS, BasePermission, IsAdminUser
+from rest_framework.permissions import BasePermission, IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView, exception_handler
@@ -50,6 +47,7 @@ from console.services import (
     acting_user,
     payload_access_record,
 )
+from eventdrop.api_access import BoundedJSONParser, SameSiteWrites
 from ingress.encryption import BodyUndecryptable, bodies_may_be_encrypted
 from ingress.models import (
     Delivery,
@@ -66,10 +64,6 @@ logger = logging.getLogger(__name__)
 DATABASE_UNAVAILABLE = "The database is unavailable; retry later."
 BODY_SEARCH_FORBIDDEN = "Searching body text needs the permission ingress.view_raw_payload."
 PAYLOAD_FORBIDDEN = "Including bodies and headers needs the permission ingress.view_raw_payload."
-CROSS_SITE_FORBIDDEN = "Cross-site writes are refused: send the request from this site."
-# Sec-Fetch-Site values a browser sends for a request this site's own pages (or the user,
-# typing a URL) started; scripts send no such header at all.
-OWN_FETCH_SITES = {"same-origin", "none"}
 PAGINATION_PARAMS = {"limit", "offset"}
 # PostgreSQL bigint: a larger id is bad input, not a database error.
 MAX_ID = 2**63 - 1
@@ -149,56 +143,6 @@ def has_perm(permission: str) -> type[BasePermission]:
             return request.user.has_perm(permission)
 
     return HasPermission
-
-
-def _origin_is_ours(request: Request, origin: str) -> bool:
-    if origin == f"{request.scheme}://{request.get_host()}":
-        return True
-    parsed = urlsplit(origin)
-    for trusted in settings.CSRF_TRUSTED_ORIGINS:
-        if "*" in trusted:
-            # As Django's CSRF check reads them: https://*.example.com
-            wanted = urlsplit(trusted)
-            if parsed.scheme == wanted.scheme and is_same_domain(parsed.netloc, wanted.netloc):
-                return True
-        elif origin == trusted:
-            return True
-    return False
-
-
-class SameSiteWrites(BasePermission):
-    """A write must not come from another site's page, whatever credentials it carries.
-
-    Browsers label every request with `Sec-Fetch-Site` and (on writes) `Origin`; a script
-    sends neither and is judged by its token alone. The session's CSRF check covers
-    browsers already; this covers every other way credentials might ride along.
-    """
-
-    message = CROSS_SITE_FORBIDDEN
-
-    def has_permission(self, request, view):
-        if request.method in SAFE_METHODS:
-            return True
-        fetch_site = request.META.get("HTTP_SEC_FETCH_SITE")
-        if fetch_site is not None and fetch_site not in OWN_FETCH_SITES:
-            return False
-        origin = request.META.get("HTTP_ORIGIN")
-        return origin is None or _origin_is_ours(request, origin)
-
-
-NESTED_TOO_DEEP = "JSON parse error - nested too deeply."
-
-
-class BoundedJSONParser(JSONParser):
-    """DRF's JSON parser, with a body nested too deeply to decode answered as malformed:
-    the json module raises RecursionError there, not the ValueError DRF turns into a 400,
-    so `[[[[…]]]]` a few hundred kilobytes long was a 500."""
-
-    def parse(self, stream, media_type=None, parser_context=None):
-        try:
-            return super().parse(stream, media_type, parser_context)
-        except RecursionError as exc:
-            raise ParseError(NESTED_TOO_DEEP) from exc
 
 
 class ConsoleApi(APIView):

@@ -6,19 +6,28 @@ domain errors to clear 4xx/5xx JSON — a refusal is never a 500.
     POST /recaps/<id>/checkout/                     → 201 a (new or the same) checkout_url
     POST /recaps/<id>/redeem/                       → 200 a free recap, redeemed
 
-Errors: {"error": "<code>", "message": "<constant text>"} with 401 (not signed in),
-403 (not yours / not free), 404 (unknown), 409 (already redeemed or paid), 503 (Stripe).
+Every POST takes a JSON body (`{}` for checkout and redeem): anything else is a 415.
+
+Who may call it, as the console's API (eventdrop/api_access.py, docs/security.md): a browser
+with its session, whose writes need Django's CSRF token; a script with a token
+(`Authorization: Token …`); never HTTP Basic, which a browser caches and replays on another
+site's requests. A write another site's page started (its `Origin` or `Sec-Fetch-Site`) is a
+403 whatever it carries.
+
+Errors: {"error": "<code>", "message": "<constant text>"} with 401 (not signed in,
+`WWW-Authenticate: Token`), 403 (not yours / not free / cross-site), 404 (unknown), 409
+(already redeemed or paid), 415 (not JSON), 503 (Stripe).
 """
 
 from django.contrib.auth.models import User
 from rest_framework import serializers, status
-from rest_framework.authentication import BasicAuthentication, SessionAuthentication
 from rest_framework.exceptions import NotAuthenticated
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from eventdrop.api_access import BoundedJSONParser, SameSiteWrites, require_json
 from eventdrop.errors import EventDropError
 from recaps.errors import (
     RECAP_NOT_YOURS,
@@ -80,9 +89,19 @@ def _own_recap(request: Request, recap_id: str) -> RecapVideo:
 
 
 class _BuyerAPIView(APIView):
-    # Basic first so that an anonymous call gets 401 with WWW-Authenticate, not 403.
-    authentication_classes = [BasicAuthentication, SessionAuthentication]
-    permission_classes = [IsAuthenticated]
+    # Authenticated by the project's defaults (REST_FRAMEWORK): a token, or the session with
+    # its CSRF check; the token scheme first, so an anonymous call is a 401 that asks for a
+    # token, never a Basic challenge a browser would prompt for and then cache.
+    permission_classes = [IsAuthenticated, SameSiteWrites]
+    parser_classes = [BoundedJSONParser]
+
+    def initial(self, request: Request, *args, **kwargs) -> None:
+        super().initial(request, *args, **kwargs)  # authentication and permissions first
+        require_json(request)
+
+
+class NoInputSerializer(serializers.Serializer):
+    """The body of a write that takes no fields: a JSON object, `{}`."""
 
 
 class RecapPurchaseApi(_BuyerAPIView):
@@ -119,6 +138,7 @@ class RecapDetailApi(_BuyerAPIView):
 
 class RecapCheckoutApi(_BuyerAPIView):
     def post(self, request: Request, recap_id: str) -> Response:
+        NoInputSerializer(data=request.data).is_valid(raise_exception=True)
         try:
             recap = _own_recap(request, recap_id)
             checkout = recap_checkout_create(recap=recap, buyer=_buyer(request))
@@ -132,6 +152,7 @@ class RecapCheckoutApi(_BuyerAPIView):
 
 class RecapRedeemApi(_BuyerAPIView):
     def post(self, request: Request, recap_id: str) -> Response:
+        NoInputSerializer(data=request.data).is_valid(raise_exception=True)
         try:
             recap = recap_redeem_free(recap_id=recap_id, user=_buyer(request))
         except EventDropError as exc:

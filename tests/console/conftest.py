@@ -10,6 +10,7 @@ from django.contrib.auth.models import Permission
 
 from ingress.handlers import unregister, webhook_handler
 from ingress.models import RawEvent
+from tests.recaps.fixtures import fake_stripe  # noqa: F401 (the buyer API's rows)
 
 # What an on-call engineer who may act but not read payloads is given.
 OPERATOR_PERMISSIONS = (

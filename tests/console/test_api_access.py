@@ -297,3 +297,195 @@ def test_expired_token_and_inactive_user_are_401(objects):
     user.save()
     response = APIClient().get("/api/raw-events/", HTTP_AUTHORIZATION=f"Token {live}")
     assert response.status_code == 401
+
+
+# --- the buyer API (recaps/views/apis.py): the same doors, shut the same way ---------------
+
+# name: (method, path with {free}/{unpaid}, JSON body)
+BUYER_ENDPOINTS = {
+    "purchase": ("post", "/recaps/", {"event_id": "{event}"}),
+    "detail": ("get", "/recaps/{free}/", None),
+    "checkout": ("post", "/recaps/{unpaid}/checkout/", {}),
+    "redeem": ("post", "/recaps/{free}/redeem/", {}),
+}
+BUYER_IDENTITIES = (
+    "anonymous",
+    "bad_token",
+    "basic_auth_of_buyer",
+    "token_of_another_buyer",
+    "token_of_buyer",
+    "session_of_buyer",
+    "session_of_buyer_without_csrf_token",
+)
+# What the buyer (token or session with its CSRF token) gets from each endpoint.
+BUYER_SUCCESS = {"purchase": 201, "detail": 200, "checkout": 201, "redeem": 200}
+
+
+def expected_buyer_status(endpoint: str, identity: str) -> int:
+    method = BUYER_ENDPOINTS[endpoint][0]
+    if identity in ("anonymous", "bad_token", "basic_auth_of_buyer"):
+        return 401
+    if identity == "token_of_another_buyer":
+        # Buying is open to anyone signed in; someone else's recap is not.
+        return 201 if endpoint == "purchase" else 403
+    if identity == "session_of_buyer_without_csrf_token" and method == "post":
+        return 403
+    return BUYER_SUCCESS[endpoint]
+
+
+BUYER_TABLE = [
+    pytest.param(
+        endpoint,
+        identity,
+        expected_buyer_status(endpoint, identity),
+        id=f"buyer-{endpoint}-{identity}",
+    )
+    for endpoint in BUYER_ENDPOINTS
+    for identity in BUYER_IDENTITIES
+]
+
+
+@pytest.fixture
+def buyer_objects(fake_stripe):
+    from tests.recaps.factories import EventFactory, RecapFactory, UserFactory
+
+    buyer = UserFactory.create(username="buyer")
+    return {
+        "buyer": buyer,
+        "event": EventFactory.create().pk,
+        "free": str(RecapFactory.create(buyer=buyer, is_free=True).pk),
+        "unpaid": str(RecapFactory.create(buyer=buyer).pk),
+    }
+
+
+def buyer_client(identity: str, buyer) -> tuple[APIClient, dict]:
+    """A client (its cookies) and the headers `identity` sends."""
+    from tests.recaps.factories import UserFactory
+
+    api = APIClient(enforce_csrf_checks=True)
+    if identity == "bad_token":
+        return api, {"HTTP_AUTHORIZATION": "Token " + "0" * 64}
+    if identity == "basic_auth_of_buyer":
+        basic = base64.b64encode(b"buyer:pw-for-tests").decode()
+        return api, {"HTTP_AUTHORIZATION": f"Basic {basic}"}
+    if identity == "token_of_another_buyer":
+        return api, {"HTTP_AUTHORIZATION": f"Token {token_for(UserFactory.create())}"}
+    if identity == "token_of_buyer":
+        return api, {"HTTP_AUTHORIZATION": f"Token {token_for(buyer)}"}
+    if identity.startswith("session_of_buyer"):
+        api.force_login(buyer)
+        if identity == "session_of_buyer":
+            # The token a page of ours would carry (the cookie Django sets for its forms).
+            token = api.get("/admin/login/").cookies["csrftoken"].value
+            api.cookies["csrftoken"] = token
+            return api, {"HTTP_X_CSRFTOKEN": token}
+    return api, {}
+
+
+def buyer_call(endpoint: str, objects: dict, api: APIClient, headers: dict):
+    method, path, body = BUYER_ENDPOINTS[endpoint]
+    url = path.format(**objects)
+    if method == "get":
+        return api.get(url, **headers)
+    return api.post(url, _fill(body, objects), format="json", **headers)
+
+
+def buyer_rows_unchanged(objects) -> bool:
+    from recaps.models import RecapStatus, RecapVideo
+
+    return (
+        RecapVideo.objects.count() == 2
+        and RecapVideo.objects.get(pk=objects["free"]).status == RecapStatus.PENDING_PAYMENT
+    )
+
+
+@pytest.mark.parametrize(("endpoint", "identity", "status"), BUYER_TABLE)
+def test_buyer_permission_table(endpoint, identity, status, buyer_objects, fake_stripe):
+    api, headers = buyer_client(identity, buyer_objects["buyer"])
+    response = buyer_call(endpoint, buyer_objects, api, headers)
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == "application/json"
+    if status == 401:
+        # Never a Basic challenge, which a browser would prompt for and then cache.
+        assert response["WWW-Authenticate"] == "Token"
+    if status >= 400:
+        assert buyer_rows_unchanged(buyer_objects) and fake_stripe.requests == []
+
+
+# What a page on another site can make a browser send: a form POST, whose body may be empty.
+CROSS_SITE_FORMS = {
+    "empty-form": ("", "application/x-www-form-urlencoded"),
+    "form": ("event_id=1", "application/x-www-form-urlencoded"),
+    "text-plain": ('{"event_id": 1}', "text/plain"),
+}
+CROSS_SITE_LABELS = {
+    "evil-origin": {"HTTP_ORIGIN": "https://evil.example"},
+    "cross-site": {"HTTP_ORIGIN": "https://evil.example", "HTTP_SEC_FETCH_SITE": "cross-site"},
+    "no-labels": {},  # an old browser sends neither
+}
+
+
+@pytest.mark.parametrize("labels", CROSS_SITE_LABELS)
+@pytest.mark.parametrize("form", CROSS_SITE_FORMS)
+@pytest.mark.parametrize(
+    "identity",
+    ["basic_auth_of_buyer", "session_of_buyer_without_csrf_token", "session_of_buyer"],
+)
+@pytest.mark.parametrize("endpoint", BUYER_ENDPOINTS)
+def test_cross_site_form_posts_to_the_buyer_api_are_refused(
+    endpoint, identity, form, labels, buyer_objects, fake_stripe
+):
+    """The finding of issue 30: a form on another site, posted with the buyer's cached Basic
+    credentials, redeemed the free recap (200). Now Basic authenticates no one (401), the
+    session without the CSRF token is refused (403), and with it a labelled cross-site write
+    is (403); unlabelled, the form's content type is refused (415)."""
+    if identity == "session_of_buyer" and labels == "no-labels":
+        # Our own page's token, no labels: nothing says it is cross-site but the content type.
+        expected = {415}
+    elif identity == "basic_auth_of_buyer":
+        expected = {401}
+    else:
+        expected = {403}
+    api, headers = buyer_client(identity, buyer_objects["buyer"])
+    body, content_type = CROSS_SITE_FORMS[form]
+    path = BUYER_ENDPOINTS[endpoint][1].format(**buyer_objects)
+    response = api.post(
+        path, body, content_type=content_type, **headers, **CROSS_SITE_LABELS[labels]
+    )
+    assert response.status_code in expected, response.content
+    assert buyer_rows_unchanged(buyer_objects) and fake_stripe.requests == []
+
+
+@pytest.mark.parametrize(
+    "endpoint", [name for name, spec in BUYER_ENDPOINTS.items() if spec[2] is not None]
+)
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        ("", "application/x-www-form-urlencoded"),
+        ("event_id=1", "application/x-www-form-urlencoded"),
+        ("", "multipart/form-data; boundary=x"),
+        ("", ""),
+        ('{"event_id": 1}', "text/plain"),
+    ],
+    ids=["empty-form", "form", "empty-multipart", "no-content-type", "text-plain"],
+)
+def test_buyer_writes_accept_only_json(endpoint, body, content_type, buyer_objects, fake_stripe):
+    """Even /checkout/ and /redeem/, which take no fields: `{}` as JSON, or a 415."""
+    api, headers = buyer_client("token_of_buyer", buyer_objects["buyer"])
+    path = BUYER_ENDPOINTS[endpoint][1].format(**buyer_objects)
+    response = api.generic("POST", path, body, content_type=content_type, **headers)
+    assert response.status_code == 415, response.content
+    assert buyer_rows_unchanged(buyer_objects) and fake_stripe.requests == []
+    # And the same write as JSON goes through.
+    response = buyer_call(endpoint, buyer_objects, api, headers)
+    assert response.status_code == BUYER_SUCCESS[endpoint], response.content
+
+
+def test_a_buyer_write_that_is_not_a_json_object_is_a_400(buyer_objects):
+    api, headers = buyer_client("token_of_buyer", buyer_objects["buyer"])
+    response = api.post(
+        f"/recaps/{buyer_objects['free']}/redeem/", "[]", content_type="application/json", **headers
+    )
+    assert response.status_code == 400, response.content
+    assert buyer_rows_unchanged(buyer_objects)

@@ -35,7 +35,11 @@ def signed_in(api, user):
 
 
 def redeem(api, recap_id):
-    return api.post(f"/recaps/{recap_id}/redeem/")
+    return api.post(f"/recaps/{recap_id}/redeem/", {}, format="json")
+
+
+def checkout(api, recap_id):
+    return api.post(f"/recaps/{recap_id}/checkout/", {}, format="json")
 
 
 # --- free redemption ------------------------------------------------------------------------
@@ -55,13 +59,15 @@ def test_anonymous_gets_401(api):
     recap = RecapFactory.create(is_free=True)
     response = redeem(api, recap.id)
     assert response.status_code == 401
-    assert "WWW-Authenticate" in response.headers
+    # A token is asked for, never Basic (which a browser would prompt for, then cache).
+    assert response["WWW-Authenticate"] == "Token"
 
 
 def test_session_login_works_too(client):
     recap = RecapFactory.create(is_free=True)
     client.force_login(recap.buyer)
-    assert client.post(f"/recaps/{recap.id}/redeem/").status_code == 200
+    response = client.post(f"/recaps/{recap.id}/redeem/", {}, content_type="application/json")
+    assert response.status_code == 200
 
 
 def test_someone_elses_recap_is_403(api):
@@ -133,7 +139,7 @@ def test_purchase_while_stripe_is_down_is_503_and_the_recap_waits(api, fake_stri
     assert data["recap"]["status"] == "pending_payment"
     # Stripe is back: the buyer retries the checkout of the same recap.
     fake_stripe.mode = "ok"
-    retry = api.post(f"/recaps/{data['recap']['id']}/checkout/")
+    retry = checkout(api, data["recap"]["id"])
     assert retry.status_code == 201 and retry.json()["session_id"] == "cs_test_1"
 
 
@@ -154,14 +160,14 @@ def test_checkout_refusals(api, fake_stripe, free, paid, status, message):
     recap = RecapFactory.create(is_free=free)
     if paid:
         pay(recap)
-    response = signed_in(api, recap.buyer).post(f"/recaps/{recap.id}/checkout/")
+    response = checkout(signed_in(api, recap.buyer), recap.id)
     assert response.status_code == status and response.json()["message"] == message
     assert fake_stripe.requests == []
 
 
 def test_checkout_of_someone_elses_recap_is_403(api, fake_stripe):
     recap = RecapFactory.create()
-    response = signed_in(api, UserFactory.create()).post(f"/recaps/{recap.id}/checkout/")
+    response = checkout(signed_in(api, UserFactory.create()), recap.id)
     assert response.status_code == 403 and fake_stripe.requests == []
 
 

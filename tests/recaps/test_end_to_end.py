@@ -16,6 +16,7 @@ import time
 import pytest
 import requests
 import stripe
+from knox.models import AuthToken
 
 from ingress.inbox import inbox_run_once
 from ingress.models import RawEvent
@@ -73,7 +74,7 @@ def test_paid_recap_renders_and_becomes_ready_through_http(
     response = requests.post(
         f"{live_server.url}/recaps/",
         json={"event_id": event.id},
-        auth=(buyer.username, "pw-for-tests"),
+        headers={"Authorization": f"Token {AuthToken.objects.create(buyer)[1]}"},
         timeout=TIMEOUT,
     )
     assert response.status_code == 201, response.text
