@@ -18,7 +18,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support.processes import ROOT, VENV_BIN, free_port
+from tests.support.processes import ROOT, VENV_BIN, free_port, listening
 from tests.support.tools import tool
 
 pytestmark = pytest.mark.slow
@@ -95,17 +94,6 @@ def readme_curl() -> str:
     blocks = re.findall(r"```sh\n(.*?)```", readme, flags=re.S)
     (block,) = [b for b in blocks if "/webhooks/github/" in b and "openssl dgst" in b]
     return block
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        # As a server binds: connections in TIME_WAIT do not hold a port.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @pytest.fixture
@@ -282,8 +270,8 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
         survivors = ctrl_c(run, clone, started_pids)
     assert not survivors, f"still running after Ctrl-C:\n{log_path.read_text()[-3000:]}"
     assert not (clone / ".pgdata" / "data" / "postmaster.pid").exists()
-    for freed in (port, renderer_port, stripe_port, pg_port):  # every port free again
-        assert port_free(freed), freed
+    for freed in (port, renderer_port, stripe_port, pg_port):  # nothing listens any more
+        assert not listening(freed), freed
 
 
 def signed_in(base: str, timeout: float) -> requests.Session:

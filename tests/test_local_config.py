@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from tests.support.processes import ROOT, VENV_BIN, free_port
+from tests.support.processes import ROOT, VENV_BIN, free_port, listening
 
 PROBE = (
     "import json, django; django.setup(); from django.conf import settings; "
@@ -193,10 +193,7 @@ def localdb(project: Path, tmp_path: Path, command: list[str], **env: str):
 
 
 def stopped(project: Path, port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind(("127.0.0.1", port))  # nothing listens any more
-    return not (project / ".pgdata" / "data" / "postmaster.pid").exists()
+    return not listening(port) and not (project / ".pgdata" / "data" / "postmaster.pid").exists()
 
 
 def test_where_none_answers_the_embedded_postgresql_runs_the_command_and_stops(
@@ -264,7 +261,7 @@ def test_a_postgresql_that_answers_is_used_and_left_running(project, tmp_path):
         r"earlier command)\)",
         result.stdout.splitlines()[0],
     ), result.stdout
-    socket.create_connection(("127.0.0.1", port), 5).close()  # still there
+    assert listening(port)  # still there
     assert not (project / ".pgdata").exists()
 
 

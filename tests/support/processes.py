@@ -46,6 +46,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:port."""
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def settings_database_url(name: str | None = None) -> str:
     """This run's database as a URL for a subprocess (or the database `name` on its server)."""
     from django.conf import settings
