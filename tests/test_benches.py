@@ -12,7 +12,6 @@ its script) on the PostgreSQL at 127.0.0.1:5432, as their docstrings say.
 """
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import psycopg
 import pytest
 
 from tests.support.processes import ROOT
+from tests.support.tools import tool
 
 pytestmark = pytest.mark.slow
 
@@ -46,10 +46,8 @@ BENCHES = {
     ),
     "store_path.py": (["--calls", "20", "--rounds", "1"], "after/before"),
 }
-# What a script needs beyond PostgreSQL, and the line that installs it.
-TOOLS = {
-    "ingress_ack.py": {"wrk": "apt-get install wrk", "pgbench": "apt-get install postgresql-15"},
-}
+# What a script needs beyond PostgreSQL (scripts/test-tools.txt says what installs each).
+TOOLS = {"ingress_ack.py": ("wrk", "pgbench")}
 
 
 def bench_scripts() -> set[str]:
@@ -67,9 +65,8 @@ def test_every_bench_script_is_run_here():
 
 @pytest.mark.parametrize("script", sorted(BENCHES))
 def test_the_bench_runs_at_a_tiny_size(script: str, tmp_path: Path):
-    for tool, install in TOOLS.get(script, {}).items():
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is missing: {install}")
+    for name in TOOLS.get(script, ()):
+        tool(name)  # skipped with its install line when missing (failed on CI)
     try:
         psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", connect_timeout=3).close()
     except psycopg.OperationalError as exc:
