@@ -1,32 +1,38 @@
 """Database roles per process kind: what each process may do, as GRANTs PostgreSQL enforces.
 
 `manage.py db_roles` creates or updates one role per kind below (named DATABASE_ROLE_PREFIX +
-kind), revokes whatever else it held on the project's tables, and grants exactly what the
-table says. It runs as the owner of the tables (the migrating user; on managed PostgreSQL
-the admin user, which has CREATEROLE); run it after every `migrate` (the release phase), since
-a new table has no grants. Each process then connects as its role (DATABASE_URL_<KIND>, see
-docs/security.md).
+kind), revokes whatever else it held on the project's tables and every role it was a member
+of, and grants exactly what the table says. It runs as the owner of the tables (the migrating
+user; on managed PostgreSQL the admin user, which has CREATEROLE); run it after every
+`migrate` (the release phase), since a new table has no grants. Each process then connects
+as its role (DATABASE_URL_<KIND>, see docs/security.md).
+
+No role is a member of another, so none can `SET ROLE` to another (PostgreSQL 15 lets a
+member become any role it belongs to, whatever INHERIT says): each holds its own grants,
+nothing more. What a process does on behalf of code it runs is granted to that process's
+role and stated here: the inbox holds the webhook handlers' writes (HANDLER_WRITES), since it
+runs them in the delivery's transaction; the worker holds everything its scheduled tasks do.
 
 Privileges are granted on the partitioned parent `ingress_rawevent` only: PostgreSQL checks
 the parent's privileges for every access through it, and no role but the owner touches a
 partition directly (partition maintenance is DDL, the owner's job).
 
-The kinds:
+The kinds (eventdrop/processes.py; `release` migrates, so it is the owner and has no role):
 - web — the receive path: one INSERT into the raw store, reading back the new id and nothing
   else (not a body, not a recap, not a user); and its own ACK latency roll-up.
-- inbox — verify, dedup, write deliveries. It runs handlers as `handler` (SET LOCAL ROLE
-  around each call: handler_role() below, used by ingress/inbox.py) and does not inherit
-  that role's privileges itself: the verifier cannot change a recap.
-- handler — no login: the business tables webhook handlers write (recaps, outbox rows).
-- worker — django-q2's cluster: the dispatcher, recovery, reconciliation and the scheduled
-  inbox pass (it inherits `inbox` and `handler`); no DDL, so partition maintenance runs as
-  the owner.
+- inbox — verify, dedup, write deliveries, and the handlers' writes: a recap's status, its
+  outbox rows. It creates and deletes no recap, and reads no user.
+- dispatcher — the outbox: claims side effects, calls the render service, moves the recap
+  on, trips its breaker; reads no raw event.
+- worker — django-q2's cluster: the scheduled inbox pass, the dispatcher, recovery,
+  reconciliation and bulk jobs; no DDL, so partition maintenance runs as the owner.
 - console — the admin, the staff API, the ops page and the buyer API: reads everything, and
-  writes only what the operator services and sign-in write; never DELETE of pipeline rows.
+  writes only what the operator services, bulk jobs, purchases and sign-in write; never
+  DELETE of pipeline rows.
 """
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from django.apps import apps
@@ -38,6 +44,8 @@ READ = ("SELECT",)
 APPEND = ("SELECT", "INSERT")
 WRITE = ("SELECT", "INSERT", "UPDATE")
 ALL = ("SELECT", "INSERT", "UPDATE", "DELETE")
+# A row's state moves on; no row is created or deleted.
+UPDATE = ("SELECT", "UPDATE")
 
 
 @dataclass(frozen=True)
@@ -58,17 +66,38 @@ class RoleSpec:
     kind: str
     login: bool
     grants: tuple[Grant, ...]
-    # Roles whose privileges this one has (INHERIT); roles it may only SET ROLE to.
-    inherits: tuple[str, ...] = ()
-    may_become: tuple[str, ...] = ()
     description: str = ""
 
 
 INGRESS_PIPELINE = ("ingress.DedupKey", "ingress.Delivery", "ingress.DeliveryAttempt")
-RECAP_BUSINESS = (
-    "recaps.RecapVideo",
-    "outbox.RecapSideEffect",
-    "outbox.RecapSideEffectAttempt",
+SIDE_EFFECTS = ("outbox.RecapSideEffect", "outbox.RecapSideEffectAttempt")
+EVENTS = ("recaps.Event", "recaps.Photo")
+
+# Verify, dedup and fan out (ingress/inbox.py), run and record deliveries
+# (ingress/deliveries.py).
+INBOX_PIPELINE = (
+    Grant(("ingress.RawEvent",), UPDATE),
+    Grant(INGRESS_PIPELINE, WRITE),
+    # Which handlers are paused: their due deliveries are held, not claimed.
+    Grant(("ingress.HandlerPause",), READ),
+)
+# What webhook handlers write (recaps/handlers.py, outbox/handlers.py), granted to the roles
+# that run them inside a delivery's transaction (inbox, worker). A handler moves a recap on
+# (paid, payment failed, ready, failed) and never creates or deletes one; a paid recap gets
+# its render row, and a withdrawn payment deletes that row while no dispatcher has claimed
+# it (outbox.services.side_effect_withdraw), its attempts with it.
+HANDLER_WRITES = (
+    Grant(EVENTS, READ),
+    Grant(("recaps.RecapVideo",), UPDATE),
+    Grant(SIDE_EFFECTS, ALL),
+)
+# The outbox (outbox/dispatcher.py, render_checks.py): claims and settles side effects, asks
+# the render service, moves the recap to rendering, ready or failed, and keeps the breaker.
+DISPATCHER_WRITES = (
+    Grant(EVENTS, READ),
+    Grant(("recaps.RecapVideo",), UPDATE),
+    Grant(SIDE_EFFECTS, WRITE),
+    Grant(("outbox.CircuitBreaker",), WRITE),
 )
 
 ROLES: tuple[RoleSpec, ...] = (
@@ -85,38 +114,34 @@ ROLES: tuple[RoleSpec, ...] = (
         ),
     ),
     RoleSpec(
-        kind="handler",
-        login=False,
-        description="webhook handlers: the recap and outbox tables they write",
-        grants=(
-            Grant(("recaps.Event", "recaps.Photo"), READ),
-            Grant(RECAP_BUSINESS, WRITE),
-        ),
-    ),
-    RoleSpec(
         kind="inbox",
         login=True,
-        description="verify, dedup, write deliveries; handlers run as handler",
-        grants=(
-            Grant(("ingress.RawEvent",), ("SELECT", "UPDATE")),
-            Grant(INGRESS_PIPELINE, WRITE),
-            # Which handlers are paused: their due deliveries are held, not claimed.
-            Grant(("ingress.HandlerPause",), READ),
-        ),
-        may_become=("handler",),
+        description="verify, dedup, write deliveries, and the handlers' writes",
+        grants=(*INBOX_PIPELINE, *HANDLER_WRITES),
+    ),
+    RoleSpec(
+        kind="dispatcher",
+        login=True,
+        description="outbox: side effects, render requests and checks, the breaker",
+        grants=DISPATCHER_WRITES,
     ),
     RoleSpec(
         kind="worker",
         login=True,
-        description="django-q2: dispatcher, recovery, reconciliation, scheduled inbox pass",
+        description="django-q2: inbox pass, dispatcher, recovery, reconciliation, bulk jobs",
         grants=(
             Grant(("django_q",), ALL),
+            *INBOX_PIPELINE,
+            *HANDLER_WRITES,
+            *DISPATCHER_WRITES,
             Grant(("ingress.RawEvent",), ("INSERT",)),  # backfilled events
             Grant(("ingress.ReconciliationRun",), WRITE),
-            Grant(("recaps.Event", "recaps.Photo"), READ),
-            Grant(("outbox.CircuitBreaker",), WRITE),
+            # Bulk jobs' batches (console/bulk_jobs.py): the job, its rows (kept a while for
+            # the replay SLO, then deleted) and its operator action's counts.
+            Grant(("console.BulkJob",), UPDATE),
+            Grant(("console.BulkJobItem",), ALL),
+            Grant(("console.OperatorAction",), UPDATE),
         ),
-        inherits=("inbox", "handler"),
     ),
     RoleSpec(
         kind="console",
@@ -131,13 +156,16 @@ ROLES: tuple[RoleSpec, ...] = (
             Grant(("console.OperatorAction",), WRITE),
             Grant(("console.PayloadAccess",), APPEND),
             # The operator services: replay, re-verify, re-arm, mark dead, retry render,
-            # pause and resume.
+            # pause and resume; bulk jobs previewed, started and cancelled here, their
+            # batches queued for the worker (django-q2's ORM broker).
             Grant(("ingress.RawEvent",), ("UPDATE",)),
             Grant(INGRESS_PIPELINE, WRITE),
             Grant(("ingress.HandlerPause",), WRITE),
+            Grant(("console.BulkJob",), WRITE),
+            Grant(("django_q.OrmQ",), APPEND),
             # Recap purchase and redemption (the buyer API) and the operator services.
             Grant(("recaps.RecapVideo",), WRITE),
-            Grant(RECAP_BUSINESS[1:], WRITE),
+            Grant(SIDE_EFFECTS, WRITE),
         ),
     ),
 )
@@ -184,22 +212,29 @@ def db_roles_plan(
     *,
     database: str,
     existing_roles: Iterable[str],
+    memberships: Iterable[tuple[str, str]] = (),
     passwords: dict[str, str] | None = None,
     prefix: str | None = None,
     quote: Callable[[str], str] | None = None,
 ) -> Plan:
-    """The statements that bring every role to its spec (idempotent: run it again any time)."""
+    """The statements that bring every role to its spec (idempotent: run it again any time).
+
+    `memberships`: (role, member) pairs as the catalog has them; every one whose member is
+    one of ours is revoked, so that no role of ours can become another role.
+    """
     quote = quote or connections["default"].ops.quote_name
     passwords = passwords or {}
     existing = set(existing_roles)
+    ours = {role_name(spec.kind, prefix) for spec in ROLES}
     plan = Plan()
     tables = project_tables()
     for spec in ROLES:
         name = quote(role_name(spec.kind, prefix))
-        # Privileges of inherited roles are the member's; roles it may only become are not.
         attributes = [
             "LOGIN" if spec.login else "NOLOGIN",
-            "INHERIT" if spec.inherits or not spec.may_become else "NOINHERIT",
+            # Should anyone make it a member of a role by hand, it still uses none of that
+            # role's privileges unless it SETs it (and the next run revokes the membership).
+            "NOINHERIT",
             "NOSUPERUSER",
             "NOCREATEDB",
             "NOCREATEROLE",
@@ -233,8 +268,11 @@ def db_roles_plan(
                 for model in sorted(granted, key=lambda model: model._meta.db_table):
                     if isinstance(model._meta.pk, AutoFieldMixin):
                         plan.add(_sequence_grant(model, name))
-        for other in (*spec.inherits, *spec.may_become):
-            plan.add(f"GRANT {quote(role_name(other, prefix))} TO {name}")
+    # Earlier versions made the inbox a member of a `handler` role it switched to; whatever
+    # the history, a role of ours is a member of nothing.
+    for role, member in sorted(memberships):
+        if member in ours:
+            plan.add(f"REVOKE {quote(role)} FROM {quote(member)}")
     return plan
 
 
@@ -252,6 +290,34 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def _catalog(cursor) -> tuple[list[str], list[tuple[str, str]]]:
+    """What the plan needs to know of the server: its roles, and who is a member of whom."""
+    cursor.execute("SELECT rolname FROM pg_roles")
+    existing = [row[0] for row in cursor.fetchall()]
+    cursor.execute(
+        "SELECT role.rolname, member.rolname FROM pg_auth_members m "
+        "JOIN pg_roles role ON role.oid = m.roleid JOIN pg_roles member ON member.oid = m.member"
+    )
+    return existing, [(role, member) for role, member in cursor.fetchall()]
+
+
+def db_roles_dry_run(
+    *, using: str = "default", passwords: dict[str, str] | None = None, prefix: str | None = None
+) -> Plan:
+    """The plan a run would execute now, executing nothing."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        existing, memberships = _catalog(cursor)
+    return db_roles_plan(
+        database=connection.settings_dict["NAME"],
+        existing_roles=existing,
+        memberships=memberships,
+        passwords=passwords,
+        prefix=prefix,
+        quote=connection.ops.quote_name,
+    )
+
+
 def db_roles_apply(
     *, using: str = "default", passwords: dict[str, str] | None = None, prefix: str | None = None
 ) -> Plan:
@@ -260,8 +326,6 @@ def db_roles_apply(
 
     connection = connections[using]
     with transaction.atomic(using=using), connection.cursor() as cursor:
-        cursor.execute("SELECT rolname FROM pg_roles")
-        existing = [row[0] for row in cursor.fetchall()]
         # Sent as SCRAM verifiers hashed by libpq here, never as the password itself: a
         # server logging DDL (log_statement = 'ddl', common on managed PostgreSQL) logs
         # only the verifier.
@@ -271,9 +335,11 @@ def db_roles_apply(
             ).decode()
             for kind, password in (passwords or {}).items()
         }
+        existing, memberships = _catalog(cursor)
         plan = db_roles_plan(
             database=connection.settings_dict["NAME"],
             existing_roles=existing,
+            memberships=memberships,
             passwords=verifiers,
             prefix=prefix,
             quote=connection.ops.quote_name,
@@ -283,29 +349,18 @@ def db_roles_apply(
     return plan
 
 
-def role_names(kinds: Sequence[str] | None = None, prefix: str | None = None) -> list[str]:
-    return [role_name(spec.kind, prefix) for spec in ROLES if kinds is None or spec.kind in kinds]
-
-
 @contextlib.contextmanager
 def handler_role(using: str = "default") -> Iterator[None]:
-    """Run webhook handlers as DATABASE_HANDLER_ROLE, inside the caller's savepoint or
-    transaction: one handler, or a whole batch of them (ingress/deliveries.py).
-
-    SET LOCAL lasts to the end of the transaction unless undone: handlers that raise have
-    their savepoint (or transaction) rolled back, which undoes the SET with it; once they
-    return the role is switched back here, so the deliveries' own bookkeeping runs as the
-    inbox role again. One query and two SETs per use, only when the setting is on. Unset
-    (one role for everything, `make run`): nothing happens.
-    """
+    """Run webhook handlers as DATABASE_HANDLER_ROLE (unset by default: handlers run as the
+    process's own role, which holds their writes), inside the caller's savepoint or
+    transaction. SET LOCAL lasts to the end of the transaction unless undone: a savepoint's
+    rollback undoes it; otherwise it is switched back here."""
     role = settings.DATABASE_HANDLER_ROLE
     if not role:
         yield
         return
     quote = connections[using].ops.quote_name
     with connections[using].cursor() as cursor:
-        # Back to this role afterwards, not to the session's login role (which `NONE` means):
-        # a process may itself run as a role it SET.
         cursor.execute("SELECT current_user")
         previous = cursor.fetchone()[0]
         cursor.execute(f"SET LOCAL ROLE {quote(role)}")

@@ -267,17 +267,10 @@ SILENCED_SYSTEM_CHECKS = [
     *([] if SECURE_SSL_REDIRECT else ["security.W008"]),
 ]
 # Database roles per process kind (`manage.py db_roles`, eventdrop/db_roles.py): named
-# <prefix><kind>. A process connecting as the inbox or worker role runs webhook handlers as
-# DATABASE_HANDLER_ROLE (e.g. eventdrop_handler); unset, handlers run as the process's role.
+# <prefix><kind>. Handlers run as the role of the process that runs them (inbox, worker),
+# which holds their writes; no role can switch to another.
 DATABASE_ROLE_PREFIX = os.environ.get("DATABASE_ROLE_PREFIX", "eventdrop_")
-DATABASE_HANDLER_ROLE = os.environ.get(
-    "DATABASE_HANDLER_ROLE",
-    # The inbox and worker roles cannot write business tables themselves: when they connect
-    # as their own role, handlers must switch, or every delivery would fail until dead.
-    f"{DATABASE_ROLE_PREFIX}handler"
-    if PROCESS_DATABASE_URL and PROCESS_KIND in ("inbox", "worker")
-    else "",
-)
+DATABASE_HANDLER_ROLE = os.environ.get("DATABASE_HANDLER_ROLE", "")
 
 LOGIN_URL = "/admin/login/"
 

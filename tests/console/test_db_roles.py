@@ -2,10 +2,11 @@
 
 The roles are created on the test database inside the test's transaction (CREATE ROLE and
 GRANT are transactional in PostgreSQL, so they vanish with it), and the test connection
-becomes each role with SET ROLE: from then on PostgreSQL checks that role's privileges,
-exactly as for a process logged in as it. The real code paths run that way too — the
-receive view as `web`, the inbox (handlers as `handler`) as `inbox`, the dispatcher as
-`worker`, the admin and API as `console`. The last test logs in for real as every role.
+becomes each role with SET ROLE (as the superuser it is): from then on PostgreSQL checks that
+role's privileges, exactly as for a process logged in as it. The real code paths run that
+way too — the receive view as `web`, the inbox and its handlers as `inbox`, the dispatcher
+as `dispatcher` and `worker`, bulk jobs as `console` and `worker`, the admin and API as
+`console`. No role can become another. The last tests log in for real as every role.
 """
 
 import contextlib
@@ -20,10 +21,11 @@ from django.utils import timezone
 from console.ack_rollup import COLUMNS, ack_rollup_add
 from console.models import OperatorAction
 from eventdrop.db_roles import ROLES, db_roles_apply, role_name
+from eventdrop.processes import KINDS
 from ingress.models import Delivery, RawEvent
 from outbox.models import RecapSideEffect
 from recaps.models import RecapStatus, RecapVideo
-from tests.console.conftest import github_signature, receive_github
+from tests.console.conftest import github_signature
 from tests.console.samples import paid_recap
 from tests.support.signing import stripe_event, stripe_headers
 from tests.support.sql import scalar
@@ -92,31 +94,50 @@ ACTIONS = {
     "write a delivery": lambda: Delivery.objects.filter(id=-1).update(attempts=1),
     "read recaps": lambda: list(RecapVideo.objects.values_list("id", flat=True)),
     "change a recap": lambda: RecapVideo.objects.update(updated_at=timezone.now()),
+    # Privileges are checked when a statement starts, whatever rows it would touch.
+    "create a recap": sql("INSERT INTO recap_videos SELECT * FROM recap_videos WHERE false"),
     "delete recaps": sql("DELETE FROM recap_videos WHERE status = 'x'"),
     "change a side effect": lambda: RecapSideEffect.objects.update(attempts=3),
+    "delete a side effect": sql("DELETE FROM recap_side_effects WHERE id = -1"),
+    "trip the render breaker": sql("UPDATE outbox_circuit_breakers SET name = name WHERE false"),
     "read users": sql("SELECT password FROM auth_user"),
     "make a superuser": sql("UPDATE auth_user SET is_superuser = true"),
     "record an operator action": lambda: OperatorAction.objects.update(note="x"),
+    "queue a task": sql("INSERT INTO django_q_ormq SELECT * FROM django_q_ormq WHERE false"),
     "create a table": sql("CREATE TABLE roles_probe (id int)"),
     "roll up ACK latency": lambda: ack_rollup_add(
         {("github", timezone.now().replace(minute=0, second=0, microsecond=0)): [1] * len(COLUMNS)}
     ),
 }
 
+# What webhook handlers write, held by the roles that run them (inbox, worker).
+HANDLER_WRITES = {"read recaps", "change a recap", "change a side effect", "delete a side effect"}
 # kind → what it may do; everything else in ACTIONS must be refused.
 MAY = {
     "web": {"store a raw event", "roll up ACK latency"},
-    "inbox": {"read raw bodies", "read raw headers", "change a raw event", "write a delivery"},
-    "handler": {"read recaps", "change a recap", "change a side effect"},
+    "inbox": {
+        "read raw bodies",
+        "read raw headers",
+        "change a raw event",
+        "write a delivery",
+        *HANDLER_WRITES,
+    },
+    "dispatcher": {
+        "read recaps",
+        "change a recap",
+        "change a side effect",
+        "trip the render breaker",
+    },
     "worker": {
         "store a raw event",
         "read raw bodies",
         "read raw headers",
         "change a raw event",
         "write a delivery",
-        "read recaps",
-        "change a recap",
-        "change a side effect",
+        *HANDLER_WRITES,
+        "trip the render breaker",
+        "record an operator action",  # a bulk job's counts
+        "queue a task",
     },
     "console": {
         # It signs staff in: it checks password hashes (it cannot change who is superuser).
@@ -127,8 +148,12 @@ MAY = {
         "write a delivery",
         "read recaps",
         "change a recap",
+        # A purchase (the buyer API) creates its recap.
+        "create a recap",
         "change a side effect",
         "record an operator action",
+        # A bulk job started here is queued for the worker (django-q2's ORM broker).
+        "queue a task",
     },
 }
 TABLE = [
@@ -152,6 +177,26 @@ def test_what_each_role_may_do(roles, rows, kind, action, allowed):
 
 def test_every_kind_is_in_the_table():
     assert {spec.kind for spec in ROLES} == set(MAY)
+    # Every process kind but the release phase (the owner, which migrates) has its role.
+    assert set(MAY) == set(KINDS) - {"release"}
+
+
+def test_a_membership_left_from_an_earlier_spec_is_revoked(settings):
+    """The inbox was a member of `handler`, which it switched to for handlers: gone."""
+    settings.DATABASE_ROLE_PREFIX = PREFIX
+    with connection.cursor() as cursor:
+        cursor.execute(f'CREATE ROLE "{PREFIX}handler" NOLOGIN')
+        cursor.execute(f'CREATE ROLE "{PREFIX}inbox" LOGIN')
+        cursor.execute(f'GRANT "{PREFIX}handler" TO "{PREFIX}inbox"')
+    plan = db_roles_apply()
+    assert f'REVOKE "{PREFIX}handler" FROM "{PREFIX}inbox"' in plan.statements
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member "
+            "WHERE r.rolname LIKE %s",
+            [f"{PREFIX}%"],
+        )
+        assert cursor.fetchone() == (0,)
 
 
 # --- the real code paths, as their roles -----------------------------------------------------
@@ -176,11 +221,11 @@ def test_the_receive_path_runs_as_web(roles, client):
     assert bytes(RawEvent.objects.get(pk=event_id).body) == body
 
 
-def test_the_inbox_runs_handlers_as_handler(roles, settings, client, admin_user):
-    """A Stripe payment through the inbox: verified as `inbox`, the recap paid as `handler`."""
+def test_the_inbox_runs_handlers_as_itself(roles, client, admin_user):
+    """A Stripe payment through the inbox, as `inbox`: verified, and the recap paid by the
+    handler with the writes db_roles grants the inbox on its handlers' behalf."""
     from ingress.inbox import inbox_run_once
 
-    settings.DATABASE_HANDLER_ROLE = role_name("handler", PREFIX)
     recap = RecapVideo.objects.create(event=paid_recap(client, admin_user).event, buyer=admin_user)
     body = stripe_event(
         "evt_roles_1",
@@ -205,8 +250,9 @@ def test_the_inbox_runs_handlers_as_handler(roles, settings, client, admin_user)
     with acting_as("inbox"):
         inbox_run_once()
         assert current_user() == role_name("inbox", PREFIX)
-        # The inbox itself still cannot touch the recap it just had paid.
-        assert not permitted(lambda: RecapVideo.objects.update(updated_at=timezone.now()))
+        # What no handler does, the inbox cannot do either: create or delete a recap.
+        assert not permitted(ACTIONS["create a recap"])
+        assert not permitted(ACTIONS["delete recaps"])
     [delivery] = Delivery.objects.filter(raw_event_id=response.json()["id"])
     assert delivery.status == "done", delivery.last_error
     recap.refresh_from_db()
@@ -220,26 +266,33 @@ def current_user() -> str:
         return cursor.fetchone()[0]
 
 
-def test_a_failing_handler_hands_the_inbox_its_role_back(roles, settings, client, push_handler):
-    from ingress.inbox import inbox_run_once
+def test_a_withdrawn_payment_deletes_its_render_row_as_inbox(roles):
+    """The one DELETE a handler makes: a failed asynchronous payment withdraws the render
+    row no dispatcher has claimed (outbox.services.side_effect_withdraw)."""
+    from recaps.handlers import record_checkout_session
+    from tests.recaps.factories import RecapFactory
+    from tests.recaps.test_checkout_event_orders import CREATED, checkout_event
+    from tests.recaps.test_handlers import STRIPE
 
-    settings.DATABASE_HANDLER_ROLE = role_name("handler", PREFIX)
-    push_handler.fail_with = ValueError("boom")
-    event = receive_github(client, {"ref": "refs/heads/main"}, delivery="fails")
+    recap = RecapFactory.create(checkout_session_id="cs_test_roles")
     with acting_as("inbox"):
-        inbox_run_once()
-        # The savepoint's rollback undid the handler's SET LOCAL ROLE with it.
-        assert current_user() == role_name("inbox", PREFIX)
-    [delivery] = Delivery.objects.filter(raw_event=event)
-    assert (delivery.status, delivery.attempts) == ("pending", 1)
-    assert delivery.last_error == "ValueError: boom"
+        for event_type, created in (
+            ("checkout.session.async_payment_succeeded", CREATED + 10),
+            ("checkout.session.async_payment_failed", CREATED + 20),
+        ):
+            event = checkout_event(recap, event_type, session="cs_test_roles", created=created)
+            record_checkout_session(STRIPE, event.to_dict())
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.PENDING_PAYMENT
+    assert not RecapSideEffect.objects.filter(recap=recap).exists()
 
 
-def test_the_dispatcher_runs_as_worker(roles, client, admin_user, fake_renderer):
+@pytest.mark.parametrize("kind", ["dispatcher", "worker"])
+def test_the_dispatcher_runs_as_its_role(roles, client, admin_user, fake_renderer, kind):
     from outbox.dispatcher import dispatch_run
 
     recap = paid_recap(client, admin_user)
-    with acting_as("worker"):
+    with acting_as(kind):
         dispatch_run(now=timezone.now())
     recap.refresh_from_db()
     assert recap.status == RecapStatus.RENDERING
@@ -263,18 +316,66 @@ def test_the_console_runs_as_console(roles, client, payload_operator):
         assert not permitted(sql("DELETE FROM ingress_rawevent WHERE id > 0"))
 
 
+def test_a_bulk_job_is_started_as_console_and_run_as_worker(
+    roles, operator, monkeypatch, django_capture_on_commit_callbacks
+):
+    from django_q.models import OrmQ
+    from rest_framework.test import APIClient
+
+    from console import bulk_jobs
+    from console.models import BulkJob
+
+    events = [new_raw_event(delivery_id=f"bulk-{n}") for n in range(3)]
+    RawEvent.objects.filter(pk__in=[e.pk for e in events]).update(
+        signature_status="verified", dispatch_status="no_handler", verified_at=timezone.now()
+    )
+    queued: list[int] = []
+    # Queued as django-q2's ORM broker queues it (the test settings run tasks inline).
+    monkeypatch.setattr(
+        bulk_jobs, "_enqueue", lambda job_id: queued.append(OrmQ.objects.create(key="t").pk)
+    )
+    api = APIClient()
+    api.force_authenticate(operator)
+    with acting_as("console"):
+        preview = api.post(
+            "/api/jobs/",
+            {"kind": "replay_raw_events", "ids": [e.pk for e in events]},
+            format="json",
+        )
+        assert preview.status_code == 201, preview.content
+        job_id = preview.json()["id"]
+        with django_capture_on_commit_callbacks(execute=True):
+            started = api.post(f"/api/jobs/{job_id}/start/", {}, format="json")
+        assert started.status_code == 202, started.content
+    assert len(queued) == 1
+    with acting_as("worker"):
+        bulk_jobs.bulk_job_run(job_id=job_id, batch_size=2)
+    job = BulkJob.objects.get(pk=job_id)
+    assert (job.state, job.processed) == ("done", 3)
+
+
 # --- logging in for real -------------------------------------------------------------------
 
 
 @pytest.mark.django_db(transaction=True)
 def test_every_login_role_connects_and_is_refused_what_it_may_not(settings):
+    """Logged in for real, as a process is: each role is refused a write it must not make,
+    and `SET ROLE` to every other role — the inbox to `handler` too, of which an earlier
+    version made it a member (PostgreSQL 15 checks the session's login role, so only a real
+    login shows this)."""
     prefix = f"edlogin_{uuid.uuid4().hex[:6]}_"
     settings.DATABASE_ROLE_PREFIX = prefix
+    retired = f"{prefix}handler"
+    with connection.cursor() as cursor:
+        cursor.execute(f'CREATE ROLE "{retired}" NOLOGIN')
+        cursor.execute(f'CREATE ROLE "{prefix}inbox" LOGIN')
+        cursor.execute(f'GRANT "{retired}" TO "{prefix}inbox"')
     db_roles_apply(passwords={spec.kind: "pw-unused-with-trust" for spec in ROLES})
     params = connection.get_connection_params()
     refused = {
         "web": "SELECT body FROM ingress_rawevent",
-        "inbox": "UPDATE recap_videos SET status = 'failed'",
+        "inbox": "INSERT INTO recap_videos SELECT * FROM recap_videos WHERE false",
+        "dispatcher": "SELECT body FROM ingress_rawevent",
         "worker": "SELECT password FROM auth_user",
         "console": "DELETE FROM ingress_rawevent",
     }
@@ -291,18 +392,19 @@ def test_every_login_role_connects_and_is_refused_what_it_may_not(settings):
                 assert scalar(conn, "SELECT current_user") == role_name(kind, prefix)
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute(statement)
+                conn.rollback()
+                others = [role_name(other, prefix) for other in refused if other != kind]
+                for other in [*others, retired]:
+                    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="set role"):
+                        conn.execute(f'SET ROLE "{other}"')
+                    conn.rollback()
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", [f"{prefix}handler"]
-            )
-            assert cursor.fetchone() == (False,)
             # The server got a SCRAM verifier, never the password.
             cursor.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", [f"{prefix}web"])
             assert cursor.fetchone()[0].startswith("SCRAM-SHA-256$4096:")
     finally:
         with connection.cursor() as cursor:
-            for spec in reversed(ROLES):
-                name = role_name(spec.kind, prefix)
+            for name in [*(role_name(spec.kind, prefix) for spec in reversed(ROLES)), retired]:
                 cursor.execute(f'DROP OWNED BY "{name}"')
                 cursor.execute(f'DROP ROLE "{name}"')
 
@@ -317,9 +419,10 @@ def test_the_command_prints_its_sql_with_passwords_masked(settings, monkeypatch)
     out = io.StringIO()
     call_command("db_roles", "--dry-run", stdout=out)
     printed = out.getvalue()
-    assert f'CREATE ROLE "{PREFIX}web" LOGIN' in printed
-    assert f'CREATE ROLE "{PREFIX}handler" NOLOGIN' in printed
+    assert f'CREATE ROLE "{PREFIX}web" LOGIN NOINHERIT' in printed
     assert f'CREATE ROLE "{PREFIX}inbox" LOGIN NOINHERIT' in printed
+    assert f"{PREFIX}handler" not in printed
+    assert 'GRANT "' not in printed  # no role is granted another
     assert f"ALTER ROLE \"{PREFIX}web\" PASSWORD '…'" in printed
     assert "s3cret-web-password" not in printed
     # Dry: nothing was created.
@@ -408,26 +511,19 @@ def test_the_processes_run_as_their_roles(committed_roles, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("environment", "user", "handler_role"),
+    ("environment", "user"),
     [
-        ({}, "owner", ""),
-        ({"EVENTDROP_PROCESS": "web"}, "owner", ""),  # no DATABASE_URL_WEB: one URL for all
-        ({"EVENTDROP_PROCESS": "web", "DATABASE_URL_WEB": "x_web"}, "x_web", ""),
-        ({"EVENTDROP_PROCESS": "inbox", "DATABASE_URL_INBOX": "x_inbox"}, "x_inbox", "x_handler"),
-        ({"EVENTDROP_PROCESS": "worker", "DATABASE_URL_WORKER": "x_w"}, "x_w", "x_handler"),
-        (
-            {
-                "EVENTDROP_PROCESS": "inbox",
-                "DATABASE_URL_INBOX": "x_inbox",
-                "DATABASE_HANDLER_ROLE": "custom",
-            },
-            "x_inbox",
-            "custom",
-        ),
+        ({}, "owner"),
+        ({"EVENTDROP_PROCESS": "web"}, "owner"),  # no DATABASE_URL_WEB: one URL for all
+        ({"EVENTDROP_PROCESS": "web", "DATABASE_URL_WEB": "x_web"}, "x_web"),
+        ({"EVENTDROP_PROCESS": "inbox", "DATABASE_URL_INBOX": "x_inbox"}, "x_inbox"),
+        ({"EVENTDROP_PROCESS": "dispatcher", "DATABASE_URL_DISPATCHER": "x_d"}, "x_d"),
+        ({"EVENTDROP_PROCESS": "worker", "DATABASE_URL_WORKER": "x_w"}, "x_w"),
+        ({"EVENTDROP_PROCESS": "console", "DATABASE_URL_CONSOLE": "x_c"}, "x_c"),
     ],
-    ids=["make-run", "web-no-url", "web", "inbox", "worker", "inbox-own-handler-role"],
+    ids=["make-run", "web-no-url", "web", "inbox", "dispatcher", "worker", "console"],
 )
-def test_each_process_kind_picks_its_url(environment, user, handler_role):
+def test_each_process_kind_picks_its_url(environment, user):
     """The settings, in a subprocess as a process would load them (about 2 s each)."""
     from tests.support.processes import app_env, manage
 
@@ -439,8 +535,7 @@ def test_each_process_kind_picks_its_url(environment, user, handler_role):
     shown = manage(
         "shell",
         "-c",
-        "from django.conf import settings as s; "
-        "print(s.DATABASES['default']['USER'], repr(s.DATABASE_HANDLER_ROLE))",
+        "from django.conf import settings as s; print(s.DATABASES['default']['USER'])",
         env=env,
     ).stdout.split()
-    assert shown[-2:] == [user, repr(handler_role)]
+    assert shown[-1] == user

@@ -4,17 +4,16 @@
     manage.py db_roles               # apply it, in one transaction
 
 Run it as the owner of the tables, after every `migrate`. Passwords (for managed
-PostgreSQL) come from DATABASE_ROLE_PASSWORD_<KIND> (WEB, INBOX, WORKER, CONSOLE); a role
-without one keeps its password. The kinds and their grants: eventdrop/db_roles.py and
-docs/security.md.
+PostgreSQL) come from DATABASE_ROLE_PASSWORD_<KIND> (WEB, INBOX, DISPATCHER, WORKER,
+CONSOLE); a role without one keeps its password. The kinds and their grants:
+eventdrop/db_roles.py and docs/security.md.
 """
 
 import os
 
 from django.core.management.base import BaseCommand
-from django.db import connection
 
-from eventdrop.db_roles import ROLES, db_roles_apply, db_roles_plan, role_name
+from eventdrop.db_roles import ROLES, db_roles_apply, db_roles_dry_run, role_name
 
 
 class Command(BaseCommand):
@@ -30,15 +29,7 @@ class Command(BaseCommand):
             if os.environ.get(f"DATABASE_ROLE_PASSWORD_{spec.kind.upper()}")
         }
         if dry_run:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT rolname FROM pg_roles")
-                existing = [row[0] for row in cursor.fetchall()]
-            plan = db_roles_plan(
-                database=connection.settings_dict["NAME"],
-                existing_roles=existing,
-                passwords=passwords,
-            )
-            for statement in plan.shown:
+            for statement in db_roles_dry_run(passwords=passwords).shown:
                 self.stdout.write(statement + ";")
             return
         plan = db_roles_apply(passwords=passwords)
