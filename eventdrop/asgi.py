@@ -1,6 +1,57 @@
+"""The ASGI application the production server runs (eventdrop/web.py), one per worker process.
+
+A router by path: `/webhooks/` goes to the receive path's own ASGI application
+(ingress/asgi.py), everything else (console, admin, API, metrics) to Django's own handler,
+`get_asgi_application()`. Lifespan is answered here (Django's handler takes HTTP only): at
+start-up the process's ACK roll-up flusher starts (console/ack_rollup.py), at shutdown the
+webhook store's connections are closed.
+"""
+
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "eventdrop.settings")
-application = get_asgi_application()
+django_application = get_asgi_application()  # sets Django up: only then may models be imported
+
+from django.conf import settings  # noqa: E402
+
+from eventdrop.web import WebServerConfig  # noqa: E402
+from ingress.asgi import PATH_PREFIX, WebhookApp  # noqa: E402
+
+_config = WebServerConfig.from_environ()
+webhooks = WebhookApp(
+    body_read_timeout_seconds=settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS,
+    store_connections=_config.store_connections,
+)
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "http" and scope["path"].startswith(PATH_PREFIX):
+        await webhooks(scope, receive, send)
+    elif scope["type"] == "lifespan":
+        await _lifespan(receive, send)
+    else:
+        await django_application(scope, receive, send)
+
+
+async def _lifespan(receive: Any, send: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            if _config.ack_rollup_flush_seconds:
+                _start_ack_rollup(_config.ack_rollup_flush_seconds)
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await webhooks.writer.aclose()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def _start_ack_rollup(interval_seconds: float) -> None:
+    # One per worker process: its own histogram's deltas.
+    from console.ack_rollup import AckRollup, AckRollupFlusher
+    from ingress.views import ACK_SECONDS
+
+    AckRollupFlusher(AckRollup(ACK_SECONDS), interval_seconds=interval_seconds).start()

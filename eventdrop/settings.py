@@ -388,15 +388,11 @@ RAW_EVENT_RESTORED_RETENTION_DAYS = env_int("RAW_EVENT_RESTORED_RETENTION_DAYS",
 INGRESS_UNAVAILABLE_RETRY_AFTER = env_int("INGRESS_UNAVAILABLE_RETRY_AFTER", 10)
 # The webhook route's time budget (what the load balancer / platform allows a request).
 WEBHOOK_REQUEST_BUDGET_SECONDS = env_float("WEBHOOK_REQUEST_BUDGET_SECONDS", 30.0)
-# The whole request body must arrive within this (eventdrop/web.py answers 408 after it).
+# The whole request body must arrive within this (ingress/asgi.py answers 408 after it).
 WEBHOOK_BODY_READ_TIMEOUT_SECONDS = env_float("WEBHOOK_BODY_READ_TIMEOUT_SECONDS", 5.0)
 # One deadline for storing a webhook (ingress/services.py): connecting if needed, the INSERT,
 # and one reconnect after a dead connection all end within it, or the answer is a 503.
 WEBHOOK_STORE_TIMEOUT_SECONDS = env_float("WEBHOOK_STORE_TIMEOUT_SECONDS", 5.0)
-# How long the web server's group commit waits for the rows it expects before it writes a
-# batch (ingress/store.py, LoopGroupCommit: as many as its last batch held; a lone request
-# waits for nothing). Inside the store deadline; 0 writes whatever is queued at once.
-WEBHOOK_STORE_GATHER_SECONDS = env_float("WEBHOOK_STORE_GATHER_SECONDS", 0.002)
 
 # --- Inbox worker (verify, dedup, deliver; ingress/inbox.py) ------------------------------
 # 500, not 200: ~9-12 % less worker and PostgreSQL CPU per event (fewer claims and commits),

@@ -1,24 +1,24 @@
 """Writes to the raw event store and the operator's actions on it.
 
-The receive path calls exactly one of these (raw_event_store); raw_events_rotate_keys is the
+The receive path calls exactly one of these (raw_event_store from the Django view,
+raw_event_store_async on the production server); raw_events_rotate_keys is the
 encryption key rotation; raw_event_replay and raw_event_reverify are the operator actions the
 console, the API and the commands call. The inbox's own writes (verify, dedup, fan out) are in
 ingress/inbox.py, running deliveries in ingress/deliveries.py.
 """
 
-import asyncio
 import hashlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from eventdrop.db import database_deadline
 from eventdrop.errors import EventDropError
 from ingress.deliveries import (
     deliveries_arm_for_replay,
@@ -31,7 +31,7 @@ from ingress.handlers import get_handler
 from ingress.inbox import raw_events_settle
 from ingress.models import Delivery, DispatchStatus, HandlerPause, RawEvent, SignatureStatus
 from ingress.sources import Source, all_sources
-from ingress.store import raw_rows, raw_rows_on_loop
+from ingress.store import RawEventWriter
 
 logger = logging.getLogger(__name__)
 
@@ -58,22 +58,32 @@ def raw_event_store(
     body: bytes,
     remote_addr: str | None,
 ) -> RawEvent:
-    """Persist one received request, exactly as received, and return it once committed.
+    """Persist one received request, exactly as received, and return it once committed:
+    one ORM INSERT on this thread's connection (the Django view; tests, commands).
 
-    The row joins the rows other threads of this process are storing at the same moment in
-    one multi-row INSERT, committed once (ingress/store.py: group commit); it returns only
-    after that commit. Inside a caller's transaction it is inserted alone, in it.
-
-    Everything here ends within WEBHOOK_STORE_TIMEOUT_SECONDS (eventdrop.db): waiting for the
-    batch, opening a connection if this thread has none, the INSERT, and the one retry on a
-    lost connection. Past it, or on any other database error, DatabaseError propagates and
-    nothing may be acknowledged.
+    Everything here ends within WEBHOOK_STORE_TIMEOUT_SECONDS (eventdrop.db): opening a
+    connection if this thread has none, the INSERT, and one retry when the server dropped the
+    connection under it. Past it, or on any other database error, DatabaseError propagates
+    and nothing may be acknowledged.
     """
     fields = _raw_event_fields(source, method, path, query_string, headers, body, remote_addr)
-    return raw_rows.insert(fields, seconds=settings.WEBHOOK_STORE_TIMEOUT_SECONDS)
+    with database_deadline(settings.WEBHOOK_STORE_TIMEOUT_SECONDS):
+        try:
+            return RawEvent.objects.create(**fields)
+        except (OperationalError, InterfaceError):
+            # Lost, not refused or timed out, and not inside a caller's transaction (a new
+            # connection would silently lose the statements before this one): a restart the
+            # health check did not see yet. If the first INSERT did commit before the
+            # connection died, the event is stored twice; the inbox's dedup key makes the
+            # copy a `duplicate`.
+            if not getattr(connection.connection, "broken", False) or connection.in_atomic_block:
+                raise
+            connection.close()
+            return RawEvent.objects.create(**fields)
 
 
 async def raw_event_store_async(
+    writer: RawEventWriter,
     *,
     source: Source,
     method: str,
@@ -83,19 +93,10 @@ async def raw_event_store_async(
     body: bytes,
     remote_addr: str | None,
 ) -> int:
-    """raw_event_store for the receive view on the web server's event loop: the same row,
-    the same promises; the stored row's id.
-
-    The row is written by the loop's group commit (ingress/store.py `LoopGroupCommit`), with
-    no thread involved. Where the loop has no asyncio connections (the server on SQLite,
-    eventdrop/web.py) the threads' group commit writes it, on asgiref's sync thread.
-    """
+    """raw_event_store on the production server's event loop (ingress/asgi.py): the same
+    row and the same promises, written on `writer`'s asyncio connections; its id."""
     fields = _raw_event_fields(source, method, path, query_string, headers, body, remote_addr)
-    seconds = settings.WEBHOOK_STORE_TIMEOUT_SECONDS
-    if raw_rows_on_loop.serves(asyncio.get_running_loop()):
-        return await raw_rows_on_loop.insert(fields, seconds=seconds)
-    event = await sync_to_async(raw_rows.insert)(fields, seconds=seconds)
-    return event.pk
+    return await writer.insert(fields, seconds=settings.WEBHOOK_STORE_TIMEOUT_SECONDS)
 
 
 def _raw_event_fields(

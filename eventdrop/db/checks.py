@@ -1,6 +1,5 @@
-"""System checks for the webhook store's database bounds (eventdrop.E001) and its group
-commit's gathering (eventdrop.E002); the arithmetic against the request budget is outbox.E001
-(eventdrop/budgets.py, `ingress.raw_event_store`)."""
+"""System checks for the webhook store's database bounds (eventdrop.E001); the arithmetic
+against the request budget is outbox.E001 (eventdrop/budgets.py, `ingress.raw_event_store`)."""
 
 from django.conf import settings
 from django.core import checks
@@ -25,22 +24,3 @@ def check_webhook_store_deadline(app_configs=None, **kwargs) -> list[checks.Chec
         )
     ]
 
-
-# Gathering is for requests arriving within a few milliseconds of each other; a longer wait
-# would only add it to every acknowledgement under load.
-MAX_STORE_GATHER_SECONDS = 0.05
-
-
-@checks.register()
-def check_webhook_store_gather(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    seconds = settings.WEBHOOK_STORE_GATHER_SECONDS
-    if 0 <= seconds <= MAX_STORE_GATHER_SECONDS:
-        return []
-    return [
-        checks.Error(
-            f"WEBHOOK_STORE_GATHER_SECONDS is {seconds:g} s: the group commit's wait for the "
-            f"rows it expects must be between 0 (off) and {MAX_STORE_GATHER_SECONDS:g} s.",
-            hint="The default, 0.002, batches keep-alive clients' webhooks (docs/benchmarks.md).",
-            id="eventdrop.E002",
-        )
-    ]

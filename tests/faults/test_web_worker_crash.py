@@ -32,16 +32,12 @@ def _database_url() -> str:
 
 
 def _workers(supervisor: int) -> set[int]:
-    """The supervisor's worker processes (multiprocessing's spawned children)."""
+    """The supervisor's worker processes: its children (the server forks them)."""
     out = subprocess.run(
-        ["ps", "-ww", "-o", "pid=,args=", "--ppid", str(supervisor)],  # -ww: whole lines
-        capture_output=True, text=True, check=False,
+        ["ps", "-o", "pid=", "--ppid", str(supervisor)], capture_output=True, text=True,
+        check=False,
     )
-    return {
-        int(line.split(None, 1)[0])
-        for line in out.stdout.splitlines()
-        if "multiprocessing.spawn" in line
-    }
+    return {int(pid) for pid in out.stdout.split()}
 
 
 def _post(port: int, body: bytes) -> tuple[int, dict]:

@@ -3,7 +3,8 @@
 Two servers, started once per module against the test database:
 
 - `web`: the production server, the Procfile's `web:` line (tests/support/processes.py).
-  Its event loop collects every body before Django sees the request (eventdrop/web.py).
+  The webhook application reads every body whole, within its deadline, before the receive
+  core sees it (ingress/asgi.py).
 - `gunicorn`: a plain WSGI server that hands the view whatever it read. Through it the
   receive view's own checks are the only defence, so they are proven here too.
 
@@ -377,23 +378,27 @@ def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(server
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_idle_keep_alive_connection_lasts_its_keep_alive_not_the_header_deadline(server):
+def test_an_idle_keep_alive_connection_is_served_then_closed_at_the_header_deadline(server):
+    # granian's header read timeout also bounds the wait for a connection's next request:
+    # an idle keep-alive connection lasts the header deadline (no separate keep-alive
+    # setting exists among its options).
     kind, port = server
     if kind != "web":
-        pytest.skip("WEB_KEEP_ALIVE_SECONDS is the production server's setting")
+        pytest.skip("WEB_HEADER_READ_TIMEOUT_SECONDS is the production server's setting")
     body = b'{"id": "evt_keep_alive"}'
     request = post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body))
     request += b"\r\n" + body
     with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
         sock.sendall(request)
         assert _read_response(sock).startswith(b"HTTP/1.1 202")
-        # Idle past the header deadline, inside the keep-alive: still open, still served.
-        time.sleep(HEADER_READ_TIMEOUT_SECONDS + 0.5)
+        # Idle inside the header deadline: still open, still served.
+        time.sleep(HEADER_READ_TIMEOUT_SECONDS / 2)
         sock.sendall(request)
         assert _read_response(sock).startswith(b"HTTP/1.1 202")
-        closed_after = _closed_within(sock, KEEP_ALIVE_SECONDS + 3)
+        closed_after = _closed_within(sock, HEADER_READ_TIMEOUT_SECONDS + 3)
 
-    assert closed_after is not None and closed_after > KEEP_ALIVE_SECONDS - 0.5
+    assert closed_after is not None, "an idle keep-alive connection was kept open"
+    assert HEADER_READ_TIMEOUT_SECONDS - 0.5 < closed_after < HEADER_READ_TIMEOUT_SECONDS + 2
     assert RawEvent.objects.count() == 2
 
 
@@ -414,8 +419,8 @@ def test_a_header_line_that_never_ends_is_431_before_the_server_buffers_it(serve
         with contextlib.suppress(OSError):
             answer = _read_response(sock)
 
+    # The server's own answer (its body is empty: it is given before any application code).
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
-    assert b'"headers_too_large"' in answer
     assert not RawEvent.objects.exists()
 
 
@@ -443,16 +448,20 @@ def test_the_head_limit_is_per_request_on_a_long_keep_alive_connection(server):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_malformed_request_line_is_a_json_400(server):
+def test_a_malformed_request_line_is_a_400(server):
     kind, port = server
     if kind != "web":
         pytest.skip("gunicorn answers its own HTML error page")
-    for head in (b"POST /webhooks/stripe/ HTTP/1.1 extra\r\nHost: x\r\n",
-                 b"POST http://a:99999/webhooks/stripe/ HTTP/1.1\r\nHost: x\r\n"):
+    # The first the server's parser refuses (its own answer, empty-bodied); the second it
+    # parses (the authority of an absolute target is not the Host), and the Host check
+    # refuses it.
+    for head, code in ((b"POST /webhooks/stripe/ HTTP/1.1 extra\r\nHost: x\r\n", None),
+                       (b"POST http://a:99999/webhooks/stripe/ HTTP/1.1\r\nHost: x\r\n",
+                        "disallowed_host")):
         status, answer = exchange(port, head)
 
-        assert status == 400 and answer is not None, (head, answer)
-        assert answer["error"] == "malformed_request", (head, answer)
+        assert status == 400, (head, answer)
+        assert (answer and answer["error"]) == code, (head, answer)
     assert not RawEvent.objects.exists()
 
 
@@ -524,9 +533,8 @@ def _data_segments_received(sock: socket.socket) -> int:
 
 @pytest.mark.django_db(transaction=True)
 def test_an_answer_leaves_in_one_segment(server):
-    """The head and the body of an answer go out in one send() (eventdrop/web_protocol.py,
-    _WritesJoinedPerTurn): uvicorn alone writes them apart, two segments and two wake-ups of
-    the client per answer. Both responders: the webhook on the loop, the rest on threads."""
+    """The head and the body of an answer go out in one segment (one wake-up of the client
+    per answer), from the webhook application and from Django's own handler alike."""
     kind, port = server
     if kind != "web":
         pytest.skip("how the production server writes")
