@@ -33,7 +33,6 @@ from ingress.views import (
     admit_head,
     body_incomplete,
     body_too_large,
-    error,
     store_unavailable,
 )
 
@@ -86,7 +85,7 @@ class WebhookApp:
         path = scope["path"]
         route = _ROUTE.fullmatch(path)
         if route is None:
-            raise Refused(error(404, "not_found", f"No webhook route at {path!r}."))
+            raise Refused(404, "not_found", f"No webhook route at {path!r}.")
         client = scope.get("client")
         return admit_head(
             route.group(1),
@@ -120,12 +119,9 @@ class WebhookApp:
                         break
         except TimeoutError:
             raise Refused(
-                error(
-                    408,
-                    "body_read_timeout",
-                    f"The request body did not arrive within "
-                    f"{self.body_read_timeout_seconds:g} s.",
-                )
+                408,
+                "body_read_timeout",
+                f"The request body did not arrive within {self.body_read_timeout_seconds:g} s.",
             ) from None
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
@@ -145,6 +141,4 @@ def _check_host(fields: list[tuple[str, str]], scope: dict[str, Any]) -> None:
         allowed = [".localhost", "127.0.0.1", "[::1]"]
     domain, _port = split_domain_port(host)
     if not (domain and validate_host(domain, allowed)):
-        raise Refused(
-            error(400, "disallowed_host", "The Host header is not one this server serves.")
-        )
+        raise Refused(400, "disallowed_host", "The Host header is not one this server serves.")

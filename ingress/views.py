@@ -23,7 +23,6 @@ in the response, and which is answered only after its signature checks out.
 import json
 import logging
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,11 +77,11 @@ Answer = tuple[int, list[tuple[str, str]], bytes]
 
 
 class Refused(Exception):
-    """The request is answered without a row: `answer` says why."""
+    """The request is answered without a row, with this JSON error."""
 
-    def __init__(self, answer: Answer):
-        super().__init__(answer[0])
-        self.answer = answer
+    def __init__(self, status: int, code: str, message: str, *extra: tuple[str, str]):
+        super().__init__(status, code)
+        self.answer = error(status, code, message, *extra)
 
 
 def error(status: int, code: str, message: str, *extra: tuple[str, str]) -> Answer:
@@ -133,7 +132,7 @@ def admit_head(
     method: str,
     path: str,
     query_string: str,
-    fields: Iterable[tuple[str, str]],
+    fields: list[tuple[str, str]],
     peer: str | None,
     *,
     dechunked: bool,
@@ -145,12 +144,10 @@ def admit_head(
     started = time.perf_counter()
     source = get_source(source_name)
     if source is None:
-        raise Refused(
-            error(404, "unknown_source", f"No enabled webhook source named {source_name!r}.")
-        )
+        raise Refused(404, "unknown_source", f"No enabled webhook source named {source_name!r}.")
     if method != "POST":
         raise Refused(
-            error(405, "method_not_allowed", "Webhooks must be sent with POST.", ("Allow", "POST"))
+            405, "method_not_allowed", "Webhooks must be sent with POST.", ("Allow", "POST")
         )
     headers: dict[str, str] = {}
     size = 0
@@ -163,12 +160,10 @@ def admit_head(
     if size > source.max_header_bytes:
         # Headers are stored with the body: unbounded, they would be the body limit's back door.
         raise Refused(
-            error(
-                431,
-                "headers_too_large",
-                f"Headers of {size} bytes exceed this source's limit of "
-                f"{source.max_header_bytes} bytes.",
-            )
+            431,
+            "headers_too_large",
+            f"Headers of {size} bytes exceed this source's limit of "
+            f"{source.max_header_bytes} bytes.",
         )
     raw_length = headers.get("content-length", "")
     content_length: int | None = None
@@ -176,61 +171,51 @@ def admit_head(
         try:
             content_length = int(raw_length)
         except ValueError:
-            raise Refused(
-                error(400, "bad_content_length", "Content-Length is not an integer.")
-            ) from None
+            raise Refused(400, "bad_content_length", "Content-Length is not an integer.") from None
         if content_length < 0:
-            raise Refused(error(400, "bad_content_length", "Content-Length is negative."))
+            raise Refused(400, "bad_content_length", "Content-Length is negative.")
         if content_length > source.max_body_bytes:
             raise Refused(
-                error(
-                    413,
-                    "body_too_large",
-                    f"Body of {content_length} bytes exceeds this source's limit of "
-                    f"{source.max_body_bytes} bytes.",
-                )
+                413,
+                "body_too_large",
+                f"Body of {content_length} bytes exceeds this source's limit of "
+                f"{source.max_body_bytes} bytes.",
             )
     elif not (dechunked and _is_chunked(fields)):
         # No length and no chunked framing: the body's end is unknowable (and a server that
         # does not de-chunk would hand over raw chunk framing).
-        raise Refused(error(411, "length_required", "Send a Content-Length (or a chunked body)."))
+        raise Refused(411, "length_required", "Send a Content-Length (or a chunked body).")
     if source.signature_header not in headers:
         raise Refused(
-            error(
-                400,
-                "missing_signature",
-                f"The {source.signature_header} header is required for this source.",
-            )
+            400,
+            "missing_signature",
+            f"The {source.signature_header} header is required for this source.",
         )
     return Head(source, method, path, query_string, headers, content_length, peer, started)
 
 
-def _is_chunked(fields: Iterable[tuple[str, str]]) -> bool:
+def _is_chunked(fields: list[tuple[str, str]]) -> bool:
     return any(name == "transfer-encoding" and "chunked" in value.lower() for name, value in fields)
 
 
 def body_too_large(head: Head) -> Refused:
     limit = head.source.max_body_bytes
-    return Refused(
-        error(413, "body_too_large", f"Body exceeds this source's limit of {limit} bytes.")
-    )
+    return Refused(413, "body_too_large", f"Body exceeds this source's limit of {limit} bytes.")
 
 
 def body_incomplete(head: Head, received: int) -> Refused:
     """The client stopped (or broke the chunked framing) before the body's end."""
     if head.content_length is not None:
         return Refused(
-            error(
-                400,
-                "truncated_body",
-                f"The body ended after {received} of the {head.content_length} bytes declared.",
-            )
+            400,
+            "truncated_body",
+            f"The body ended after {received} of the {head.content_length} bytes declared.",
         )
     return malformed_body()
 
 
 def malformed_body() -> Refused:
-    return Refused(error(400, "malformed_body", "The request body's framing is malformed."))
+    return Refused(400, "malformed_body", "The request body's framing is malformed.")
 
 
 def admit_body(head: Head, body: bytes) -> Admitted:
@@ -270,8 +255,10 @@ def acknowledged(admitted: Admitted, event_id: int) -> Answer:
         body = json.dumps({"challenge": admitted.challenge}).encode()
         return 200, [("Content-Type", "application/json")], body
     # json.dumps({"id": event_id, "status": "accepted"}) byte for byte.
-    return 202, [("Content-Type", "application/json")], b'{"id": %d, "status": "accepted"}' % (
-        event_id
+    return (
+        202,
+        [("Content-Type", "application/json")],
+        b'{"id": %d, "status": "accepted"}' % (event_id),
     )
 
 
