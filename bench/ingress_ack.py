@@ -17,14 +17,15 @@ One run measures, on this machine and within a few minutes:
    of the INSERT as the store issues it. `--ceiling-protocol simple` (parsed and planned
    every time) is the ceiling of the earlier runs, for a server that binds on the client.
 2. **the webhook**: the real app, started exactly as the Procfile starts it
-   (`python -m eventdrop.web`: uvicorn, eventdrop/web.py) with bench/settings_bench.py, driven
+   (`python -m eventdrop.web`: granian, eventdrop/web.py) with bench/settings_bench.py, driven
    by `wrk` (a C load generator: little of the two cores goes to the client) over keep-alive
    connections with signed-looking Stripe POSTs (a ~1.5 KiB `checkout.session.completed`
    body, unique per request). `apt-get update && apt-get install wrk` is run when it is
    missing; without it (or with `--client python`) a Python client in a second process does
    the same, slower.
-3. **the no-write baseline**: the same requests at `/bench/noop/stripe/`, a view behind the
-   same server and middleware that reads the body and answers 202 writing nothing.
+3. **the no-write baseline**: the same requests at `/bench/noop/stripe/`, a Django view
+   behind the same server (Django's own ASGI handler and middleware) that reads the body and
+   answers 202 writing nothing: what a webhook would cost as an ordinary Django view.
 
 It prints ACK/s, p50/p95/p99 and the server's CPU per answered request (its workers' user +
 system time from /proc) of each phase, the share of the machine its host took meanwhile
@@ -54,12 +55,14 @@ phase at the most connections (collapsed stacks into DIR) and prints the top fra
 needs ptrace: root, or `kernel.yama.ptrace_scope` 0).
 
 `--baseline REV --interleave PAIRS` compares two servers at one machine speed: both run side by
-side and wrk alternates between them in `--interleave-seconds` slices (3 s), printing each
-pair's ratios of ACK/s and of server CPU per webhook and their medians (no ceiling, no no-write
-phase). On this VM the speed drifts by tens of per cent within minutes (steal time), more than
-a change of a tenth can be told from in `--rounds` phases minutes apart.
+side and wrk alternates between them in `--interleave-seconds` slices (3 s), with pgbench's
+ceiling between the pairs, printing each pair's ratios of ACK/s and of server CPU per webhook,
+each server's ratio to the ceiling and p99, and their medians (no no-write phase). On this VM
+the speed drifts by tens of per cent within minutes (steal time), more than a change of a
+tenth can be told from in `--rounds` phases minutes apart.
 
-    .venv/bin/python bench/ingress_ack.py --baseline HEAD~1 --interleave 12 --connections 16
+    .venv/bin/python bench/ingress_ack.py --baseline HEAD~1 --interleave 12 --connections 16 \\
+        --ceiling-seconds 3
 
 Everything listens on 127.0.0.1 only, and everything it started is stopped at the end.
 """
@@ -612,8 +615,6 @@ def start_server(env: dict[str, str], root: Path, port: int, args, extra_env: di
         "WEB_LOG_LEVEL": "warning",
         **extra_env,
     }
-    if args.web_threads:
-        env["WEB_THREADS"] = str(args.web_threads)
     server = subprocess.Popen(
         [sys.executable, "-m", "eventdrop.web"],  # the Procfile's web line
         env=env,
@@ -655,7 +656,7 @@ def stop(server: subprocess.Popen) -> None:
 
 def server_workers(server: subprocess.Popen) -> list[int]:
     """The server's worker processes: the children of the process the bench started, or
-    that process itself when it serves alone (one worker: uvicorn runs no supervisor)."""
+    that process itself when it serves alone (a server without a supervisor)."""
     out = subprocess.run(
         ["ps", "-o", "pid=", "--ppid", str(server.pid)], capture_output=True, text=True
     )
@@ -826,13 +827,13 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
 def interleave(servers, env, args, load, workdir) -> bool:
     """`--interleave PAIRS`: the baseline's and the current server run side by side (both
     idle but for the slice being measured), and wrk alternates between them in short
-    slices, PAIRS pairs, the order swapped every pair. The VM's speed drifts over minutes
-    (steal time from its host: tens of per cent), so slices seconds apart compare the two
-    servers at one speed, where `--rounds` phases minutes apart do not. Prints, per pair,
-    each server's ACK/s and CPU per webhook, and the medians of current / baseline. Rows are
-    checked per slice. No ceiling: this compares two servers, not one with PostgreSQL."""
-    import statistics
-
+    slices, PAIRS pairs, the order swapped every pair, with pgbench's ceiling at the same
+    connections measured before the first pair and after each (the servers idle meanwhile).
+    The VM's speed drifts over minutes (steal time from its host: tens of per cent), so
+    slices seconds apart compare the two servers at one speed, where `--rounds` phases
+    minutes apart do not. Prints, per pair, each server's ACK/s, CPU per webhook and ratio to
+    the mean of the pair's two ceilings; then the medians: current / baseline (ACK/s, CPU per
+    webhook), each server's ratio to the ceiling and p99. Rows are checked per slice."""
     connections = max(args.connections)
     started = {}
     logs = []
@@ -845,10 +846,14 @@ def interleave(servers, env, args, load, workdir) -> bool:
             started[label] = (start_server(env, root, port, args, server_env, log), port)
         for _server, port in started.values():
             load(port, WEBHOOK_PATH, connections, WARMUP_SECONDS)
-        figures: dict[str, list[tuple[float, float, float]]] = {label: [] for label in started}
-        print(f"\ninterleaved, {connections} connections, {args.interleave_seconds:g} s slices")
+        # Per server and pair: (ACK/s, CPU us per webhook, p99 ms, ratio to the ceiling).
+        figures: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in started}
+        print(f"\ninterleaved, {connections} connections, {args.interleave_seconds:g} s slices, "
+              f"ceiling pgbench -M {args.ceiling_protocol} {args.ceiling_seconds:g} s")
+        ceilings = [ceiling(args, connections)]
         for pair in range(args.interleave):
             order = list(started) if pair % 2 == 0 else list(started)[::-1]
+            slices = {}
             for label in order:
                 server, port = started[label]
                 workers = server_workers(server)
@@ -858,14 +863,20 @@ def interleave(servers, env, args, load, workdir) -> bool:
                 if rows < slice_["ok"]:
                     ok = False
                     print(f"  {label}: {slice_['ok']} 2xx but {rows} rows")
+                slices[label] = (slice_, cpu_used)
+            ceilings.append(ceiling(args, connections))
+            pair_ceiling = (ceilings[-2] + ceilings[-1]) / 2
+            for label, (slice_, cpu_used) in slices.items():
                 rate = slice_["ok"] / slice_["seconds"]
                 cpu_us = cpu_used / slice_["ok"] * 1e6 if slice_["ok"] else float("nan")
-                figures[label].append((rate, cpu_us, slice_["p99_ms"]))
+                figures[label].append((rate, cpu_us, slice_["p99_ms"], rate / pair_ceiling))
             base, new = figures["baseline"][-1], figures["current"][-1]
             print(
-                f"  pair {pair + 1}: baseline {base[0]:.0f}/s {base[1]:.0f} us, current "
-                f"{new[0]:.0f}/s {new[1]:.0f} us: rate {new[0] / base[0]:.3f}, "
-                f"CPU per webhook {new[1] / base[1]:.3f}"
+                f"  pair {pair + 1}: ceiling {pair_ceiling:.0f}/s; baseline {base[0]:.0f}/s "
+                f"{base[1]:.0f} us p99 {base[2]:.1f} ms ({base[3]:.2f}); current {new[0]:.0f}/s "
+                f"{new[1]:.0f} us p99 {new[2]:.1f} ms ({new[3]:.2f}): rate "
+                f"{new[0] / base[0]:.3f}, CPU per webhook {new[1] / base[1]:.3f}",
+                flush=True,
             )
         base_all, new_all = figures["baseline"], figures["current"]
         rates = [n[0] / b[0] for b, n in zip(base_all, new_all, strict=True)]
@@ -874,10 +885,16 @@ def interleave(servers, env, args, load, workdir) -> bool:
             f"current / baseline over {len(rates)} pairs: rate median "
             f"{statistics.median(rates):.3f} (higher in {sum(r > 1 for r in rates)}), "
             f"server CPU per webhook median "
-            f"{statistics.median(cpus):.3f} (lower in {sum(c < 1 for c in cpus)}); p99 median "
-            f"{statistics.median(b[2] for b in base_all):.1f} / "
-            f"{statistics.median(n[2] for n in new_all):.1f} ms"
+            f"{statistics.median(cpus):.3f} (lower in {sum(c < 1 for c in cpus)})"
         )
+        for label, mine in figures.items():
+            print(
+                f"{label}: ratio to the ceiling median {statistics.median(f[3] for f in mine):.2f}"
+                f", ACK/s median {statistics.median(f[0] for f in mine):.0f}, p99 median "
+                f"{statistics.median(f[2] for f in mine):.1f} ms, CPU per webhook median "
+                f"{statistics.median(f[1] for f in mine):.0f} us"
+            )
+        print("rows: every 2xx is a row, in every slice" if ok else "rows: MISMATCH (above)")
     finally:
         for server, _ in started.values():
             stop(server)
@@ -993,7 +1010,6 @@ def main() -> int:
         help="pgbench -M: how the ceiling's INSERT is sent (the store's way: prepared)",
     )
     parser.add_argument("--workers", type=int, default=2, help="web processes (WEB_CONCURRENCY)")
-    parser.add_argument("--web-threads", type=int, default=0, help="WEB_THREADS (0: default)")
     parser.add_argument("--slow-clients", type=int, default=0, help="trickling at 1 B/s")
     parser.add_argument("--baseline", metavar="REV", help="also run the server of REV")
     parser.add_argument(
@@ -1052,7 +1068,7 @@ def main() -> int:
             f"(synchronous_commit={facts['synchronous_commit']}, fsync={facts['fsync']})  "
             f"client {'wrk' if wrk else 'python'}  {args.workers} web processes  "
             + (
-                f"{args.interleave} pairs of {args.interleave_seconds:g} s slices, no ceiling"
+                f"{args.interleave} pairs of {args.interleave_seconds:g} s slices"
                 if args.interleave
                 else f"{args.seconds:g} s per phase  ceiling pgbench -M {args.ceiling_protocol}"
             )
