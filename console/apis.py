@@ -11,18 +11,18 @@ a write whose `Origin` or `Sec-Fetch-Site` says it comes from another site is a 
 its credentials.
 """
 
-import logging
 
-from django.conf import settings
-from django.db import InterfaceError, OperationalError
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.permissions import BasePermission, IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView, exception_handler
+from rest_framework.views import APIView
 
 from console.models import (
     OperatorAction,
@@ -30,11 +30,12 @@ from console.models import (
     OperatorActionVia,
     PayloadAccessKind,
 )
+from console.ops import queue_drains
 from console.presentation import body_for_api, error_for_viewer, may_read_payload, seconds_between
+from console.problems import problem
 from console.selectors import (
     BODY_SEARCH_ENCRYPTED,
     PAYLOAD_FIELDS,
-    operator_action_list,
     queue_depths,
     raw_event_deliveries,
     raw_event_list,
@@ -59,37 +60,11 @@ from ingress.models import (
 )
 from ingress.payloads import raw_event_body, raw_event_headers
 
-logger = logging.getLogger(__name__)
-
-DATABASE_UNAVAILABLE = "The database is unavailable; retry later."
 BODY_SEARCH_FORBIDDEN = "Searching body text needs the permission ingress.view_raw_payload."
 PAYLOAD_FORBIDDEN = "Including bodies and headers needs the permission ingress.view_raw_payload."
 PAGINATION_PARAMS = {"limit", "offset"}
 # PostgreSQL bigint: a larger id is bad input, not a database error.
 MAX_ID = 2**63 - 1
-
-
-def api_exception_handler(exc, context):
-    """DRF's handler, plus: the database being down is a 503 to retry, not a 500.
-
-    Every API of the project (REST_FRAMEWORK's EXCEPTION_HANDLER). Authentication alone
-    needs the database (a token or session lookup), so an outage reaches every endpoint.
-    The log line is one incident kind: eventdrop.logformat rate-limits it.
-    """
-    # Connection-level failures only: an IntegrityError or a refused privilege is a bug or a
-    # misconfiguration that retrying cannot fix, and stays a 500.
-    if isinstance(exc, OperationalError | InterfaceError):
-        logger.error(
-            "api.database_unavailable",
-            exc_info=exc,
-            extra={"view": type(context.get("view")).__name__},
-        )
-        return Response(
-            {"detail": DATABASE_UNAVAILABLE},
-            status=503,
-            headers={"Retry-After": str(settings.INGRESS_UNAVAILABLE_RETRY_AFTER)},
-        )
-    return exception_handler(exc, context)
 
 
 # Bounds of a page request: beyond them PostgreSQL's LIMIT/OFFSET (bigint) overflowed into
@@ -134,6 +109,12 @@ class UncountedLimitOffsetPagination(ConsolePagination):
             {"next": self.get_next_link(), "previous": self.get_previous_link(), "results": data}
         )
 
+    def get_paginated_response_schema(self, schema):
+        response = super().get_paginated_response_schema(schema)
+        del response["properties"]["count"]
+        response["required"] = ["next", "previous", "results"]
+        return response
+
 
 def has_perm(permission: str) -> type[BasePermission]:
     class HasPermission(BasePermission):
@@ -150,6 +131,7 @@ class ConsoleApi(APIView):
 
     required_permission = ""
     parser_classes = [BoundedJSONParser]
+    problem_details = True  # errors as RFC 9457 problems (console/problems.py)
 
     def get_permissions(self):
         return [IsAdminUser(), SameSiteWrites(), has_perm(self.required_permission)()]
@@ -196,6 +178,9 @@ class OperatorActionOutputSerializer(serializers.ModelSerializer):
 
 
 class RawEventOutputSerializer(serializers.ModelSerializer):
+    # The row keeps one verdict time; a rejection's is returned as rejected_at, never as
+    # verified_at (a rejected event was never verified).
+    rejected_at = serializers.DateTimeField(source="verified_at", allow_null=True, read_only=True)
     verify_lag_seconds = serializers.SerializerMethodField()
     handle_lag_seconds = serializers.SerializerMethodField()
 
@@ -217,6 +202,7 @@ class RawEventOutputSerializer(serializers.ModelSerializer):
             "rejection_reason",
             "matched_secret_index",
             "verified_at",
+            "rejected_at",
             "verify_count",
             "provider_retry_num",
             "provider_retry_reason",
@@ -227,6 +213,14 @@ class RawEventOutputSerializer(serializers.ModelSerializer):
             "verify_lag_seconds",
             "handle_lag_seconds",
         )
+
+    def to_representation(self, instance: RawEvent) -> dict:
+        data = super().to_representation(instance)
+        if instance.signature_status != SignatureStatus.VERIFIED:
+            data["verified_at"] = None
+        if instance.signature_status != SignatureStatus.REJECTED:
+            data["rejected_at"] = None
+        return data
 
     def get_verify_lag_seconds(self, obj: RawEvent) -> float | None:
         return seconds_between(obj.received_at, obj.verified_at)
@@ -291,6 +285,16 @@ class DeliveryOutputSerializer(serializers.ModelSerializer):
         )
 
 
+class RawEventWithDeliveriesSerializer(RawEventWithPayloadOutputSerializer):
+    """The detail answer, as the schema shows it (headers and body only with the payload
+    permission)."""
+
+    deliveries = DeliveryOutputSerializer(many=True)
+
+    class Meta(RawEventWithPayloadOutputSerializer.Meta):
+        fields = (*RawEventWithPayloadOutputSerializer.Meta.fields, "deliveries")
+
+
 def _raw_event_serializer(request: Request) -> type[RawEventOutputSerializer]:
     if may_read_payload(request.user):
         return RawEventWithPayloadOutputSerializer
@@ -307,8 +311,19 @@ def _operator_action_response(record: OperatorAction) -> Response:
     return Response(OperatorActionOutputSerializer(record).data)
 
 
+def operator_action_answer(record: OperatorAction) -> Response:
+    """A one-object change (a pause, an incident's acknowledgement): the recorded operator
+    action, or, refused, a 409 problem saying why, with the action that recorded it."""
+    data = OperatorActionOutputSerializer(record).data
+    if record.succeeded:
+        return Response(data)
+    return problem(409, record.results[0]["detail"], code="refused", operator_action=data)
+
+
 class RawEventListApi(ConsoleApi):
     required_permission = "ingress.view_rawevent"
+    # Read by the schema (drf-spectacular) for the list's parameters and envelope.
+    pagination_class = UncountedLimitOffsetPagination
 
     class FilterSerializer(serializers.Serializer):
         # A field named like Field.source, which the stubs see as overridden: DRF's metaclass
@@ -339,6 +354,11 @@ class RawEventListApi(ConsoleApi):
                 )
             return attrs
 
+    @extend_schema(
+        parameters=[FilterSerializer],
+        responses=RawEventWithPayloadOutputSerializer(many=True),
+        description="Body and headers only with include_payload (ingress.view_raw_payload).",
+    )
     def get(self, request: Request) -> Response:
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
@@ -380,6 +400,7 @@ class RawEventListApi(ConsoleApi):
 class RawEventDetailApi(ConsoleApi):
     required_permission = "ingress.view_rawevent"
 
+    @extend_schema(responses=RawEventWithDeliveriesSerializer)
     def get(self, request: Request, raw_event_id: int) -> Response:
         queryset = RawEvent.objects.all()
         if not may_read_payload(request.user):
@@ -404,6 +425,10 @@ class OperatorActionApi(ConsoleApi):
     input_serializer: type[serializers.Serializer] = IdsInputSerializer
     action: str  # OperatorActionKind
 
+    def get_serializer_class(self) -> type[serializers.Serializer]:
+        return self.input_serializer  # the request body, as the schema shows it
+
+    @extend_schema(responses=OperatorActionOutputSerializer)
     def post(self, request: Request) -> Response:
         serializer = self.input_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -447,16 +472,19 @@ class RecapRetryRenderApi(OperatorActionApi):
 class QueueDepthsApi(ConsoleApi):
     required_permission = "console.view_ops"
 
+    @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
-        return Response(queue_depths())
-
-
-class OperatorActionListApi(ConsoleApi):
-    required_permission = "console.view_operatoraction"
-
-    def get(self, request: Request) -> Response:
-        paginator = ConsolePagination()
-        page = paginator.paginate_queryset(operator_action_list(), request, view=self)
-        return paginator.get_paginated_response(
-            OperatorActionOutputSerializer(page, many=True).data
-        )
+        depths = queue_depths()
+        drains = queue_drains(now=timezone.now(), inbox=depths["ingress"], outbox=depths["outbox"])
+        # How long until we catch up: backlog, drained over the window, time to clear it.
+        depths["drain"] = {
+            drain.queue: {
+                "backlog": drain.backlog,
+                "drained": drain.drained,
+                "window_seconds": drain.window_seconds,
+                "per_second": drain.per_second,
+                "seconds_to_clear": drain.seconds_to_clear,
+            }
+            for drain in drains
+        }
+        return Response(depths)

@@ -14,13 +14,17 @@ from collections import Counter
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from console.incidents import IncidentGroup, incident_groups
+from console.models import IncidentKind
 from console.ops import OpsSnapshot, ack_latency_collectors, ops_snapshot
 from eventdrop.routers import ReplicaStatus, replica_status
+from ingress.handlers import all_handlers
 from ingress.models import RejectionReason, SignatureStatus
 from ingress.providers import PROVIDERS
+from ingress.selectors import rejected_payloads_dropped
 from ingress.sources import all_sources
 from outbox.breaker import RENDER_SERVICE_BREAKER
 from outbox.models import BreakerState, SideEffectStatus
@@ -45,12 +49,34 @@ def _labelled(name: str, documentation: str, labels: list[str], values: dict) ->
 class OpsCollector(Collector):
     """No describe(): registering it must not run its queries."""
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         # Measured first, as on the ops page: the figures may be read from the replica
         # only while it is fit to serve them.
         replica = replica_status(fresh=True)
         yield from ops_families(ops_snapshot())
+        yield incident_family(incident_groups())
         yield from replica_families(replica)
+        yield rejected_payloads_family(rejected_payloads_dropped())
+
+
+def rejected_payloads_family(dropped: dict[str, int]) -> CounterMetricFamily:
+    """Rejected requests whose payload the inbox dropped past their source's cap
+    (ingress/rejected_payloads.py), every configured source with its zero. Counted over the
+    minutes still accounted for (RAW_EVENT_REJECTED_RETENTION_DAYS): a minute expiring
+    reads as a counter reset."""
+    sources = sorted(all_sources())
+    totals = Counter(dict.fromkeys(sources, 0))
+    for source, count in dropped.items():
+        totals[source if source in sources else OTHER] += count
+    family = CounterMetricFamily(
+        "eventdrop_rejected_payloads_dropped",
+        "Rejected requests whose body and headers were dropped past their source's "
+        "INBOX_REJECTED_PAYLOAD_BYTES_PER_MINUTE (the row is kept).",
+        labels=["source"],
+    )
+    for source, count in sorted(totals.items()):
+        family.add_metric([source], count)
+    return family
 
 
 def replica_families(replica: ReplicaStatus) -> Iterator[GaugeMetricFamily]:
@@ -241,6 +267,31 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
         "Deliveries held by handler pauses (not run, no attempt charged).",
         snapshot.deliveries_held,
     )
+    drains = {(drain.queue,): drain for drain in snapshot.drains}
+    yield _labelled(
+        "eventdrop_queue_backlog",
+        "Items waiting in each queue (raw events to verify, deliveries to run, side effects "
+        "to dispatch).",
+        ["queue"],
+        {key: drain.backlog for key, drain in drains.items()},
+    )
+    yield _labelled(
+        "eventdrop_queue_drain_per_second",
+        "Items each queue finished per second over the last 5 minutes.",
+        ["queue"],
+        {key: drain.per_second for key, drain in drains.items()},
+    )
+    yield _labelled(
+        "eventdrop_queue_seconds_to_clear",
+        "Time to clear each queue's backlog at its drain rate (absent: not draining while "
+        "items wait).",
+        ["queue"],
+        {
+            key: drain.seconds_to_clear
+            for key, drain in drains.items()
+            if drain.seconds_to_clear is not None
+        },
+    )
     yield _labelled(
         "eventdrop_circuit_breaker_state",
         "1 for the breaker's current state, 0 for the others.",
@@ -249,6 +300,34 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
             (RENDER_SERVICE_BREAKER, state): int(state == snapshot.breaker_state)
             for state in BreakerState.values
         },
+    )
+
+
+def incident_family(groups: list[IncidentGroup]) -> GaugeMetricFamily:
+    """Rows of each failure group by its state: the alert EventDropIncidentOpen names the
+    group and links to its page from these labels. Scope and error class are handler, effect
+    type and source names, exception class names and rejection reasons: names from our code
+    and configuration, never from a payload."""
+    # A source or handler no longer configured is "other", as elsewhere on /metrics;
+    # effect types are a closed set of choices.
+    known = {
+        IncidentKind.REJECTED_EVENTS: set(all_sources()),
+        IncidentKind.DEAD_DELIVERIES: {spec.name for spec in all_handlers()},
+        IncidentKind.STUCK_DELIVERIES: {spec.name for spec in all_handlers()},
+    }
+    rows: Counter = Counter()
+    for g in groups:
+        scope = g.scope if g.kind not in known or g.scope in known[g.kind] else OTHER
+        error_class = g.error_class
+        if g.kind == IncidentKind.REJECTED_EVENTS and error_class not in RejectionReason.values:
+            error_class = OTHER
+        rows[(g.kind, scope, error_class, g.state)] += g.rows
+    return _labelled(
+        "eventdrop_incident_rows",
+        "Rows of each failure group (console/incidents.py) by its state: open, acknowledged "
+        "or resolved.",
+        ["kind", "scope", "error_class", "state"],
+        rows,
     )
 
 

@@ -20,6 +20,8 @@ class OperatorActionKind(models.TextChoices):
     DELIVERY_REARM = "delivery_rearm", "re-arm deliveries"
     HANDLER_PAUSE = "handler_pause", "pause handlers"
     HANDLER_RESUME = "handler_resume", "resume handlers"
+    INCIDENT_ACKNOWLEDGE = "incident_acknowledge", "acknowledge an incident"
+    INCIDENT_RESOLVE = "incident_resolve", "resolve an incident"
 
 
 class OperatorActionVia(models.TextChoices):
@@ -404,3 +406,56 @@ class BulkJobItem(models.Model):
 
     def __str__(self) -> str:
         return f"job #{self.job_id} row {self.target_id}"
+
+
+class IncidentKind(models.TextChoices):
+    DEAD_DELIVERIES = "dead_deliveries", "dead deliveries"
+    DEAD_SIDE_EFFECTS = "dead_side_effects", "dead side effects"
+    REJECTED_EVENTS = "rejected_events", "rejected events"
+    STUCK_DELIVERIES = "stuck_deliveries", "stuck deliveries"
+    STUCK_SIDE_EFFECTS = "stuck_side_effects", "stuck side effects"
+
+
+class Incident(models.Model):
+    """Who acknowledged and who resolved one group of failures, and when.
+
+    The group itself — its rows, count, first and last seen — is a query over the failed rows
+    (console/incidents.py), keyed by (kind, scope, error class): nothing here is kept in step
+    with the rows. A row is written the first time an operator acknowledges or resolves the
+    group, through console.incidents (recorded as an operator action). A failure newer than
+    `resolved_at` reopens the group: that is read from the rows, not written.
+    """
+
+    kind = models.CharField(max_length=32, choices=IncidentKind.choices)
+    # A handler, an effect type or a source, by kind.
+    scope = models.CharField(max_length=255)
+    error_class = models.CharField(max_length=255)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=150, blank=True, default="")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(
+                fields=["kind", "scope", "error_class"], name="incident_one_per_group"
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=IncidentKind.values), name="incident_kind_valid"
+            ),
+            # Acknowledged (resolved) exactly when someone is named as having done it.
+            models.CheckConstraint(
+                condition=Q(acknowledged_at__isnull=True, acknowledged_by="")
+                | (Q(acknowledged_at__isnull=False) & ~Q(acknowledged_by="")),
+                name="incident_acknowledged_by_someone",
+            ),
+            models.CheckConstraint(
+                condition=Q(resolved_at__isnull=True, resolved_by="")
+                | (Q(resolved_at__isnull=False) & ~Q(resolved_by="")),
+                name="incident_resolved_by_someone",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()}: {self.scope} {self.error_class}"

@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from django.conf import settings
-from django.db.models import Count, F, FloatField, Func, Q, Value
+from django.db.models import Count, F, FloatField, Func, Min, Q, Value
 from django.db.models.aggregates import Aggregate
 from django.db.models.functions import Coalesce, Trunc
 from django.utils import timezone
@@ -315,6 +315,95 @@ def raw_event_lags(*, now: datetime) -> Lags:
     return Lags(**row)
 
 
+# --- How long until we catch up ---------------------------------------------------------------
+
+# The drain rate is measured over this window: short enough to follow a recovery, long
+# enough not to swing with one batch.
+DRAIN_WINDOW = timedelta(minutes=5)
+FINISHED_DELIVERY_STATUSES = (
+    DeliveryStatus.DONE,
+    DeliveryStatus.DEAD,
+    DeliveryStatus.SUPERSEDED,
+)
+
+
+@dataclass(frozen=True)
+class QueueDrain:
+    """A queue's backlog, how many items left it in DRAIN_WINDOW, and the time to clear the
+    backlog at that rate (None: nothing drained while something waits — not catching up)."""
+
+    queue: str
+    label: str
+    backlog: int
+    drained: int
+    window_seconds: float
+
+    @property
+    def per_second(self) -> float:
+        return self.drained / self.window_seconds
+
+    @property
+    def seconds_to_clear(self) -> float | None:
+        if not self.backlog:
+            return 0.0
+        return self.backlog / self.per_second if self.drained else None
+
+    @property
+    def display_to_clear(self) -> str:
+        seconds = self.seconds_to_clear
+        return "not draining" if seconds is None else format_seconds(seconds)
+
+
+def queue_drains(*, now: datetime, inbox: dict, outbox: dict) -> list[QueueDrain]:
+    """Backlog, drain and time to clear of the three queues. Three counts, each bounded:
+
+    - raw events: verdicts given in the window, among events received in the last day (a
+      received_at window, pruned to two partitions; verified_at has no index of its own);
+    - deliveries: finished in the window, among deliveries of events received in the last
+      day (their raw_event_id range, on its index: ids grow with received_at);
+    - side effects: finished in the window (one row per recap).
+
+    An event or delivery finished in the window whose event is older than a day is not
+    counted: during a backlog older than a day the rate is understated, never overstated.
+    """
+    since = now - DRAIN_WINDOW
+    day = RawEvent.objects.filter(received_at__gte=now - DAY, received_at__lte=now)
+    verdicts = day.filter(verified_at__gte=since, verified_at__lte=now).count()
+    first_id = day.aggregate(first=Min("id"))["first"]
+    finished = 0
+    if first_id is not None:
+        finished = Delivery.objects.filter(
+            raw_event_id__gte=first_id,
+            status__in=FINISHED_DELIVERY_STATUSES,
+            finished_at__gte=since,
+            finished_at__lte=now,
+        ).count()
+    side_effects = RecapSideEffect.objects.filter(
+        finished_at__gte=since, finished_at__lte=now
+    ).count()
+    deliveries = inbox["deliveries"]
+    window = DRAIN_WINDOW.total_seconds()
+    return [
+        QueueDrain(
+            "raw_events", "Raw events to verify", inbox["raw_events_pending"], verdicts, window
+        ),
+        QueueDrain(
+            "deliveries",
+            "Deliveries to run (pending and processing; held ones wait for a resume)",
+            deliveries[DeliveryStatus.PENDING] + deliveries[DeliveryStatus.PROCESSING],
+            finished,
+            window,
+        ),
+        QueueDrain(
+            "side_effects",
+            "Side effects to dispatch (pending and processing)",
+            outbox[SideEffectStatus.PENDING] + outbox[SideEffectStatus.PROCESSING],
+            side_effects,
+            window,
+        ),
+    ]
+
+
 # --- ACK latency (in-process histogram, not the database) -------------------------------------
 
 
@@ -410,6 +499,7 @@ class OpsSnapshot:
     # Handler pauses in force, oldest first, each coloured by its age.
     pauses: tuple[PauseRow, ...] = ()
     deliveries_held: int = 0  # by any pause (a delivery two pauses cover counts once)
+    drains: tuple[QueueDrain, ...] = ()
 
     @property
     def breaker_state(self) -> str:
@@ -465,13 +555,14 @@ def ops_snapshot(*, now: datetime | None = None) -> OpsSnapshot:
     now = now or timezone.now()
     volume = raw_event_volume(now=now)
     inbox = inbox_queue_depths(now=now)
+    outbox = side_effect_depths(now=now)
     return OpsSnapshot(
         taken_at=now,
         sources=_volume_by_source(volume),
         rejections=_rejections(volume),
         volume_by_hour=_hourly_volume(volume, now=now),
         inbox=inbox,
-        outbox=side_effect_depths(now=now),
+        outbox=outbox,
         lags=raw_event_lags(now=now),
         ack=ack_latency(),
         breaker=circuit_breaker_get(name=RENDER_SERVICE_BREAKER),
@@ -480,6 +571,7 @@ def ops_snapshot(*, now: datetime | None = None) -> OpsSnapshot:
         bulk_jobs=bulk_jobs_active_counts(),
         pauses=tuple(pauses_active()),
         deliveries_held=inbox["deliveries"][DeliveryStatus.HELD],
+        drains=tuple(queue_drains(now=now, inbox=inbox, outbox=outbox)),
     )
 
 

@@ -65,7 +65,7 @@ def _require(request: HttpRequest, permission: str) -> None:
         raise PermissionDenied
 
 
-def _context(request: HttpRequest, title: str, **extra) -> dict:
+def page_context(request: HttpRequest, title: str, **extra) -> dict:
     return {
         **admin.site.each_context(request),
         "title": title,
@@ -117,7 +117,7 @@ def job_list(request: HttpRequest) -> TemplateResponse:
     _require(request, READ_PERMISSION)
     jobs = list(bulk_job_list()[:LIST_LIMIT])
     return TemplateResponse(
-        request, "console/jobs_list.html", _context(request, "Bulk jobs", jobs=jobs)
+        request, "console/jobs_list.html", page_context(request, "Bulk jobs", jobs=jobs)
     )
 
 
@@ -162,7 +162,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
                 return HttpResponseRedirect(reverse("console-job-detail", args=[job.id]))
         else:
             errors = _errors(serializer.errors)
-    context = _context(request, "New bulk job", errors=errors, values=values, **_form_choices())
+    context = page_context(request, "New bulk job", errors=errors, values=values, **_form_choices())
     return TemplateResponse(
         request, "console/jobs_form.html", context, status=400 if errors else 200
     )
@@ -173,7 +173,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
 def job_detail(request: HttpRequest, job_id: int) -> TemplateResponse:
     _require(request, READ_PERMISSION)
     job = get_object_or_404(bulk_job_list(), pk=job_id)
-    context = _context(
+    context = page_context(
         request,
         f"Bulk job #{job.id}",
         job=job,
@@ -256,7 +256,7 @@ def pause_list(request: HttpRequest) -> TemplateResponse:
         handler["paused"] = handler["name"] in paused_handlers
     for source in sources:
         source["paused"] = source["name"] in paused_sources
-    context = _context(
+    context = page_context(
         request,
         "Paused handlers",
         pauses=[
@@ -300,7 +300,7 @@ def pause_handlers(request: HttpRequest) -> HttpResponse:
             # Not offered on the list; a hand-made link is told why.
             messages.error(request, PAUSE_NO_HANDLER.format(source=source))
             return HttpResponseRedirect(reverse("console-pauses"))
-    context = _context(
+    context = page_context(
         request,
         f"Pause {'handler ' + handler if handler else 'source ' + source}?",
         handler=handler,

@@ -2,8 +2,8 @@
 
 Both need `console.view_ops`. The page is the admin's: staff sign in there (anonymous and
 non-staff users are sent to the admin login) and see it in the admin's frame. /metrics also
-takes `Authorization: Bearer <METRICS_BEARER_TOKEN>` for Prometheus; with no token
-configured only a signed-in staff member with the permission can read it.
+takes `Authorization: Bearer <METRICS_BEARER_TOKEN>` for Prometheus, and a console API token
+(`Authorization: Token …`) of a staff user with the permission.
 """
 
 import hmac
@@ -20,11 +20,15 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from rest_framework.exceptions import AuthenticationFailed
 
 from console import charts
+from console.authentication import ApiTokenAuthentication
+from console.incidents import RESOLVED, incident_groups
 from console.metrics import metrics_registry
 from console.ops import (
     DAY,
+    DRAIN_WINDOW,
     SLOS,
     VIEW_OPS_PERMISSION,
     YELLOW_FRACTION,
@@ -167,6 +171,7 @@ def ops_page(request: HttpRequest) -> TemplateResponse:
         ],
         "yellow_percent": round(YELLOW_FRACTION * 100),
         "refresh_seconds": REFRESH_SECONDS,
+        "drain_window": format_seconds(DRAIN_WINDOW.total_seconds()),
         "disabled_sources": sorted(n for n, source in all_sources().items() if not source.enabled),
         "replica": replica,
         "raw_events_since_query": urlencode({"received_at__gte": _admin_filter_since(since)}),
@@ -174,6 +179,8 @@ def ops_page(request: HttpRequest) -> TemplateResponse:
         "oldest_due_delivery": format_seconds(snapshot.inbox["deliveries_oldest_due_age_seconds"]),
         "oldest_due_side_effect": format_seconds(snapshot.outbox["oldest_due_age_seconds"]),
     }
+    groups = incident_groups(now=snapshot.taken_at)
+    context["incidents"] = [group for group in groups if group.state != RESOLVED]
     return TemplateResponse(request, "console/ops.html", context)
 
 
@@ -183,13 +190,33 @@ def _unauthorized() -> HttpResponse:
     return response
 
 
+def _forbidden() -> HttpResponse:
+    return HttpResponse("Forbidden.\n", status=403, content_type="text/plain")
+
+
 def _metrics_refusal(request: HttpRequest) -> HttpResponse | None:
-    """None when the request may read /metrics, else the answer to give."""
+    """None when the request may read /metrics, else the answer to give.
+
+    Three ways in: `Bearer <METRICS_BEARER_TOKEN>` (Prometheus), `Token <console API token>`
+    of a staff user with console.view_ops (a script, the same token as for /api/), or a
+    staff session with that permission (a browser).
+    """
     header = request.headers.get("Authorization")
     if header is not None:
         # A presented credential decides alone: a wrong token is refused even for a browser
         # that also carries a staff session.
         scheme, _, presented = header.partition(" ")
+        if scheme.lower() == "token":
+            try:
+                authenticated = ApiTokenAuthentication().authenticate(request)
+            except AuthenticationFailed:
+                return _unauthorized()
+            if authenticated is None:
+                return _unauthorized()
+            user, _ = authenticated
+            if not (user.is_staff and user.has_perm(VIEW_OPS_PERMISSION)):
+                return _forbidden()
+            return None
         token = settings.METRICS_BEARER_TOKEN
         if (
             token
@@ -201,7 +228,7 @@ def _metrics_refusal(request: HttpRequest) -> HttpResponse | None:
     if not request.user.is_authenticated:
         return _unauthorized()
     if not (request.user.is_staff and request.user.has_perm(VIEW_OPS_PERMISSION)):
-        return HttpResponse("Forbidden.\n", status=403, content_type="text/plain")
+        return _forbidden()
     return None
 
 

@@ -89,6 +89,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "knox",
     "django_q",
     "eventdrop",
@@ -284,11 +285,24 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
-    # The database being down is a 503 with Retry-After, not a 500 (console/apis.py).
-    "EXCEPTION_HANDLER": "console.apis.api_exception_handler",
+    # Every error as RFC 9457 problem details, 500s included; the database being down is a
+    # 503 with Retry-After (console/problems.py).
+    "EXCEPTION_HANDLER": "console.problems.problem_exception_handler",
+    # The OpenAPI schema of the console API (GET /api/schema/, docs/openapi.json).
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "EventDrop console API",
+    "DESCRIPTION": "Reads and operator actions of the replay and re-arm console (docs/console.md).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # The console API only: the buyer API and the webhook path are documented in docs/.
+    "SCHEMA_PATH_PREFIX": "/api/",
+    "PREPROCESSING_HOOKS": ["console.api_schema.console_endpoints_only"],
+    "POSTPROCESSING_HOOKS": ["console.api_schema.problem_responses"],
 }
 # Days a token from `manage.py api_token issue` lives unless --ttl-days says otherwise.
 API_TOKEN_TTL_DAYS = env_int("API_TOKEN_TTL_DAYS", 90)

@@ -211,7 +211,7 @@ def test_unknown_ids_are_a_400_and_nothing_runs(api, operator, events, push_hand
     as_user(api, operator)
     response = api.post(REPLAY, {"ids": [good.pk, 987654]}, format="json")
     assert response.status_code == 400
-    assert response.json() == {"ids": ["Unknown raw event ids: 987654."]}
+    assert response.json()["errors"] == {"ids": ["Unknown raw event ids: 987654."]}
     assert not OperatorAction.objects.exists()
     assert push_handler.calls == [good.pk]
 
@@ -277,7 +277,7 @@ def test_mark_dead_needs_a_reason_and_records_it(api, operator, render_row):
     for payload in ({"ids": [render_row.pk]}, {"ids": [render_row.pk], "reason": "   "}):
         response = api.post(url, payload, format="json")
         assert response.status_code == 400, response.content
-        assert "reason" in response.json()
+        assert "reason" in response.json()["errors"]
     assert not OperatorAction.objects.exists()
     response = api.post(url, {"ids": [render_row.pk], "reason": "buyer refunded"}, format="json")
     assert response.status_code == 200, response.content

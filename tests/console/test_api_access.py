@@ -12,11 +12,15 @@ from urllib.parse import urlencode
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
-from console.models import OperatorAction
-from tests.console.conftest import grant
+from console.models import BulkJob, OperatorAction
+from ingress.inbox import inbox_run_once
+from ingress.models import Delivery
+from outbox.models import RecapSideEffect
+from tests.console.conftest import grant, receive_github
 from tests.console.samples import side_effect, verified_event
 
 pytestmark = pytest.mark.django_db
@@ -24,6 +28,8 @@ pytestmark = pytest.mark.django_db
 VIEW_PERMISSIONS = (
     "ingress.view_rawevent",
     "ingress.view_delivery",
+    "outbox.view_recapsideeffect",
+    "recaps.view_recapvideo",
     "console.view_operatoraction",
     "console.view_ops",
 )
@@ -39,17 +45,28 @@ IDENTITIES = {
 UNAUTHENTICATED = ("anonymous", "bad_token", "basic_auth_of_superuser")
 ALL = (*UNAUTHENTICATED, *IDENTITIES)
 
-# Which identities each permission admits (superusers have every permission).
+VIEWERS = {"viewer", "payload_reader", "operator", "superuser"}
+# Which identities each permission admits (superusers have every permission); "" is staff.
 ADMITS = {
-    "ingress.view_rawevent": {"viewer", "payload_reader", "operator", "superuser"},
-    "console.view_ops": {"viewer", "payload_reader", "operator", "superuser"},
-    "console.view_operatoraction": {"viewer", "payload_reader", "operator", "superuser"},
+    "": {"staff_without_perms", *VIEWERS},
+    "ingress.view_rawevent": VIEWERS,
+    "ingress.view_delivery": VIEWERS,
+    "outbox.view_recapsideeffect": VIEWERS,
+    "recaps.view_recapvideo": VIEWERS,
+    "console.view_ops": VIEWERS,
+    "console.view_operatoraction": VIEWERS,
     "ingress.view_raw_payload": {"payload_reader", "superuser"},
     "console.operate": {"operator", "superuser"},
 }
+# The group the objects fixture leaves behind: its rejected event.
+INCIDENT = {"kind": "rejected_events", "scope": "github", "error_class": "bad_signature"}
+DEAD_SIDE_EFFECTS = {"kind": "dead_side_effects", "scope": "render", "error_class": "http_500"}
 
-# name: (method, path with {event}/{side_effect}/{recap}, JSON body, the permission it needs)
+# name: (method, path with {event}/{side_effect}/{recap}/{delivery}, JSON body, the
+# permission it needs[, the status it answers those it admits: 200 unless said])
 ENDPOINTS = {
+    "root": ("get", "/api/", None, ""),
+    "schema": ("get", "/api/schema/", None, ""),
     "raw_event_list": ("get", "/api/raw-events/", None, "ingress.view_rawevent"),
     "raw_event_list_with_payload": (
         "get",
@@ -64,6 +81,27 @@ ENDPOINTS = {
         "ingress.view_raw_payload",
     ),
     "raw_event_detail": ("get", "/api/raw-events/{event}/", None, "ingress.view_rawevent"),
+    "delivery_list": ("get", "/api/deliveries/?status=pending", None, "ingress.view_delivery"),
+    "delivery_detail": ("get", "/api/deliveries/{delivery}/", None, "ingress.view_delivery"),
+    "side_effect_list": ("get", "/api/side-effects/", None, "outbox.view_recapsideeffect"),
+    "side_effect_detail": (
+        "get",
+        "/api/side-effects/{side_effect}/",
+        None,
+        "outbox.view_recapsideeffect",
+    ),
+    "recap_list": ("get", "/api/recaps/", None, "recaps.view_recapvideo"),
+    "recap_detail": ("get", "/api/recaps/{recap}/", None, "recaps.view_recapvideo"),
+    "incident_list": ("get", "/api/incidents/", None, "console.view_ops"),
+    "incident_acknowledge": ("post", "/api/incidents/acknowledge/", INCIDENT, "console.operate"),
+    "incident_resolve": ("post", "/api/incidents/resolve/", INCIDENT, "console.operate"),
+    "incident_rearm": (
+        "post",
+        "/api/incidents/rearm/",
+        DEAD_SIDE_EFFECTS,
+        "console.operate",
+        201,
+    ),
     "queue_depths": ("get", "/api/queues/", None, "console.view_ops"),
     "operator_actions": ("get", "/api/operator-actions/", None, "console.view_operatoraction"),
     "replay": ("post", "/api/raw-events/replay/", {"ids": ["{event}"]}, "console.operate"),
@@ -87,7 +125,8 @@ ENDPOINTS = {
 def expected_status(endpoint: str, identity: str) -> int:
     if identity in UNAUTHENTICATED:
         return 401
-    return 200 if identity in ADMITS[ENDPOINTS[endpoint][3]] else 403
+    permission, *success = ENDPOINTS[endpoint][3:]
+    return (success or [200])[0] if identity in ADMITS[permission] else 403
 
 
 TABLE = [
@@ -128,7 +167,23 @@ def credentials(identity: str) -> dict:
 def objects(client, admin_user):
     event = verified_event(client, admin_user)
     row = side_effect(client, admin_user)
-    return {"event": event.pk, "side_effect": row.pk, "recap": str(row.recap_id)}
+    # A second render row, dead (its recap's), and a rejected event: two incidents.
+    other = side_effect(client, admin_user)
+    RecapSideEffect.objects.filter(pk=other.pk).update(
+        status="dead",
+        last_error_class="http_500",
+        last_error="500 Internal Server Error",
+        finished_at=timezone.now(),
+    )
+    receive_github(client, {"zen": "forged"}, delivery="forged-1", secret="not-the-secret")
+    inbox_run_once()
+    delivery = Delivery.objects.create(raw_event_id=event.pk, handler="console.table.handler")
+    return {
+        "event": event.pk,
+        "side_effect": row.pk,
+        "recap": str(row.recap_id),
+        "delivery": delivery.pk,
+    }
 
 
 def _fill(value, objects):
@@ -143,7 +198,7 @@ def _fill(value, objects):
 
 
 def call(endpoint: str, objects: dict, headers: dict, api: APIClient | None = None):
-    method, path, body, _ = ENDPOINTS[endpoint]
+    method, path, body = ENDPOINTS[endpoint][:3]
     api = api or APIClient()
     url = path.format(**objects)
     if method == "get":
@@ -155,12 +210,23 @@ def call(endpoint: str, objects: dict, headers: dict, api: APIClient | None = No
 def test_permission_table(endpoint, identity, status, objects):
     response = call(endpoint, objects, credentials(identity))
     assert response.status_code == status, response.content
-    assert response["Content-Type"] == "application/json"
+    if status >= 400:
+        # Every refusal in one shape: RFC 9457 problem details.
+        assert response["Content-Type"] == "application/problem+json"
+        problem = response.json()
+        assert problem["status"] == status and problem["type"].startswith("urn:eventdrop:")
+        assert {"title", "detail"} <= set(problem)
+    else:
+        assert response["Content-Type"].startswith(
+            "application/vnd.oai.openapi+json" if endpoint == "schema" else "application/json"
+        )
     if status == 401:
         # A client told to authenticate is told how.
         assert response["WWW-Authenticate"] == "Token"
-    if status != 200:
-        assert not OperatorAction.objects.exists()
+    if status >= 400:
+        assert not OperatorAction.objects.exists() and not BulkJob.objects.exists()
+    elif endpoint == "incident_rearm":
+        assert BulkJob.objects.get().actor_username == identity
     elif ENDPOINTS[endpoint][0] == "post":
         assert OperatorAction.objects.get().actor_username == identity
 
@@ -169,11 +235,21 @@ def test_every_console_endpoint_is_in_the_table():
     from console import urls
     from tests.console.test_bulk_jobs_api import ROUTES as JOB_ROUTES  # tabled there
 
-    routes = {f"/api/{pattern.pattern}" for pattern in urls.urlpatterns} - JOB_ROUTES
-    tabled = {
-        path.split("?")[0].replace("{event}", "<int:raw_event_id>")
-        for _, path, _, _ in ENDPOINTS.values()
+    routes = {
+        f"/api/{pattern.pattern}" for pattern in urls.urlpatterns if pattern.name != "not-found"
+    } - JOB_ROUTES
+    placeholders = {
+        "{event}": "<int:raw_event_id>",
+        "{delivery}": "<int:delivery_id>",
+        "{side_effect}": "<int:side_effect_id>",
+        "{recap}": "<uuid:recap_id>",
     }
+    tabled = set()
+    for spec in ENDPOINTS.values():
+        path = spec[1].split("?")[0]
+        for placeholder, converter in placeholders.items():
+            path = path.replace(placeholder, converter)
+        tabled.add(path)
     assert routes == tabled
 
 
@@ -190,7 +266,7 @@ def operator_headers():
 )
 @pytest.mark.parametrize("encoding", ["form", "multipart"])
 def test_writes_accept_only_json(endpoint, encoding, objects, operator_headers):
-    _, path, body, _ = ENDPOINTS[endpoint]
+    path, body = ENDPOINTS[endpoint][1:3]
     filled = _fill(body, objects)
     if encoding == "form":
         # What an HTML form on any other site can post without a CORS preflight.
@@ -225,9 +301,9 @@ def test_writes_accept_only_json(endpoint, encoding, objects, operator_headers):
 def test_cross_site_writes_are_refused(endpoint, headers, objects, operator_headers):
     response = call(endpoint, objects, {**operator_headers, **headers})
     assert response.status_code == 403, response.content
-    assert response.json() == {
-        "detail": "Cross-site writes are refused: send the request from this site."
-    }
+    assert response.json()["detail"] == (
+        "Cross-site writes are refused: send the request from this site."
+    )
     assert not OperatorAction.objects.exists()
 
 

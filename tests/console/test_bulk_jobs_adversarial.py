@@ -113,7 +113,7 @@ def test_hostile_preview_bodies_are_a_4xx_json_answer(api, body, status, fragmen
     stored_events(1)
     response = _post_raw(api, "/api/jobs/", body)
     assert response.status_code == status, response.content[:500]
-    assert response["Content-Type"].startswith("application/json")
+    assert response["Content-Type"] == "application/problem+json"
     assert fragment.lower() in json.dumps(response.json()).lower()
     assert not BulkJob.objects.exists()
 
@@ -129,7 +129,7 @@ def test_more_ids_than_the_limit_is_a_400_naming_ids(api):
     body = {"kind": "replay_raw_events", "ids": list(range(1, MAX_SELECTED_IDS + 2))}
     response = api.post("/api/jobs/", body, format="json")
     assert response.status_code == 400
-    assert "ids" in response.json()
+    assert "ids" in response.json()["errors"]
 
 
 def test_a_huge_id_list_is_refused_for_its_length_before_its_items(api):
@@ -138,7 +138,7 @@ def test_a_huge_id_list_is_refused_for_its_length_before_its_items(api):
     ids[5] = "x"
     response = api.post("/api/jobs/", {"kind": "replay_raw_events", "ids": ids}, format="json")
     assert response.status_code == 400
-    assert response.json() == {
+    assert response.json()["errors"] == {
         "ids": [f"Ensure this field has no more than {MAX_SELECTED_IDS} elements."]
     }
 
@@ -148,7 +148,7 @@ def test_unknown_ids_are_named(api):
     body = {"kind": "replay_raw_events", "ids": [events[0].id, 10**9]}
     response = api.post("/api/jobs/", body, format="json")
     assert response.status_code == 400
-    assert response.json() == {"ids": [f"Unknown ids: {10**9}."]}
+    assert response.json()["errors"] == {"ids": [f"Unknown ids: {10**9}."]}
 
 
 @pytest.mark.parametrize("kind", ["replay_raw_events", "rearm_deliveries"])
@@ -157,7 +157,7 @@ def test_an_unknown_handler_is_named_not_an_empty_selection(api, kind):
     body = {"kind": kind, "filters": {"handler": "recaps.handlers.no_such_handler"}}
     response = api.post("/api/jobs/", body, format="json")
     assert response.status_code == 400
-    errors = response.json()
+    errors = response.json()["errors"]
     assert list(errors) == ["handler"], errors
     assert "no_such_handler" in errors["handler"][0]
     assert "registered" in errors["handler"][0]
@@ -176,7 +176,7 @@ def test_a_status_of_another_kind_of_row_is_named(api, kind, status):
     stored_events(2)
     response = api.post("/api/jobs/", {"kind": kind, "filters": {"status": status}}, format="json")
     assert response.status_code == 400
-    assert "Not a status of" in response.json()["filters"]["status"][0]
+    assert "Not a status of" in response.json()["errors"]["filters"]["status"][0]
     assert not BulkJob.objects.exists()
 
 
@@ -188,7 +188,7 @@ def test_a_filter_matching_nothing_is_refused_and_creates_no_job(api):
         format="json",
     )
     assert response.status_code == 400
-    assert response.json() == {"non_field_errors": [NOTHING_SELECTED]}
+    assert response.json()["errors"] == {"non_field_errors": [NOTHING_SELECTED]}
     assert not BulkJob.objects.exists()
 
 
@@ -221,7 +221,7 @@ def test_pausing_an_unknown_handler_is_a_recorded_refusal(api):
     body = {"handler": "no.such.handler", "reason": "x"}
     response = api.post("/api/pauses/", body, format="json")
     assert response.status_code == 409
-    assert response.json()["outcome"] == "refused"
+    assert response.json()["operator_action"]["outcome"] == "refused"
     assert not HandlerPause.objects.exists()
 
 
@@ -453,15 +453,25 @@ def test_a_replay_job_of_a_paused_handler_runs_nothing_until_resume(
 # --- page bounds on every console list ------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/api/jobs/", "/api/raw-events/", "/api/operator-actions/"])
-def test_an_offset_past_the_bound_is_a_400_naming_it(api, path):
+def test_an_offset_past_the_bound_is_a_400_naming_it(api):
     stored_events(1)
-    response = api.get(path, {"offset": "100000000000000000000"})
+    response = api.get("/api/raw-events/", {"offset": "100000000000000000000"})
     assert response.status_code == 400, response.content[:300]
-    assert list(response.json()) == ["offset"]
+    assert list(response.json()["errors"]) == ["offset"]
 
 
-@pytest.mark.parametrize("path", ["/api/jobs/", "/api/raw-events/", "/api/operator-actions/"])
+@pytest.mark.parametrize("path", ["/api/jobs/", "/api/operator-actions/", "/api/deliveries/"])
+def test_cursor_lists_refuse_an_offset_and_a_forged_cursor(api, path):
+    # An offset is not how these lists page (a cursor is): named, not ignored.
+    response = api.get(path, {"offset": "10"})
+    assert response.status_code == 400 and list(response.json()["errors"]) == ["offset"]
+    forged = api.get(path, {"cursor": "x"})
+    assert forged.status_code == 404 and forged["Content-Type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/jobs/", "/api/raw-events/", "/api/operator-actions/", "/api/deliveries/"]
+)
 def test_a_huge_limit_is_capped_not_a_500(api, path):
     stored_events(2)
     response = api.get(path, {"limit": "100000000000000000000"})

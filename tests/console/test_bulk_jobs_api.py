@@ -77,7 +77,9 @@ def test_permission_table(endpoint, identity, status, job, monkeypatch):
         else api.post(url, body, format="json", **headers)
     )
     assert response.status_code == status, response.content
-    assert response["Content-Type"] == "application/json"
+    assert response["Content-Type"] == (
+        "application/problem+json" if status >= 400 else "application/json"
+    )
     job.refresh_from_db()
     if status in (401, 403):
         assert job.state == "previewed"
@@ -119,9 +121,8 @@ def test_preview_start_status_cancel_through_the_api(
     assert started.status_code == 202 and started.json()["state"] == "queued"
     assert enqueued == [body["id"]]
     again = api.post(f"/api/jobs/{body['id']}/start/", {}, format="json")
-    assert (
-        again.status_code == 400 and "only a previewed job" in again.json()["non_field_errors"][0]
-    )
+    assert again.status_code == 400
+    assert "only a previewed job" in again.json()["errors"]["non_field_errors"][0]
 
     bulk_jobs.bulk_job_run(job_id=body["id"], batch_size=3)
     status = api.get(f"/api/jobs/{body['id']}/").json()
@@ -163,7 +164,7 @@ def test_bad_input_is_a_400_naming_the_field(api, payload, field, fragment):
     stored_events(1)
     response = api.post("/api/jobs/", payload, format="json")
     assert response.status_code == 400, response.content
-    errors = response.json()
+    errors = response.json()["errors"]
     assert field in errors, errors
     assert fragment.lower() in str(errors[field]).lower()
     if field == "non_field_errors":
@@ -180,8 +181,8 @@ def test_pause_and_resume_are_recorded_operator_actions(api, operator, push_hand
     assert [(p["handler"], p["held"], p["level"]) for p in listed] == [(handler, 0, "green")]
 
     twice = api.post("/api/pauses/", {"handler": handler, "reason": "x"}, format="json")
-    assert twice.status_code == 409 and twice.json()["outcome"] == "refused"
-    assert "already paused" in twice.json()["results"][0]["detail"]
+    assert twice.status_code == 409 and twice.json()["operator_action"]["outcome"] == "refused"
+    assert "already paused" in twice.json()["detail"]
 
     resumed = api.post("/api/pauses/resume/", {"handler": handler}, format="json")
     assert resumed.status_code == 200 and resumed.json()["action"] == "handler_resume"
