@@ -1,7 +1,7 @@
 """ACK latency per source and hour in the database, for the ops page's 24 h chart.
 
-The receive view's histogram (ingress.views.ACK_SECONDS) lives in each web process's memory
-and only ever grows. Every web process runs one `AckRollupFlusher` thread (eventdrop/web.py)
+The receive path's histogram (ingress.views.ACK_SECONDS) lives in each web process's memory
+and only ever grows. Every web process runs one `AckRollupFlusher` thread (eventdrop/asgi.py)
 that, every ACK_ROLLUP_FLUSH_SECONDS, takes what the histogram counted since the last look
 (the delta of each bucket, per source) and adds it to that source's row of the current
 clock hour in console.AckLatencyHour with one INSERT … ON CONFLICT DO UPDATE per row that
