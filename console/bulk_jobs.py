@@ -61,6 +61,7 @@ from console.models import (
     OperatorActionKind,
     OperatorActionOutcome,
 )
+from console.presentation import EMPTY
 from eventdrop.errors import EventDropError
 from ingress.handlers import all_handlers
 from ingress.models import (
@@ -259,7 +260,7 @@ def _breakdown(kind: str, rows: QuerySet) -> dict:
     per_dimension: dict[str, Counter] = {label: Counter() for label, _ in spec.breakdown}
     for row in rows.order_by().values(*fields).annotate(rows=Count("id")):
         for label, field in spec.breakdown:
-            per_dimension[label][row[field] or "—"] += row["rows"]
+            per_dimension[label][row[field] or EMPTY] += row["rows"]
     return {
         label: [[value, count] for value, count in counts.most_common(BREAKDOWN_TOP)]
         for label, counts in per_dimension.items()

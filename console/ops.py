@@ -35,7 +35,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from console.bulk_jobs import ReplaySlo, bulk_jobs_active_counts, replay_slo
 from console.models import ACK_ROLLUP_BUCKETS, AckLatencyHour
 from console.pauses import PauseRow, pauses_active
-from console.presentation import format_seconds
+from console.presentation import EMPTY, format_seconds
 from console.selectors import inbox_queue_depths
 from ingress.models import (
     Delivery,
@@ -120,7 +120,7 @@ class Slo:
     def display_yellow(self) -> str:
         # Counts are whole: with a red line of 1 row there is no yellow band.
         if self.unit == "rows" and math.ceil(self.yellow_at) >= self.red_at:
-            return "—"
+            return EMPTY
         return self.display(self.yellow_at)
 
     @property

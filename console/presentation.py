@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
+# What every console page shows for "nothing here" (the admin's empty_value_display too).
+EMPTY = "—"
 # An on-call page must stay light even for a body at the 1 MiB receive limit.
 BODY_DISPLAY_CHARS = 256 * 1024
 HEX_PREVIEW_BYTES = 4 * 1024
@@ -90,7 +92,7 @@ def seconds_between(start, end) -> float | None:
 
 def format_seconds(seconds: float | None) -> str:
     if seconds is None:
-        return "—"
+        return EMPTY
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 120:
@@ -145,22 +147,48 @@ def shortened(text: str, limit: int = SHORT_TEXT_CHARS) -> str:
 # Every status the console colours, by what it asks of the reader. The word is always shown
 # too (the colour only repeats it), so a status reads the same without colour.
 STATUS_TONES = {
+    # ok: finished well
     "verified": "ok",
     "done": "ok",
     "dispatched": "ok",
     "complete": "ok",
     "ready": "ok",
+    "succeeded": "ok",
+    "ok": "ok",
+    "resolved": "ok",
+    "closed": "ok",
+    # wait: under way, nothing to do yet
     "pending": "wait",
     "waiting": "wait",
     "processing": "wait",
     "paid": "wait",
     "rendering": "wait",
-    "duplicate": "quiet",
+    "running": "wait",
+    "queued": "wait",
+    "previewed": "wait",
+    "cancelling": "wait",
+    "transient": "wait",
+    "acknowledged": "wait",
+    "pending_payment": "wait",
+    "half_open": "warn",
+    # warn: a look is needed
     "no_handler": "warn",
+    "held": "warn",
+    "partial": "warn",
+    "refused": "warn",
+    "incomplete": "warn",
+    "open": "bad",
+    # bad: failed
     "rejected": "bad",
     "not_dispatched": "bad",
     "dead": "bad",
     "failed": "bad",
+    "error": "bad",
+    "permanent": "bad",
+    # quiet: nothing to do
+    "duplicate": "quiet",
+    "superseded": "quiet",
+    "cancelled": "quiet",
 }
 
 
@@ -171,7 +199,7 @@ def status_tone(status: str) -> str:
 def format_age(start, now) -> str:
     """How long ago, compact: `42 s ago`, `3.5 min ago`."""
     if start is None:
-        return "—"
+        return EMPTY
     return f"{format_seconds(max((now - start).total_seconds(), 0.0))} ago"
 
 
@@ -179,7 +207,7 @@ def format_time(value, now) -> str:
     """A stored time to the second, in the server's zone (UTC), with how long ago it was:
     `2026-12-01 10:03:12 UTC · 5.0 min ago`. A future time says `in …`."""
     if value is None:
-        return "—"
+        return EMPTY
     stamp = timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z")
     seconds = (now - value).total_seconds()
     relative = (

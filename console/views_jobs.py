@@ -24,7 +24,12 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from console import pauses
-from console.apis_jobs import READ_PERMISSION, WRITE_PERMISSION, BulkJobInputSerializer
+from console.apis_jobs import (
+    READ_PERMISSION,
+    STATUSES_PER_KIND,
+    WRITE_PERMISSION,
+    BulkJobInputSerializer,
+)
 from console.bulk_jobs import (
     FILTER_NAMES,
     KINDS,
@@ -39,7 +44,7 @@ from console.ops import VIEW_OPS_PERMISSION
 from console.presentation import format_seconds
 from console.services import acting_user
 from ingress.handlers import all_handlers
-from ingress.models import DeliveryStatus, RejectionReason, SignatureStatus
+from ingress.models import DeliveryStatus, RejectionReason
 from ingress.sources import all_sources
 
 # While a job runs its page reloads this often: the progress bar without JavaScript.
@@ -81,7 +86,10 @@ def _form_choices() -> dict:
             {"name": source.name, "enabled": source.enabled}
             for source in sorted(all_sources().values(), key=lambda s: s.name)
         ],
-        "statuses": sorted({*SignatureStatus.values, *DeliveryStatus.values}),
+        # Each kind's own statuses: the form shows those of the chosen kind only.
+        "statuses_per_kind": [
+            (kind, label, STATUSES_PER_KIND[kind]) for kind, label in BulkJobKind.choices
+        ],
         "delivery_statuses": DeliveryStatus.values,
         "reasons": RejectionReason.values,
         "handlers": sorted(spec.name for spec in all_handlers()),

@@ -8,6 +8,12 @@ import graph between apps has no cycle through it.
 Django's admin autodiscovery imports `console.admin`; importing the modules registers them.
 """
 
+from django.contrib import admin
+
 from console.admin import audit, ingress, outbox, recaps
+from console.presentation import EMPTY
+
+# One empty marker on every page: the admin's own ("-") would differ from the console's.
+admin.site.empty_value_display = EMPTY
 
 __all__ = ["audit", "ingress", "outbox", "recaps"]

@@ -13,8 +13,10 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html, format_html_join
 from knox.models import AuthToken
 
+from console.admin.display import status_field, time_field
 from console.admin_actions import OperatorAdmin
 from console.models import OperatorAction, PayloadAccess
+from console.presentation import EMPTY
 
 # A list page shows the first few events a payload access covered; the detail page all.
 LISTED_RAW_EVENTS = 20
@@ -24,17 +26,19 @@ LISTED_RAW_EVENTS = 20
 class OperatorActionAdmin(OperatorAdmin):
     list_display = (
         "id",
-        "started_at",
-        "actor_username",
+        "outcome_badge",
         "action",
-        "via",
-        "target_model",
+        "actor_username",
+        "started",
         "requested",
         "succeeded",
         "refused",
         "failed",
-        "outcome",
+        "via",
+        "target_model",
     )
+    outcome_badge = status_field("outcome", "outcome")
+    started = time_field("started_at", "started")
     list_filter = (
         "action",
         "outcome",
@@ -88,7 +92,7 @@ class PayloadAccessAdmin(OperatorAdmin):
 
     list_display = (
         "id",
-        "accessed_at",
+        "accessed",
         "actor_username",
         "kind",
         "via",
@@ -96,6 +100,7 @@ class PayloadAccessAdmin(OperatorAdmin):
         "search_term",
     )
     list_filter = ("kind", "via", ("accessed_at", DateFieldListFilter))
+    accessed = time_field("accessed_at", "accessed")
     search_fields = ("=actor_username",)
     search_help_text = "Username (exact)."
     ordering = ("-accessed_at", "-id")
@@ -124,7 +129,7 @@ class PayloadAccessAdmin(OperatorAdmin):
         more = len(obj.raw_event_ids) - limit
         if more > 0:
             links.append(format_html("… and {} more", more))
-        return format_html_join(", ", "{}", ((link,) for link in links)) or "—"
+        return format_html_join(", ", "{}", ((link,) for link in links)) or EMPTY
 
     @admin.display(description="raw events")
     def all_raw_event_links(self, obj: PayloadAccess) -> str:

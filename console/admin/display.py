@@ -1,5 +1,6 @@
 """What every console admin page shows the same way: a status as a coloured word, a stored
-time to the second with how long ago, and a row's last error cut to fit a list column."""
+time to the second in UTC with how long ago (one format, lists and pages alike), a long id or
+text cut to fit a list column with the whole of it in the tooltip, and "—" for nothing."""
 
 from collections.abc import Callable
 
@@ -7,7 +8,7 @@ from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html
 
-from console.presentation import format_time, shortened, status_tone
+from console.presentation import EMPTY, format_time, status_tone
 
 
 def tone_badge(tone: str, label: str) -> str:
@@ -24,9 +25,36 @@ def time_field(field: str, description: str) -> Callable:
 
     @admin.display(description=description, ordering=field)
     def display(modeladmin, obj) -> str:
-        return format_time(getattr(obj, field), timezone.now())
+        return format_html(
+            '<span class="nowrap">{}</span>', format_time(getattr(obj, field), timezone.now())
+        )
 
     return display
+
+
+def status_field(field: str, description: str) -> Callable:
+    """A ModelAdmin display of the status in `field` as the console's badge."""
+
+    @admin.display(description=description, ordering=field)
+    def display(modeladmin, obj) -> str:
+        value = getattr(obj, field)
+        return status_badge(value) if value else EMPTY
+
+    return display
+
+
+# A list column shows this much; the tooltip and the row's page all of it.
+LIST_TEXT_CHARS = 60
+LIST_ID_CHARS = 8
+
+
+def clipped(text: str, limit: int = LIST_TEXT_CHARS) -> str:
+    """`text` cut to `limit` characters for a list column, whole in its tooltip."""
+    if not text:
+        return EMPTY
+    if len(text) <= limit:
+        return text
+    return format_html('<span title="{}">{}…</span>', text, text[: limit - 1])
 
 
 class LastErrorColumn:
@@ -34,4 +62,4 @@ class LastErrorColumn:
 
     @admin.display(description="last error")
     def short_error(self, obj) -> str:
-        return shortened(obj.last_error)
+        return clipped(obj.last_error)

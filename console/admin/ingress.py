@@ -21,7 +21,14 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from console.admin.bulk_links import deliveries_bulk_job_link, raw_events_bulk_job_link
-from console.admin.display import LastErrorColumn, status_badge, time_field, tone_badge
+from console.admin.display import (
+    LastErrorColumn,
+    clipped,
+    status_badge,
+    status_field,
+    time_field,
+    tone_badge,
+)
 from console.admin_actions import (
     ConfirmSpec,
     ObjectAction,
@@ -33,9 +40,9 @@ from console.admin_actions import (
 from console.models import OperatorActionKind, OperatorActionVia, PayloadAccessKind
 from console.pauses import pauses_holding
 from console.presentation import (
+    EMPTY,
     body_view,
     error_for_viewer,
-    format_age,
     format_seconds,
     format_time,
     headers_rows,
@@ -68,6 +75,8 @@ from ingress.payloads import raw_event_body, raw_event_headers
 from ingress.providers import PROVIDERS
 from ingress.sources import all_sources
 
+# A provider's delivery id (a UUID) or a dedup key, cut in the list (whole in its tooltip).
+LIST_KEY_CHARS = 20
 PAYLOAD_HIDDEN = (
     "Body and headers are hidden: viewing them needs the permission "
     "“Can view raw webhook payloads (body and headers)”."
@@ -161,7 +170,7 @@ def _breakdown(*, ids) -> list[tuple[str, int]]:
 
 def _raw_event_link(raw_event_id: int | None) -> str:
     if raw_event_id is None:
-        return "—"
+        return EMPTY
     url = reverse("admin:ingress_rawevent_change", args=[raw_event_id])
     return format_html('<a href="{}">#{}</a>', url, raw_event_id)
 
@@ -310,7 +319,6 @@ class RawEventAdmin(OperatorAdmin):
         "source",
         "event_type_link",
         "delivery_or_dedup",
-        "duplicate_link",
         "verify_lag",
         "handle_lag",
     )
@@ -494,10 +502,17 @@ class RawEventAdmin(OperatorAdmin):
     # --- actions -------------------------------------------------------------------------
 
     def _object_actions(self, event: RawEvent) -> list[ObjectAction]:
+        """Only what can succeed on this event: Replay on a verified original (the service
+        refuses rejected, pending and duplicate events), Re-verify on a rejected one."""
         changelist = "admin:ingress_rawevent_changelist"
-        actions = [
-            ObjectAction("console-replay", "Replay", "replay_selected", changelist, event.pk)
-        ]
+        actions = []
+        if (
+            event.signature_status == SignatureStatus.VERIFIED
+            and event.dispatch_status != DispatchStatus.DUPLICATE
+        ):
+            actions.append(
+                ObjectAction("console-replay", "Replay", "replay_selected", changelist, event.pk)
+            )
         if event.signature_status == SignatureStatus.REJECTED:
             actions.append(
                 ObjectAction(
@@ -550,7 +565,7 @@ class RawEventAdmin(OperatorAdmin):
     @admin.display(description="reason", ordering="rejection_reason")
     def reason_column(self, obj: RawEvent) -> str:
         if not obj.rejection_reason:
-            return "—"
+            return EMPTY
         return format_html(
             '<span title="{}">{}</span>', obj.get_rejection_reason_display(), obj.rejection_reason
         )
@@ -559,17 +574,8 @@ class RawEventAdmin(OperatorAdmin):
     def dispatch_badge(self, obj: RawEvent) -> str:
         return status_badge(obj.dispatch_status, obj.dispatch_status.replace("_", " "))
 
-    @admin.display(description="received", ordering="received_at")
-    def age(self, obj: RawEvent) -> str:
-        # To the second, and how long ago: "7:54 a.m." on every row tells nothing.
-        stamp = timezone.localtime(obj.received_at).strftime("%H:%M:%S")
-        return format_html(
-            '<span class="nowrap" title="{}">{} · {}</span>',
-            format_time(obj.received_at, timezone.now()),
-            stamp,
-            format_age(obj.received_at, timezone.now()),
-        )
-
+    # To the second, and how long ago: "7:54 a.m." on every row tells nothing.
+    age = time_field("received_at", "received")
     received_at_display = time_field("received_at", "received at")
     verified_at_display = time_field("verified_at", "verified at")
     rejected_at = time_field("verified_at", "rejected at")  # the verdict's time, a rejection
@@ -592,7 +598,7 @@ class RawEventAdmin(OperatorAdmin):
     @admin.display(description="event type", ordering="event_type")
     def event_type_link(self, obj: RawEvent) -> str:
         if not obj.event_type:
-            return "—"
+            return EMPTY
         url = (
             reverse("admin:ingress_rawevent_changelist")
             + "?"
@@ -602,10 +608,7 @@ class RawEventAdmin(OperatorAdmin):
 
     @admin.display(description="delivery id / dedup key")
     def delivery_or_dedup(self, obj: RawEvent) -> str:
-        value = obj.delivery_id or obj.dedup_key or "—"
-        if len(value) <= 24:
-            return value
-        return format_html('<span title="{}">{}…</span>', value, value[:23])
+        return clipped(obj.delivery_id or obj.dedup_key, LIST_KEY_CHARS)
 
     @admin.display(description="duplicate of")
     def duplicate_link(self, obj: RawEvent) -> str:
@@ -614,7 +617,7 @@ class RawEventAdmin(OperatorAdmin):
     @admin.display(description="copies")
     def copies_link(self, obj: RawEvent) -> str:
         if not obj.dedup_key:
-            return "—"
+            return EMPTY
         # Copies share the dedup key (indexed), not a scan of duplicate_of across partitions.
         copies = (
             RawEvent.objects.filter(source=obj.source, dedup_key=obj.dedup_key)
@@ -639,7 +642,7 @@ class RawEventAdmin(OperatorAdmin):
     @admin.display(description="rejection reason")
     def rejection(self, obj: RawEvent) -> str:
         if not obj.rejection_reason:
-            return "—"
+            return EMPTY
         return f"{obj.rejection_reason} — {obj.get_rejection_reason_display()}"
 
     @admin.display(description="matched secret")
@@ -657,7 +660,7 @@ class RawEventAdmin(OperatorAdmin):
     @admin.display(description="provider retry")
     def provider_retry(self, obj: RawEvent) -> str:
         if obj.provider_retry_num is None:
-            return "—"
+            return EMPTY
         return f"retry {obj.provider_retry_num} ({obj.provider_retry_reason or 'no reason'})"
 
     @admin.display(description="body size")
@@ -761,7 +764,7 @@ def _without_messages(request: HttpRequest, names, field: str, replacement: str)
 
 class DeliveryAttemptInline(ReadOnlyInline):
     model = DeliveryAttempt
-    fields = ("number", "started_at", "finished_at", "outcome", "error")
+    fields = ("number", "started_at", "finished_at", "outcome", "error", "note")
     readonly_fields = (*fields, "error_without_message")
     ordering = ("started_at", "id")
 
@@ -770,21 +773,20 @@ class DeliveryAttemptInline(ReadOnlyInline):
 
     @admin.display(description="error")
     def error_without_message(self, obj: DeliveryAttempt) -> str:
-        return error_for_viewer(obj.error, may_read_payload=False) or "—"
+        return error_for_viewer(obj.error, may_read_payload=False) or EMPTY
 
 
 @admin.register(Delivery)
 class DeliveryAdmin(LastErrorColumn, OperatorAdmin):
     list_display = (
         "id",
-        "event_link",
-        "handler",
         "status_badge",
-        "attempts",
-        "next_attempt",
-        "created_at",
-        "finished_at",
+        "event_link",
+        "handler_column",
         "short_error",
+        "next_attempt",
+        "attempts",
+        "finished",
     )
     list_filter = (
         "status",
@@ -834,9 +836,16 @@ class DeliveryAdmin(LastErrorColumn, OperatorAdmin):
             return queryset.filter(raw_event_id=int(term)), False
         return queryset.filter(handler=term), False
 
-    @admin.display(description="status", ordering="status")
-    def status_badge(self, obj: Delivery) -> str:
-        return status_badge(obj.status)
+    status_badge = status_field("status", "status")
+    finished = time_field("finished_at", "finished")
+
+    @admin.display(description="handler", ordering="handler")
+    def handler_column(self, obj: Delivery) -> str:
+        # Dotted paths are long; the module and function name the handler.
+        short = ".".join(obj.handler.split(".")[-2:])
+        if short == obj.handler:
+            return short
+        return format_html('<span title="{}">{}</span>', obj.handler, short)
 
     @admin.display(description="next attempt", ordering="next_attempt_at")
     def next_attempt(self, obj: Delivery) -> str:
@@ -853,11 +862,11 @@ class DeliveryAdmin(LastErrorColumn, OperatorAdmin):
 
     @admin.display(description="last error")
     def short_error_without_message(self, obj: Delivery) -> str:
-        return error_for_viewer(obj.last_error, may_read_payload=False)
+        return clipped(error_for_viewer(obj.last_error, may_read_payload=False))
 
     @admin.display(description="last error")
     def last_error_without_message(self, obj: Delivery) -> str:
-        return error_for_viewer(obj.last_error, may_read_payload=False) or "—"
+        return error_for_viewer(obj.last_error, may_read_payload=False) or EMPTY
 
 
 @admin.register(ReconciliationRun)
@@ -866,11 +875,11 @@ class ReconciliationRunAdmin(OperatorAdmin):
 
     list_display = (
         "id",
-        "started_at",
+        "started",
         "provider",
         "source",
         "scope",
-        "status",
+        "status_badge",
         "window_start",
         "window_end",
         "provider_count",
@@ -906,6 +915,9 @@ class ReconciliationRunAdmin(OperatorAdmin):
     )
     readonly_fields = fields
 
+    started = time_field("started_at", "started")
+    status_badge = status_field("status", "status")
+
     @admin.display(description="backfilled / redelivered")
     def repaired(self, obj: ReconciliationRun) -> int:
         return obj.backfilled_count + obj.redelivered_count
@@ -913,7 +925,7 @@ class ReconciliationRunAdmin(OperatorAdmin):
     @admin.display(description="drift", ordering="drift")
     def drift_display(self, obj: ReconciliationRun) -> str:
         if obj.drift is None:
-            return "—"
+            return EMPTY
         slo = settings.RECONCILE_DRIFT_SLO
         verdict = "over the SLO" if obj.drift > slo else "within the SLO"
         return f"{obj.drift * 100:.4f} % ({verdict} of {slo * 100:.4f} %)"
@@ -922,7 +934,7 @@ class ReconciliationRunAdmin(OperatorAdmin):
     def backfilled_link(self, obj: ReconciliationRun) -> str:
         # Backfilled rows carry origin=backfilled and were stored while the run ran.
         if not obj.backfilled_count:
-            return "—"
+            return EMPTY
         query = {"origin": RawEventOrigin.BACKFILLED, "source": obj.source}
         query["received_at__gte"] = obj.started_at.isoformat()
         if obj.finished_at:

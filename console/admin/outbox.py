@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from console.admin.display import LastErrorColumn, status_badge
+from console.admin.display import LIST_ID_CHARS, LastErrorColumn, status_field, time_field
 from console.admin_actions import (
     ConfirmSpec,
     ObjectAction,
@@ -96,15 +96,14 @@ class AttemptInline(ReadOnlyInline):
 class RecapSideEffectAdmin(LastErrorColumn, OperatorAdmin):
     list_display = (
         "id",
+        "status_badge",
         "recap_link",
         "effect_type",
-        "status_badge",
-        "attempts",
         "last_error_class",
         "short_error",
+        "attempts",
         "next_attempt",
         "state_age",
-        "created_at",
     )
     list_filter = (
         "status",
@@ -181,9 +180,7 @@ class RecapSideEffectAdmin(LastErrorColumn, OperatorAdmin):
         menu_label="Mark selected side effects dead",
     )
 
-    @admin.display(description="status", ordering="status")
-    def status_badge(self, obj: RecapSideEffect) -> str:
-        return status_badge(obj.status)
+    status_badge = status_field("status", "status")
 
     @admin.display(description="next attempt", ordering="next_attempt_at")
     def next_attempt(self, obj: RecapSideEffect) -> str:
@@ -191,8 +188,7 @@ class RecapSideEffectAdmin(LastErrorColumn, OperatorAdmin):
 
     @admin.display(description="recap", ordering="recap_id")
     def recap_link(self, obj: RecapSideEffect) -> str:
-        url = reverse("admin:recaps_recapvideo_change", args=[obj.recap_id])
-        return format_html('<a href="{}">{}</a>', url, obj.recap_id)
+        return recap_link(obj.recap_id)
 
     @admin.display(description="recap status")
     def recap_status(self, obj: RecapSideEffect) -> str:
@@ -204,6 +200,14 @@ class RecapSideEffectAdmin(LastErrorColumn, OperatorAdmin):
     @admin.display(description="in this state for", ordering="updated_at")
     def state_age(self, obj: RecapSideEffect) -> str:
         return format_seconds((timezone.now() - obj.updated_at).total_seconds())
+
+
+def recap_link(recap_id) -> str:
+    """A recap's UUID in a list: its first characters, linked, whole in the tooltip (a whole
+    UUID wrapped over four lines of a 1,366 px list)."""
+    url = reverse("admin:recaps_recapvideo_change", args=[recap_id])
+    text = str(recap_id)
+    return format_html('<a href="{}" title="{}">{}…</a>', url, text, text[:LIST_ID_CHARS])
 
 
 def next_attempt_display(row: RecapSideEffect) -> str:
@@ -253,13 +257,17 @@ class CircuitBreakerAdmin(OperatorAdmin):
 
     list_display = (
         "name",
-        "state",
+        "state_badge",
         "consecutive_failures",
         "last_error_class",
-        "opened_at",
-        "open_until",
-        "updated_at",
+        "opened",
+        "until",
+        "updated",
     )
+    state_badge = status_field("state", "state")
+    opened = time_field("opened_at", "opened at")
+    until = time_field("open_until", "open until")
+    updated = time_field("updated_at", "updated at")
     readonly_fields = (
         "name",
         "state",

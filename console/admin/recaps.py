@@ -16,10 +16,17 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.urls import reverse
 from django.utils.html import format_html
 
-from console.admin.outbox import next_attempt_display
+from console.admin.outbox import next_attempt_display, recap_link
 
 if TYPE_CHECKING:  # django-stubs' helper for annotated rows (a dev dependency)
     from django_stubs_ext import WithAnnotations
+from console.admin.display import (
+    LIST_ID_CHARS,
+    clipped,
+    status_badge,
+    status_field,
+    time_field,
+)
 from console.admin_actions import (
     ConfirmSpec,
     OperatorAdmin,
@@ -27,7 +34,7 @@ from console.admin_actions import (
     operator_action,
 )
 from console.models import OperatorActionKind
-from console.presentation import shortened
+from console.presentation import EMPTY
 from console.selectors import recaps_by_status
 from eventdrop.errors import EventDropError
 from outbox.models import EffectType, RecapSideEffect
@@ -57,8 +64,7 @@ class EventRecapInline(ReadOnlyInline):
 
     @admin.display(description="recap")
     def recap_link(self, obj: RecapVideo) -> str:
-        url = reverse("admin:recaps_recapvideo_change", args=[obj.pk])
-        return format_html('<a href="{}">{}</a>', url, obj.pk)
+        return recap_link(obj.pk)
 
 
 class EventCounts(TypedDict):
@@ -156,17 +162,18 @@ class SideEffectInline(ReadOnlyInline):
 @admin.register(RecapVideo)
 class RecapVideoAdmin(OperatorAdmin):
     list_display = (
-        "id",
-        "status",
+        "short_id",
+        "status_badge",
         "render_state",
         "is_free",
         "payment_reference",
-        "paid_at",
+        "paid",
         "event",
         "buyer",
-        "updated_at",
+        "updated",
         "short_failure",
     )
+    list_display_links = ("short_id",)
     list_filter = (
         "status",
         "is_free",
@@ -229,10 +236,21 @@ class RecapVideoAdmin(OperatorAdmin):
         menu_label="Retry render of selected recaps",
     )
 
+    status_badge = status_field("status", "status")
+    paid = time_field("paid_at", "paid at")
+    updated = time_field("updated_at", "updated at")
+
+    @admin.display(description="id", ordering="id")
+    def short_id(self, obj: RecapVideo) -> str:
+        # A whole UUID wrapped over four lines of the list: its start, whole in the tooltip.
+        text = str(obj.pk)
+        return format_html('<span title="{}">{}…</span>', text, text[:LIST_ID_CHARS])
+
     @admin.display(description="render side effect", ordering="render_status")
     def render_state(self, obj: RecapVideo) -> str:
-        return getattr(obj, "render_status", None) or "—"
+        render_status = getattr(obj, "render_status", None)
+        return status_badge(render_status) if render_status else EMPTY
 
     @admin.display(description="failure reason")
     def short_failure(self, obj: RecapVideo) -> str:
-        return shortened(obj.failure_reason)
+        return clipped(obj.failure_reason)

@@ -231,3 +231,35 @@ def test_a_held_event_says_which_pause_holds_it_who_paused_and_how_to_resume(
         reason="Stripe incident",
     )
     assert "held: handler recaps.handlers.record_checkout_session paused" in held_hint(recap)
+
+
+def test_actions_are_offered_only_where_they_can_succeed(client, admin_user, push_handler):
+    rejected = receive_github(client, {"zen": "x"}, delivery="forged", secret="wrong")
+    verified = receive_github(client, {"zen": "y"}, delivery="good")
+    inbox_run_once()
+    client.force_login(admin_user)
+    page = client.get(f"/admin/ingress/rawevent/{rejected.pk}/change/").content.decode()
+    # Replay is always refused on a rejected event: not offered; Re-verify is.
+    assert 'id="console-reverify"' in page and 'id="console-replay"' not in page
+    page = client.get(f"/admin/ingress/rawevent/{verified.pk}/change/").content.decode()
+    assert 'id="console-replay"' in page and 'id="console-reverify"' not in page
+
+
+def test_one_time_format_and_one_empty_marker_on_the_lists(client, admin_user, push_handler):
+    receive_github(client, {"zen": "y"}, delivery="good")
+    inbox_run_once()
+    client.force_login(admin_user)
+    for path in (
+        "/admin/ingress/rawevent/",
+        "/admin/ingress/delivery/",
+        "/admin/console/operatoraction/",
+        "/admin/outbox/recapsideeffect/",
+        "/admin/recaps/recapvideo/",
+    ):
+        page = client.get(path).content.decode()
+        assert ' class="empty"' not in page or "—" in page, path
+        # No Django default formats ("Dec. 3, 2026, 7:13 p.m."), no "-" for empty values.
+        assert " p.m." not in page and " a.m." not in page, path
+        assert '<td class="field-' not in page or ">-</td>" not in page, path
+    rows = client.get("/admin/ingress/rawevent/").content.decode()
+    assert " UTC · " in rows and " ago</span>" in rows
