@@ -16,7 +16,8 @@ What is here, by name:
   `raw_event_store_worst_case`; archiving a day of raw events: `archive_day_worst_case`;
 - reconciliation (ingress/reconcile/): `github_call_worst_case`, `reconcile_call_worst_case`,
   `reconcile_budget_problem`;
-- the side effects' give-up arithmetic: `give_up_arithmetic`;
+- the give-up arithmetic of side effects and deliveries: `give_up_arithmetic`; a delivery
+  batch's run: `delivery_batch_worst_case`;
 - `Caller` / `budget_violations`: who waits for what (the table itself is outbox/checks.py,
   `outbox.E001`, which can name the outbox's and ingress's configurations);
 - `BudgetClock`: the one clock a budgeted run spends (dispatcher, render checks,
@@ -74,7 +75,7 @@ def seconds_text(value: float) -> str:
 
 
 def pauses_text(pauses: Sequence[float]) -> str:
-    """"2.0+4.0+8.0 s": the ceilings of the pauses between attempts."""
+    """ "2.0+4.0+8.0 s": the ceilings of the pauses between attempts."""
     return "+".join(f"{p:.1f}" for p in pauses) + " s"
 
 
@@ -294,18 +295,23 @@ def q_task_timeout() -> float | None:
     return None
 
 
-# --- the side effects' give-up arithmetic ----------------------------------------------------
+# --- the give-up arithmetic of the retry machines (side effects, deliveries) ----------------
 
 
 @dataclass(frozen=True)
 class GiveUp:
-    """When a side effect gives up on transient failures (eventdrop.retry.RetryStrategy):
-    after `attempts` charged attempts AND once `horizon_seconds` have passed since its first
-    charged failure; the pause before the last attempt is stretched to reach the horizon."""
+    """When a row gives up on its own failures (eventdrop.retry.RetryStrategy): after
+    `attempts` charged attempts AND once `horizon_seconds` have passed since its first
+    charged failure; the pause before the last attempt is stretched to reach the horizon.
+    Failures that are not about the row (the service, its deploy, our database) are never
+    charged, so they never bring it closer. The setting names make the arithmetic say which
+    retry machine it is."""
 
     attempts: int
     pauses: tuple[float, ...]  # the ceiling of each pause between attempts
     horizon_seconds: float
+    attempts_setting: str = "OUTBOX_MAX_ATTEMPTS"
+    horizon_setting: str = "OUTBOX_TRANSIENT_HORIZON_SECONDS"
 
     @property
     def backoff_seconds(self) -> float:
@@ -313,27 +319,51 @@ class GiveUp:
 
     @property
     def min_life_seconds(self) -> float:
-        """How long a transient failure keeps a row alive, at least."""
+        """How long a failure of its own keeps a row alive, at least."""
         return self.horizon_seconds
 
     @property
     def arithmetic(self) -> str:
         return (
-            f"dead after {self.attempts} charged attempts (OUTBOX_MAX_ATTEMPTS) with pauses "
+            f"dead after {self.attempts} charged attempts ({self.attempts_setting}) with pauses "
             f"of at most {pauses_text(self.pauses or (0.0,))} = "
             f"{seconds_text(self.backoff_seconds)} between them, the last attempt no earlier "
             f"than the horizon, {seconds_text(self.horizon_seconds)} "
-            f"({self.horizon_seconds / 3600:.1f} h, OUTBOX_TRANSIENT_HORIZON_SECONDS) after "
+            f"({self.horizon_seconds / 3600:.1f} h, {self.horizon_setting}) after "
             f"the first charged failure: a transient failure keeps a row alive for at least "
-            f"{seconds_text(self.min_life_seconds)}; failures while the render service fails "
-            f"as a whole are not charged"
+            f"{seconds_text(self.min_life_seconds)}; answers about the service, its deploy or "
+            f"our database are never charged"
         )
 
 
-def give_up_arithmetic(strategy: RetryStrategy) -> GiveUp:
+def give_up_arithmetic(
+    strategy: RetryStrategy,
+    *,
+    attempts_setting: str = "OUTBOX_MAX_ATTEMPTS",
+    horizon_setting: str = "OUTBOX_TRANSIENT_HORIZON_SECONDS",
+) -> GiveUp:
     policy = strategy.policy
     pauses = tuple(policy.ceiling(n) for n in range(1, policy.max_attempts))
-    return GiveUp(policy.max_attempts, pauses, strategy.horizon_seconds)
+    return GiveUp(
+        policy.max_attempts, pauses, strategy.horizon_seconds, attempts_setting, horizon_setting
+    )
+
+
+def statement_timeout_seconds(database: Mapping[str, Any] | None = None) -> float:
+    """The default database's statement_timeout (seconds; inf when it has none)."""
+    database = database or settings.DATABASES["default"]
+    match = _STATEMENT_TIMEOUT.search(str(database.get("OPTIONS", {}).get("options", "")))
+    return int(match.group(1)) / 1000 if match else math.inf
+
+
+def delivery_batch_worst_case(batch_size: int) -> WorstCase:
+    """How long one claimed batch of deliveries may run: each handler's statement capped by
+    the statement timeout (a batch's transaction is open: no connect)."""
+    statement = statement_timeout_seconds()
+    return WorstCase.of(
+        [f"{batch_size} deliveries (INBOX_BATCH_SIZE) x statement {seconds_text(statement)}"],
+        batch_size * statement,
+    )
 
 
 # --- who waits for what ----------------------------------------------------------------------

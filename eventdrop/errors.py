@@ -4,10 +4,11 @@ Messages are module-level constants next to each error so tests assert on them i
 on free text.
 
 The error contract: an error that a retry machine (deliveries, side effects) may meet says
-itself how it is to be treated, by deriving from one of the three classified bases below.
+itself how it is to be treated, by deriving from one of the classified bases below.
 `eventdrop.retry.classify` reads that (and our own database's errors) in its one table; so
 the kernel names no error of an app above it, and an app adds an error without touching
-the kernel.
+the kernel. The finality rule those dispositions serve is written once, in
+eventdrop/retry.py and docs/outbox.md ("The finality rule").
 """
 
 from enum import StrEnum
@@ -18,23 +19,32 @@ class EventDropError(Exception):
 
 
 class Disposition(StrEnum):
-    TRANSIENT = "transient"  # retried with backoff, and charged (counts toward max attempts)
-    PERMANENT = "permanent"  # given up at once: the row goes `dead`
-    DEFERRED = "deferred"  # not the row's fault, nothing was tried: released, not charged
+    # A verdict about this row: given up at once, the row goes `dead`.
+    PERMANENT = "permanent"
+    # May be about this row (our code failing on its data, an error nobody classified):
+    # retried with backoff and charged; `dead` only after N charged attempts AND the horizon.
+    TRANSIENT = "transient"
+    # Not about this row — the remote service or its deploy, our own database or
+    # configuration, or nothing was asked at all (the breaker open): released, never charged.
+    DEFERRED = "deferred"
 
 
 class ClassifiedError(EventDropError):
     """An error that carries its own retry verdict (read by `eventdrop.retry.classify`).
 
     `error_class` is the short machine-readable reason stored on the row (last_error_class)
-    and in its history. `service_failure` says the failure is about the remote service as a
-    whole (5xx, 429, timeouts, refused connections): the circuit breaker's input.
-    `retry_after` is the pause the callee asked for, if any.
+    and in its history. `service_failure` says the answer is about the remote service as a
+    whole or its deploy (5xx, 429, 3xx, 404 from a route without endpoints, timeouts,
+    refused connections): the circuit breaker's input. `ambiguous` says the answer is
+    neither a success nor a verdict about the row (a 400 from a gateway, a 2xx without a
+    render id): the row waits, and an alert fires. `retry_after` is the pause the callee
+    asked for, if any.
     """
 
     disposition: Disposition
     error_class: str
     service_failure: bool = False
+    ambiguous: bool = False
     retry_after: float | None = None
 
     def __init__(
@@ -44,17 +54,20 @@ class ClassifiedError(EventDropError):
         disposition: Disposition,
         error_class: str,
         service_failure: bool = False,
+        ambiguous: bool = False,
         retry_after: float | None = None,
     ):
         super().__init__(message)
         self.disposition = disposition
         self.error_class = error_class
         self.service_failure = service_failure
+        self.ambiguous = ambiguous
         self.retry_after = retry_after
 
 
 class PermanentError(ClassifiedError):
-    """Will never succeed on this input: given up at once. Subclasses name the reason."""
+    """A verdict about this row: it will never succeed on this input. Given up at once.
+    Subclasses name the reason."""
 
     permanent_reason = "permanent"
 
@@ -77,13 +90,23 @@ class DeferredError(ClassifiedError):
 
 
 class ServiceFailure(ClassifiedError):
-    """The remote service failed as a whole: transient, charged, and counted by the breaker."""
+    """The remote service (or its deploy) failed or answered about itself: never charged to
+    the row, and counted by the breaker. `ambiguous`: the answer was neither a success nor a
+    verdict about the row (the row waits, an alert fires)."""
 
-    def __init__(self, message: str, *, error_class: str, retry_after: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_class: str,
+        retry_after: float | None = None,
+        ambiguous: bool = False,
+    ):
         super().__init__(
             message,
-            disposition=Disposition.TRANSIENT,
+            disposition=Disposition.DEFERRED,
             error_class=error_class,
             service_failure=True,
+            ambiguous=ambiguous,
             retry_after=retry_after,
         )

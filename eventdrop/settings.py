@@ -421,8 +421,13 @@ INBOX_ROW_RETRY_BASE_SECONDS = env_float("INBOX_ROW_RETRY_BASE_SECONDS", 30.0)
 DELIVERY_MAX_ATTEMPTS = env_int("DELIVERY_MAX_ATTEMPTS", 8)
 DELIVERY_BACKOFF_BASE_SECONDS = env_float("DELIVERY_BACKOFF_BASE_SECONDS", 5.0)
 DELIVERY_BACKOFF_CAP_SECONDS = env_float("DELIVERY_BACKOFF_CAP_SECONDS", 3600.0)
-# A delivery `processing` longer than this belonged to a worker that died: re-arm it.
-DELIVERY_STALE_AFTER_SECONDS = env_int("DELIVERY_STALE_AFTER_SECONDS", 600)
+# A handler's own failure keeps its delivery alive at least this long after the first
+# charged one (the last attempt waits for it): Stripe itself retries for three days.
+DELIVERY_TRANSIENT_HORIZON_SECONDS = env_float("DELIVERY_TRANSIENT_HORIZON_SECONDS", 259200.0)
+# A delivery `processing` longer than this, and not locked by a live batch, belonged to a
+# worker that died: re-arm it. Above INBOX_BATCH_SIZE x the statement timeout (ingress.W011):
+# 500 x 15 s = 7500 s.
+DELIVERY_STALE_AFTER_SECONDS = env_int("DELIVERY_STALE_AFTER_SECONDS", 9000)
 # Time a scheduled (django-q2) inbox pass may use before it yields; below Q_TIMEOUT.
 INBOX_SCHEDULED_PASS_BUDGET_SECONDS = env_float("INBOX_SCHEDULED_PASS_BUDGET_SECONDS", 50.0)
 # Resuming a paused handler releases its held deliveries at this rate, in received order

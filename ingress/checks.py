@@ -110,3 +110,58 @@ def check_raw_event_archive(
         )
         for problem in problems
     ]
+
+
+@checks.register()
+def check_delivery_retries(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """The deliveries' give-up arithmetic (eventdrop/retry.py's finality rule, with the
+    DELIVERY_* settings), and the stale threshold against the longest a batch can run.
+
+    - ingress.E010  the retry settings cannot work
+    - ingress.W010  the horizon is shorter than the backoff alone (it extends nothing)
+    - ingress.W011  DELIVERY_STALE_AFTER_SECONDS does not exceed INBOX_BATCH_SIZE x the
+                    statement timeout. A warning, not an error: a batch locks its claims
+                    while it runs and the re-arm skips locked rows, and every outcome is
+                    fenced, so no handler's effect happens twice; but between a batch's
+                    steps (its per-delivery fallback, recording its failures) a live
+                    worker's rows could be re-armed and run again by another worker
+    """
+    from eventdrop.budgets import delivery_batch_worst_case, give_up_arithmetic
+    from ingress.deliveries import delivery_retry_strategy
+
+    messages: list[checks.CheckMessage] = []
+    try:
+        give_up = give_up_arithmetic(
+            delivery_retry_strategy(),
+            attempts_setting="DELIVERY_MAX_ATTEMPTS",
+            horizon_setting="DELIVERY_TRANSIENT_HORIZON_SECONDS",
+        )
+    except ValueError as exc:
+        messages.append(checks.Error(f"Deliveries cannot be retried: {exc}.", id="ingress.E010"))
+    else:
+        if give_up.horizon_seconds < give_up.backoff_seconds:
+            messages.append(
+                checks.Warning(
+                    f"Deliveries: {give_up.arithmetic}. The horizon is shorter than the "
+                    "backoff alone, so it keeps no delivery alive longer than its attempts do.",
+                    hint="Raise DELIVERY_TRANSIENT_HORIZON_SECONDS (default 3 days, Stripe's).",
+                    id="ingress.W010",
+                )
+            )
+    stale = float(settings.DELIVERY_STALE_AFTER_SECONDS)
+    batch = delivery_batch_worst_case(int(settings.INBOX_BATCH_SIZE))
+    if stale <= batch.seconds:
+        messages.append(
+            checks.Warning(
+                f"DELIVERY_STALE_AFTER_SECONDS ({stale:.0f} s) does not exceed the longest a "
+                f"claimed batch may run, {batch.arithmetic}: a live worker's deliveries may "
+                "be re-armed between its steps and run again elsewhere (fenced: once, not "
+                "twice, but for nothing).",
+                hint="Raise DELIVERY_STALE_AFTER_SECONDS, or lower INBOX_BATCH_SIZE or "
+                "DATABASE_STATEMENT_TIMEOUT_MS.",
+                id="ingress.W011",
+            )
+        )
+    return messages

@@ -1,24 +1,29 @@
 """Flow 2, second half: run the deliveries the inbox created, one per (event, handler).
 
-`deliveries_run_due` claims due `pending` deliveries with `SELECT … FOR UPDATE SKIP LOCKED`
-(marking them `processing`, attempt charged, in a short transaction of its own), then runs
-the batch in one transaction: a handler's writes and its delivery's `done` commit together,
-and the batch pays for one commit instead of one per event. No savepoint per handler unless
-one raises: then the batch is rolled back and run again a savepoint each, so a failing
-handler rolls back only its own savepoint (`_run_claimed`). A failure is recorded on the row
-(`_record_failure`): back to `pending` with a backoff, or `dead` once DELIVERY_MAX_ATTEMPTS
-are charged — the decision of eventdrop/retry.py, the project's one retry machine.
+`deliveries_run_due` claims due `pending` deliveries in one statement (`WITH … FOR UPDATE SKIP
+LOCKED … UPDATE … RETURNING`: marked `processing`, attempt charged), then runs the batch in one
+transaction: a handler's writes and its delivery's `done` commit together, and the batch pays
+for one commit instead of one per event. That transaction first locks its claimed rows,
+fenced on the claim (status, claimed_at, attempts): a row re-armed and claimed by another
+worker meanwhile is not run, and a row this batch holds is never re-armed under it, however
+long the batch takes — so each handler's effect happens once. No savepoint per handler
+unless one raises: then the batch is rolled back and run again a savepoint each, so a
+failing handler rolls back only its own savepoint (`_run_claimed`). A failure is recorded
+on the row (`_record_failure`) as eventdrop/retry.py decides — the project's one finality
+rule: a handler's permanent domain error kills it at once; a failure that may be its own is
+charged and kills it only after DELIVERY_MAX_ATTEMPTS charged attempts AND
+DELIVERY_TRANSIENT_HORIZON_SECONDS; our own database failing (a statement or lock timeout, a
+deadlock, a restart) is never charged, and the delivery waits.
 
 A worker that dies (killed, out of memory) records nothing: a delivery it had claimed stays
-`processing` and `deliveries_rearm_stale` re-arms it, still charged, or gives it up `dead`
-once its charged attempts reach DELIVERY_MAX_ATTEMPTS.
+`processing` and `deliveries_rearm_stale` re-arms it with the attempt given back — a worker's
+death is no verdict about the row.
 
 `deliveries_for_event` builds the rows the inbox inserts when it settles an event
 (ingress/inbox.py), so what a new delivery starts as is decided here, next to how it runs.
 Replay and re-arm by an operator are in ingress/services.py.
 """
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -26,11 +31,11 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Exists, F, OuterRef, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from eventdrop.db.json_rows import json_rows
-from eventdrop.db_roles import handler_role
 from eventdrop.retry import (
     Action,
     Disposition,
@@ -41,7 +46,13 @@ from eventdrop.retry import (
     fenced,
 )
 from ingress.encryption import keyring
-from ingress.handlers import HandlerSpec, PermanentHandlerError, get_handler, handlers_for
+from ingress.handlers import (
+    HandlerSpec,
+    PermanentHandlerError,
+    get_handler,
+    handler_note,
+    handlers_for,
+)
 from ingress.models import (
     UNFINISHED_DELIVERY_STATUSES,
     Delivery,
@@ -72,7 +83,10 @@ def delivery_retry_policy() -> RetryPolicy:
 
 def delivery_retry_strategy() -> RetryStrategy:
     """The project's one retry decision (eventdrop/retry.py), with the delivery settings."""
-    return RetryStrategy(policy=delivery_retry_policy())
+    return RetryStrategy(
+        policy=delivery_retry_policy(),
+        horizon_seconds=settings.DELIVERY_TRANSIENT_HORIZON_SECONDS,
+    )
 
 
 def deliveries_for_event(
@@ -204,26 +218,24 @@ def deliveries_run_at_settle(
     handled_at, which the caller's verdict UPDATE writes). Raises SettleRunRaised (its cause
     the handler's exception) once a handler raises; the caller rolls back the savepoint.
     """
-    runs: list[tuple[int, str, datetime, datetime]] = []  # event id, handler, started, finished
-    # As DATABASE_HANDLER_ROLE when set: one switch for the whole run, not one per handler
-    # (the inbox's own bookkeeping below runs as the inbox role again).
+    # event id, handler, started, finished, the handler's note
+    runs: list[tuple[int, str, datetime, datetime, str]] = []
     clock = timezone.now()  # one reading between two handlers: the one's end, the next's start
-    with handler_role():
-        for event, specs in runnable:
-            payload = None
-            for spec in specs:
-                started = clock
-                try:
-                    if payload is None:
-                        payload = parse_payload(raw_event_headers(event), raw_event_body(event))
-                    spec.func(event, payload)
-                except Exception as exc:
-                    _settle_cooldown.handlers[spec.name] = (
-                        time.monotonic() + _SETTLE_RUN_COOLDOWN_SECONDS
-                    )
-                    raise SettleRunRaised(spec.name) from exc
-                clock = timezone.now()
-                runs.append((event.id, spec.name, started, clock))
+    for event, specs in runnable:
+        payload = None
+        for spec in specs:
+            started = clock
+            try:
+                if payload is None:
+                    payload = parse_payload(raw_event_headers(event), raw_event_body(event))
+                note = handler_note(spec.func(event, payload))
+            except Exception as exc:
+                _settle_cooldown.handlers[spec.name] = (
+                    time.monotonic() + _SETTLE_RUN_COOLDOWN_SECONDS
+                )
+                raise SettleRunRaised(spec.name) from exc
+            clock = timezone.now()
+            runs.append((event.id, spec.name, started, clock, note))
     finished = runs[-1][3]
     table = connection.ops.quote_name(Delivery._meta.db_table)
     attempt_table = connection.ops.quote_name(DeliveryAttempt._meta.db_table)
@@ -235,7 +247,7 @@ def deliveries_run_at_settle(
         cursor.execute(
             _SETTLE_RUN_INSERT.format(delivery=table, attempt=attempt_table),
             [
-                json_rows(("raw_event_id", "handler", "started_at", "finished_at"), runs),
+                json_rows(("raw_event_id", "handler", "started_at", "finished_at", "note"), runs),
                 DeliveryStatus.DONE,
                 now,
                 started_at,
@@ -252,14 +264,14 @@ def deliveries_run_at_settle(
 
 _SETTLE_RUN_INSERT = (
     "WITH r AS (SELECT * FROM json_to_recordset(%s::json) AS r(raw_event_id bigint,"
-    " handler text, started_at timestamptz, finished_at timestamptz)),"
+    " handler text, started_at timestamptz, finished_at timestamptz, note text)),"
     " d AS (INSERT INTO {delivery} (raw_event_id, handler, status, attempts, total_attempts,"
-    "  next_attempt_at, claimed_at, last_error, created_at, finished_at, ordering_key,"
-    "  event_time, superseded_by_id, forced)"
-    "  SELECT r.raw_event_id, r.handler, %s, 1, 1, %s, %s, '', %s, %s, '', NULL,"
+    "  next_attempt_at, claimed_at, last_error, first_failed_at, waiting_since, created_at,"
+    "  finished_at, ordering_key, event_time, superseded_by_id, forced)"
+    "  SELECT r.raw_event_id, r.handler, %s, 1, 1, %s, %s, '', NULL, NULL, %s, %s, '', NULL,"
     "  NULL, false FROM r ON CONFLICT DO NOTHING RETURNING id, raw_event_id, handler)"
-    " INSERT INTO {attempt} (delivery_id, number, started_at, finished_at, outcome, error)"
-    " SELECT d.id, 1, r.started_at, r.finished_at, %s, '' FROM d"
+    " INSERT INTO {attempt} (delivery_id, number, started_at, finished_at, outcome, error, note)"
+    " SELECT d.id, 1, r.started_at, r.finished_at, %s, '', r.note FROM d"
     " JOIN r ON r.raw_event_id = d.raw_event_id AND r.handler = d.handler"
 )
 
@@ -369,6 +381,8 @@ def deliveries_arm_for_replay(
                 next_attempt_at=now,
                 claimed_at=None,
                 finished_at=None,
+                first_failed_at=None,
+                waiting_since=None,
                 superseded_by=None,
                 forced=force,
             )
@@ -414,7 +428,13 @@ def deliveries_rearm_dead(delivery_ids: list[int], *, now: datetime) -> int:
     ):
         if ids:
             Delivery.objects.filter(id__in=ids).update(
-                status=status, attempts=0, next_attempt_at=now, claimed_at=None, finished_at=None
+                status=status,
+                attempts=0,
+                next_attempt_at=now,
+                claimed_at=None,
+                finished_at=None,
+                first_failed_at=None,
+                waiting_since=None,
             )
     # The event is no longer handled: its lag shows again until the delivery finishes.
     RawEvent.objects.filter(id__in={raw_event_id for _, raw_event_id in rows}).update(
@@ -431,6 +451,10 @@ class _Claimed:
     attempts: int  # this one included, since the delivery was last armed
     number: int  # lifetime attempt number, for the history
     claimed_at: datetime  # with attempts, the fence of every outcome recorded for it
+    # Its first charged failure since it was armed (the horizon counts from it), and since
+    # when it has waited on failures not its own (its release backoff).
+    first_failed_at: datetime | None = None
+    waiting_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -441,41 +465,68 @@ class _Failure:
     started: datetime
 
 
-def _claim_due_deliveries(limit: int, now: datetime) -> list[_Claimed]:
-    """Claim up to `limit` due unordered deliveries and up to `limit` heads of ordering keys.
+def _delivery_sql(sql: str) -> str:
+    return sql.replace("{table}", connection.ops.quote_name(Delivery._meta.db_table))
 
-    Both in one short transaction that marks them `processing` and charges the attempt.
-    """
-    with transaction.atomic():
-        due = list(
-            Delivery.objects.select_for_update(skip_locked=True)
-            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now, ordering_key="")
-            .order_by("next_attempt_at")
-            .values_list("id", "raw_event_id", "handler", "attempts", "total_attempts")[:limit]
-        )
+
+# Marks the rows of `c` claimed: processing, the attempt charged (the claim is the attempt).
+_MARK_CLAIMED = (
+    " UPDATE {table} AS d SET status = 'processing', claimed_at = %(now)s,"
+    " attempts = d.attempts + 1, total_attempts = d.total_attempts + 1 FROM c WHERE d.id = c.id"
+    " RETURNING d.id, d.raw_event_id, d.handler, d.attempts, d.total_attempts,"
+    " d.first_failed_at, d.waiting_since"
+)
+# The unordered queue's claim, one statement (as procrastinate's procrastinate_fetch_job).
+_CLAIM_UNORDERED = _delivery_sql(
+    "WITH c AS (SELECT id FROM {table} WHERE status = 'pending' AND next_attempt_at <= %(now)s"  # noqa: S608 (constants)
+    " AND ordering_key = '' ORDER BY next_attempt_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+    + _MARK_CLAIMED
+)
+# Ordering keys' heads, found and locked under their keys' locks by _claim_key_heads.
+_CLAIM_HEADS = _delivery_sql("WITH c AS (SELECT unnest(%(ids)s::bigint[]) AS id)" + _MARK_CLAIMED)
+
+
+def _claim_due_deliveries(limit: int, now: datetime) -> list[_Claimed]:
+    """The one place deliveries are claimed: up to `limit` due unordered deliveries (one
+    statement) and up to `limit` heads of ordering keys, in one short transaction that marks
+    them `processing` and charges the attempt. What a pause covers is held instead, its
+    attempt given back, before anything runs."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_CLAIM_UNORDERED, {"now": now, "limit": limit})
+        rows = _hold_claimed_paused(cursor.fetchall())
         heads, superseded = _claim_key_heads(limit, now)
-        due = _hold_paused(due) + heads
-        if due:
-            Delivery.objects.filter(id__in=[row[0] for row in due]).update(
-                status=DeliveryStatus.PROCESSING,
-                claimed_at=now,
-                attempts=F("attempts") + 1,
-                total_attempts=F("total_attempts") + 1,
-            )
+        if heads:
+            cursor.execute(_CLAIM_HEADS, {"now": now, "ids": [row[0] for row in heads]})
+            rows += cursor.fetchall()
     if superseded:
         # After the claim's commit: the claim locks no raw event, so it can never be one
         # half of a deadlock with a replay (which locks the events, then their deliveries).
         _mark_events_handled(superseded, now)
     return [
-        _Claimed(id, event_id, handler, attempts + 1, total + 1, now)
-        for id, event_id, handler, attempts, total in due
+        _Claimed(id, event_id, handler, attempts, total, now, first_failed_at, waiting_since)
+        for id, event_id, handler, attempts, total, first_failed_at, waiting_since in rows
     ]
 
 
+def _hold_claimed_paused(rows: list[tuple]) -> list[tuple]:
+    """Hold the just-claimed rows (id, raw event id, handler, …) that a pause covers, their
+    attempt given back; returns the others. Whatever made them pending (created before the
+    pause was seen, a retry, a replay, a stale re-arm), a paused handler never runs."""
+    held = _paused_among([(row[0], row[1], row[2]) for row in rows])
+    if not held:
+        return rows
+    Delivery.objects.filter(id__in=held).update(
+        status=DeliveryStatus.HELD,
+        claimed_at=None,
+        attempts=F("attempts") - 1,
+        total_attempts=F("total_attempts") - 1,
+    )
+    return [row for row in rows if row[0] not in held]
+
+
 def _hold_paused(rows: list[tuple]) -> list[tuple]:
-    """Hold the locked due rows (id, raw event id, handler, …) that a pause covers; returns
-    the others. Before the attempt is charged: whatever made them pending (created before
-    the pause was seen, a retry, a replay, a stale re-arm), a paused handler never runs."""
+    """Hold the locked pending rows (id, raw event id, handler, …) that a pause covers (a
+    key's head: its key waits for the resume); returns the others."""
     held = _paused_among([(row[0], row[1], row[2]) for row in rows])
     if not held:
         return rows
@@ -516,13 +567,9 @@ def _hold_paused(rows: list[tuple]) -> list[tuple]:
 ORDERING_LOCK_CLASS = 0x6F72_6465  # b"orde"
 
 
-def _key_sql(sql: str) -> str:
-    return sql.replace("{table}", connection.ops.quote_name(Delivery._meta.db_table))
-
-
 # The heads of every key: one sorted read of all unfinished ordered deliveries. Its cost
 # grows with the deliveries, however few keys they share.
-_KEY_HEADS = _key_sql(
+_KEY_HEADS = _delivery_sql(
     "SELECT id FROM ("
     "  SELECT DISTINCT ON (handler, ordering_key) id, status, next_attempt_at"
     "  FROM {table} WHERE ordering_key <> '' AND status IN ('pending', 'processing', 'held')"
@@ -536,7 +583,7 @@ _KEY_HEADS = _key_sql(
 # Walked only up to _SKIP_SCAN_MAX_KEYS keys: past that (many keys, few deliveries each)
 # the sorted read above is the cheaper one, and the claim falls back to it (the heads are
 # the same either way). bench/ordered_claim.py measures both.
-_KEY_HEADS_SKIP_SCAN = _key_sql(
+_KEY_HEADS_SKIP_SCAN = _delivery_sql(
     "WITH RECURSIVE heads AS ("
     "  (SELECT 1 AS n, handler, ordering_key, id, status, next_attempt_at FROM {table}"
     "   WHERE ordering_key <> '' AND status IN ('pending', 'processing', 'held')"
@@ -593,7 +640,7 @@ _KEY_PROBE = (
     "  AND d.status IN (%(status)s) ORDER BY d.event_time %(order)s, d.raw_event_id %(order)s"
     "  LIMIT 1) AS r"
 )
-_KEY_STATE = _key_sql(
+_KEY_STATE = _delivery_sql(
     "WITH k AS (SELECT * FROM unnest(%s::text[], %s::text[]) AS k(handler, key)) "  # noqa: S608 (constants only)
     + " UNION ALL ".join(
         _KEY_PROBE.replace("%(status)s", status).replace("%(order)s", order)
@@ -609,9 +656,9 @@ _KEY_STATE = _key_sql(
 
 
 def _claim_key_heads(limit: int, now: datetime) -> tuple[list[tuple], set[int]]:
-    """The heads of ordering keys to claim now (as rows of _claim_due_deliveries' shape),
-    and the raw events of the heads it superseded instead (they lost to a newer handled
-    event of their key)."""
+    """The heads of ordering keys to claim now (locked, pending; the caller marks them
+    claimed), and the raw events of the heads it superseded instead (they lost to a newer
+    handled event of their key)."""
     with connection.cursor() as cursor:
         candidates = _key_head_candidates(cursor, limit, now)
     if not candidates:
@@ -716,7 +763,8 @@ def _mark_events_handled(
     rows.exclude(Exists(unfinished)).update(handled_at=now)
 
 
-def _call_handler(claimed: _Claimed, events: dict[int, RawEvent]) -> None:
+def _call_handler(claimed: _Claimed, events: dict[int, RawEvent]) -> str:
+    """Run the delivery's handler; returns its note ("" for none)."""
     event = events.get(claimed.raw_event_id)
     if event is None:
         raise PermanentHandlerError(f"raw event #{claimed.raw_event_id} no longer exists")
@@ -724,7 +772,49 @@ def _call_handler(claimed: _Claimed, events: dict[int, RawEvent]) -> None:
     if spec is None:
         raise PermanentHandlerError(HANDLER_MISSING.format(name=claimed.handler))
     payload = parse_payload(raw_event_headers(event), raw_event_body(event))
-    spec.func(event, payload)
+    return handler_note(spec.func(event, payload))
+
+
+# The claims of a batch as a row set (id, attempts, claimed_at): the fence of its outcomes.
+_CLAIMS = (
+    "json_to_recordset(%(claims)s::json) AS c(id bigint, attempts integer, claimed_at timestamptz)"
+)
+_FENCE = (
+    "d.id = c.id AND d.attempts = c.attempts AND d.claimed_at = c.claimed_at"
+    " AND d.status = 'processing'"
+)
+# Locks the batch's rows that are still its claims, for the whole batch: a row re-armed and
+# claimed by another worker meanwhile is not among them (and not run), and the re-arm skips
+# a row this batch holds (SKIP LOCKED), so no live batch is ever re-armed under it.
+_LOCK_CLAIMS = _delivery_sql(
+    f"SELECT d.id FROM {{table}} AS d JOIN {_CLAIMS} ON {_FENCE} ORDER BY d.id FOR UPDATE OF d"  # noqa: S608 (constants)
+)
+# The success, fenced like every other outcome.
+_MARK_DONE = _delivery_sql(
+    f"UPDATE {{table}} AS d SET status = 'done', finished_at = %(finished)s, last_error = '',"  # noqa: S608 (constants)
+    f" waiting_since = NULL FROM {_CLAIMS} WHERE {_FENCE}"
+)
+
+
+def _claims_json(claimed: list[_Claimed]) -> str:
+    return json_rows(
+        ("id", "attempts", "claimed_at"),
+        ((item.id, item.attempts, item.claimed_at) for item in claimed),
+    )
+
+
+def _lock_claims(claimed: list[_Claimed]) -> list[_Claimed]:
+    """Lock the claims still ours (see _LOCK_CLAIMS); the others are lost claims, logged."""
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_CLAIMS, {"claims": _claims_json(claimed)})
+        held = {row[0] for row in cursor.fetchall()}
+    for item in claimed:
+        if item.id not in held:
+            logger.warning(
+                "ingress.deliver.lost_claim",
+                extra={"delivery_id": item.id, "attempt": item.attempts},
+            )
+    return [item for item in claimed if item.id in held]
 
 
 def _record_failure(failure: _Failure) -> None:
@@ -732,7 +822,13 @@ def _record_failure(failure: _Failure) -> None:
     # A handler's message may hold a NUL or a lone surrogate: recording it must not fail.
     error = storable_text(failure.error)[:4000]
     now = timezone.now()
-    decision = delivery_retry_strategy().decide(failure.failure, attempts=claimed.attempts, now=now)
+    decision = delivery_retry_strategy().decide(
+        failure.failure,
+        attempts=claimed.attempts,
+        now=now,
+        first_failed_at=claimed.first_failed_at,
+        waiting_since=claimed.waiting_since,
+    )
     # Fenced on (claimed_at, attempts): a worker whose delivery was re-armed as stale and
     # claimed again meanwhile cannot overwrite the newer run.
     row = fenced(
@@ -750,15 +846,27 @@ def _record_failure(failure: _Failure) -> None:
             updated = row.update(status=DeliveryStatus.DEAD, finished_at=now, last_error=error)
             if updated:
                 _mark_events_handled({claimed.raw_event_id}, now)
-        else:
+        elif decision.action == Action.RETRY:
             outcome = DeliveryAttempt.Outcome.TRANSIENT
             updated = row.update(
                 status=DeliveryStatus.PENDING,
                 next_attempt_at=decision.retry_at,
                 claimed_at=None,
                 last_error=error,
-                # Released (not the delivery's fault): the attempt is given back.
-                **({} if decision.charged else {"attempts": F("attempts") - 1}),
+                first_failed_at=Coalesce("first_failed_at", Value(now)),
+                waiting_since=None,
+            )
+        else:
+            # Not about the delivery (our database): the attempt is given back, and it waits
+            # longer the longer it has waited.
+            outcome = DeliveryAttempt.Outcome.RELEASED
+            updated = row.update(
+                status=DeliveryStatus.PENDING,
+                next_attempt_at=decision.retry_at,
+                claimed_at=None,
+                last_error=error,
+                attempts=F("attempts") - 1,
+                waiting_since=Coalesce("waiting_since", Value(now)),
             )
         if not updated:
             logger.warning("ingress.deliver.lost_claim", extra={"delivery_id": claimed.id})
@@ -914,53 +1022,52 @@ def _run_claimed_batch(
 ) -> list[_Failure]:
     failures: list[_Failure] = []
     with transaction.atomic():
+        claimed = _lock_claims(claimed)
         attempts: list[DeliveryAttempt] = []
-        # Handlers run as DATABASE_HANDLER_ROLE when set (the inbox's own role cannot touch
-        # business tables): optimistically one switch for the whole batch, not one per
-        # handler (a query and two SETs each); should a handler raise, the batch's rollback
-        # undoes it. Isolated, one per handler, inside its savepoint, whose rollback undoes
-        # the switch of a handler that raised.
-        batch_role = contextlib.nullcontext() if isolated else handler_role()
-        with batch_role:
-            for item in claimed:
-                if known is not None and item.id == known.claimed.id:
-                    failures.append(known)
-                    continue
-                started = timezone.now()
-                try:
-                    if isolated:
-                        with transaction.atomic(), handler_role():
-                            _call_handler(item, events)
-                    else:
-                        _call_handler(item, events)
-                except Exception as exc:
-                    failure = _Failure(item, classify(exc), _describe(exc), started)
-                    if not isolated:
-                        # Out of the batch's atomic(): the batch rolls back, _run_claimed reruns it.
-                        raise _HandlerRaised(failure, exc) from exc
-                    # eventdrop.retry.classify, the table the outbox uses too: PermanentHandlerError
-                    # and an unparseable body are permanent; our database's errors and anything
-                    # unclassified are retried (a handler only sees verified events, and a bug
-                    # fixed by the next deploy should not have killed the event meanwhile),
-                    # bounded by max_attempts; dead deliveries can be re-armed from the console.
-                    failures.append(failure)
-                    continue
-                attempts.append(
-                    DeliveryAttempt(
-                        delivery_id=item.id,
-                        number=item.number,
-                        started_at=started,
-                        finished_at=timezone.now(),
-                        outcome=DeliveryAttempt.Outcome.DONE,
-                    )
+        for item in claimed:
+            if known is not None and item.id == known.claimed.id:
+                failures.append(known)
+                continue
+            started = timezone.now()
+            try:
+                if isolated:
+                    with transaction.atomic():
+                        note = _call_handler(item, events)
+                else:
+                    note = _call_handler(item, events)
+            except Exception as exc:
+                failure = _Failure(item, classify(exc), _describe(exc), started)
+                if not isolated:
+                    # Out of the batch's atomic(): the batch rolls back, _run_claimed reruns it.
+                    raise _HandlerRaised(failure, exc) from exc
+                # eventdrop.retry.classify, the table the outbox uses too: PermanentHandlerError
+                # and an unparseable body are verdicts; our database's errors are never
+                # charged; anything unclassified is retried, charged (a handler only sees
+                # verified events, and a bug fixed by the next deploy should not have
+                # killed the event meanwhile), until max_attempts and the horizon; dead
+                # deliveries can be re-armed from the console.
+                failures.append(failure)
+                continue
+            attempts.append(
+                DeliveryAttempt(
+                    delivery_id=item.id,
+                    number=item.number,
+                    started_at=started,
+                    finished_at=timezone.now(),
+                    outcome=DeliveryAttempt.Outcome.DONE,
+                    note=note,
                 )
+            )
         if attempts:
             finished = timezone.now()
-            Delivery.objects.filter(id__in=[a.delivery_id for a in attempts]).update(
-                status=DeliveryStatus.DONE, finished_at=finished, last_error=""
-            )
-            DeliveryAttempt.objects.bulk_create(attempts)
             done_ids = {a.delivery_id for a in attempts}
+            done = [item for item in claimed if item.id in done_ids]
+            with connection.cursor() as cursor:
+                cursor.execute(_MARK_DONE, {"claims": _claims_json(done), "finished": finished})
+                if cursor.rowcount != len(done):
+                    # Each row is locked by this transaction as our claim: a miss is a bug.
+                    raise RuntimeError(f"marked {cursor.rowcount} of {len(done)} deliveries done")
+            DeliveryAttempt.objects.bulk_create(attempts)
             done_events = {item.raw_event_id for item in claimed if item.id in done_ids}
             # A delivery is done only if its event was read (_call_handler), so all are here.
             received = [events[n].received_at for n in done_events]
@@ -976,81 +1083,34 @@ def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {message}"
 
 
-@transaction.atomic
-def deliveries_rearm_stale(*, now: datetime | None = None) -> int:
-    """Deliveries left `processing` by a worker that died go back to `pending` — or `dead`.
-
-    The claim charged the attempt (the handler may have run, and written, before the worker
-    died), so a delivery whose charged attempts already reached DELIVERY_MAX_ATTEMPTS is
-    given up here, visibly, with a payload-free reason and a history row. Without that, a
-    handler that kills its worker (out of memory, a segfault in a C extension, a kill at the
-    task timeout) would be claimed and re-armed forever: the dead decision is otherwise only
-    made when a failure is *recorded*, and a dead worker records nothing. Returns how many
-    deliveries were re-armed or given up.
-
-    Known limit: our database failing mid-batch also leaves the batch `processing` (nothing
-    can be written then), and the row cannot tell that from a dead worker; a delivery on its
-    last allowed attempt when that happens is given up the same way (replay re-arms it).
-    """
-    now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.DELIVERY_STALE_AFTER_SECONDS)
-    stale = Delivery.objects.filter(status=DeliveryStatus.PROCESSING, claimed_at__lt=cutoff)
-    max_attempts = delivery_retry_policy().max_attempts
-    exhausted = list(
-        stale.filter(attempts__gte=max_attempts)
-        .select_for_update(skip_locked=True)
-        .values_list("id", "raw_event_id", "attempts", "total_attempts", "claimed_at")
-    )
-    for delivery_id, raw_event_id, attempts, total, claimed_at in exhausted:
-        # `processing` always has a claim (the delivery_processing_has_claim constraint).
-        assert claimed_at is not None
-        _give_up_abandoned(
-            delivery_id, raw_event_id, attempts, total, claimed_at, now, max_attempts
-        )
-    count = stale.filter(attempts__lt=max_attempts).update(
-        status=DeliveryStatus.PENDING, claimed_at=None, next_attempt_at=now
-    )
-    if count:
-        logger.warning("ingress.deliver.rearmed_stale", extra={"count": count})
-    return count + len(exhausted)
-
-
-WORKER_DIED = (
-    "given up when re-armed as stale after {attempts} of {max_attempts} attempts: the worker "
-    "died {died} times during this delivery, without recording an outcome"
+# Deliveries `processing` past the stale threshold whose rows no live batch holds (a batch
+# locks its claims for its whole run: _LOCK_CLAIMS), back to `pending`, the attempt given back.
+_REARM_STALE = _delivery_sql(
+    "WITH c AS (SELECT id FROM {table} WHERE status = 'processing' AND claimed_at < %(cutoff)s"
+    " FOR UPDATE SKIP LOCKED)"
+    " UPDATE {table} AS d SET status = 'pending', claimed_at = NULL, next_attempt_at = %(now)s,"
+    " attempts = GREATEST(d.attempts - 1, 0) FROM c WHERE d.id = c.id RETURNING d.id"
 )
 
 
-def _give_up_abandoned(
-    delivery_id: int,
-    raw_event_id: int,
-    attempts: int,
-    total: int,
-    claimed_at: datetime,
-    now: datetime,
-    max_attempts: int,
-) -> None:
-    # The attempts since the delivery was armed are numbered (total - attempts, total]; the
-    # ones without a history row are the claims whose worker never came back.
-    recorded = DeliveryAttempt.objects.filter(
-        delivery_id=delivery_id, number__gt=total - attempts
-    ).count()
-    error = WORKER_DIED.format(
-        died=attempts - recorded, attempts=attempts, max_attempts=max_attempts
-    )
-    Delivery.objects.filter(id=delivery_id).update(
-        status=DeliveryStatus.DEAD, finished_at=now, last_error=error
-    )
-    DeliveryAttempt.objects.create(
-        delivery_id=delivery_id,
-        number=total,
-        started_at=claimed_at,
-        finished_at=now,
-        outcome=DeliveryAttempt.Outcome.DEAD,
-        error=error,
-    )
-    _mark_events_handled({raw_event_id}, now)
-    logger.error(
-        "ingress.deliver.worker_died",
-        extra={"delivery_id": delivery_id, "raw_event_id": raw_event_id, "attempts": attempts},
-    )
+def deliveries_rearm_stale(*, now: datetime | None = None) -> int:
+    """Deliveries left `processing` by a worker that died go back to `pending`, in one
+    statement, with the attempt the claim charged given back: a worker's death is no verdict
+    about the delivery (an out-of-memory kill, a deploy's SIGKILL, a database restart under
+    the batch all look the same from here). Returns how many.
+
+    A row a live batch holds is never taken (SKIP LOCKED: the batch locks its claims for its
+    whole run), so a batch that outlives DELIVERY_STALE_AFTER_SECONDS, or a frozen worker
+    whose connection lives on, is not run twice.
+
+    Issue 29's place: a delivery proven to kill its worker again and again would be counted
+    here (`worker_died`), the one statement that sees each death, and set aside after N.
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.DELIVERY_STALE_AFTER_SECONDS)
+    with connection.cursor() as cursor:
+        cursor.execute(_REARM_STALE, {"cutoff": cutoff, "now": now})
+        count = cursor.rowcount
+    if count:
+        logger.warning("ingress.deliver.rearmed_stale", extra={"count": count})
+    return count

@@ -9,8 +9,14 @@ complete once Django is set up, and `manage.py list_handlers` prints it.
 
 A handler runs once per *delivery* and may run more than once for the same event (retries,
 replays, provider duplicates that slipped past dedup): it must be idempotent. Raise
-PermanentHandlerError for input that will never succeed; any other exception is treated as
-transient and retried with backoff.
+PermanentHandlerError for input that will never succeed: the one verdict that ends a
+delivery at once. Our own database failing under it (any DatabaseError: a lock or statement
+timeout, a deadlock, a restart) is never charged to the delivery; any other exception may be
+the handler's own bug on this event, and is retried with backoff, charged, until
+DELIVERY_MAX_ATTEMPTS *and* DELIVERY_TRANSIENT_HORIZON_SECONDS (eventdrop/retry.py).
+
+A handler may return a note, one line the console shows on the event's delivery, when what
+it did is not the obvious (it ignored the event as stale, say); `None` otherwise.
 
 Order is not assumed unless the handler asks for it, with an ordering key and, optionally,
 the provider's own event time (dotted paths into the JSON payload):
@@ -37,8 +43,11 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from eventdrop.errors import PermanentError
+from ingress.payloads import storable_text
 
-HandlerFunc = Callable[..., None]
+HandlerFunc = Callable[..., str | None]
+# A handler's note is stored with its attempt (DeliveryAttempt.note), cut to this length.
+NOTE_MAX_LENGTH = 500
 
 
 class PermanentHandlerError(PermanentError):
@@ -142,6 +151,13 @@ def webhook_handler(
         return func
 
     return register
+
+
+def handler_note(result: object) -> str:
+    """What a handler returned, as the note stored with its attempt ("" for None)."""
+    if not result:
+        return ""
+    return storable_text(str(result))[:NOTE_MAX_LENGTH]
 
 
 def handlers_for(provider: str, event_type: str) -> list[HandlerSpec]:

@@ -232,6 +232,11 @@ class Delivery(models.Model):
     next_attempt_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
+    # The first charged failure since the delivery was armed: DELIVERY_TRANSIENT_HORIZON_SECONDS
+    # counts from it (eventdrop/retry.py). Since when it has waited on failures that were not
+    # its own (our database), none charged: its release backoff grows with that wait.
+    first_failed_at = models.DateTimeField(null=True, blank=True)
+    waiting_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     # No updated_at: every write of a delivery is a QuerySet.update() (claims and outcomes in
     # bulk, fenced), which auto_now never moves; claimed_at and finished_at say when it ran.
@@ -371,6 +376,7 @@ class DeliveryAttempt(models.Model):
     class Outcome(models.TextChoices):
         DONE = "done", "done"
         TRANSIENT = "transient", "transient error (will retry)"
+        RELEASED = "released", "not about this delivery, e.g. our database (not counted)"
         PERMANENT = "permanent", "permanent error"
         DEAD = "dead", "gave up after the last attempt"
 
@@ -380,6 +386,10 @@ class DeliveryAttempt(models.Model):
     finished_at = models.DateTimeField()
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     error = models.TextField(blank=True, default="")
+    # What a handler said it did when that is not the obvious, e.g. "stale callback for
+    # render …" (ingress/handlers.py): our code's sentence with identifiers in it (a render
+    # id), never a payload's free text, so the console shows it to every viewer.
+    note = models.CharField(max_length=500, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["delivery_id", "number"]

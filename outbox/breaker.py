@@ -7,32 +7,38 @@ what the others already know. Why not a lock per dispatch: that serialised every
 on one row (29 dispatches/s with four slots, issue 9). So:
 
 - reads: each dispatcher run keeps an in-process view (`Breaker`) of the shared row,
-  refreshed at most every RENDER_BREAKER_REFRESH_MS; a closed breaker with no failure streak
-  costs a dispatch nothing, not even a query;
-- writes: only on a transition or a service failure, as one conditional UPDATE on the row's
-  `version` (optimistic concurrency: re-read and retry when another process got there
-  first), under a short lock_timeout. A write that fails (lock timeout, deadlock, a restarted
-  database) is logged and dropped: the breaker is advice, it never fails a row.
+  refreshed at most every RENDER_BREAKER_REFRESH_MS; a closed breaker whose service was
+  seen working lately costs a dispatch nothing, not even a query;
+- writes: on a transition, a service failure, and a success at most twice per cool-down
+  (`last_success_at`, below), as one conditional UPDATE on the row's `version` (optimistic
+  concurrency: re-read and retry when another process got there first), under a short
+  lock_timeout. A write that fails (lock timeout, deadlock, a restarted database) is logged
+  and dropped: the breaker is advice, it never decides a row's fate.
 
-What it judges: the outcomes of real render calls. A service failure (health red, 5xx, 429,
-timeouts, refused connections) adds the row to the failure streak; a real answer (2xx, or a
-4xx about that row) ends the streak. The breaker opens when the streak holds
-RENDER_BREAKER_FAILURE_THRESHOLD *distinct rows* — one row failing again and again (its own
-5xx while the service renders the others) never opens it, so that row is charged and dies
-after its attempts, as it should.
+What it judges: the outcomes of real render calls. Only a render accepted (2xx with a
+render id) proves the service works: it ends the failure streak, closes a half-open breaker
+and stamps `last_success_at`. An answer about the service or its deploy (5xx, 429, 3xx,
+401/403/404/405/408/409/410/425, timeouts, refused connections, health red) and an
+ambiguous one (another 4xx, a 2xx without a render id) add the row to the streak; a verdict
+about the row (422) says nothing about the service either way. The breaker opens
 
-    closed ──streak of N distinct rows──▶ open ──cool-down over──▶ half-open
-      ▲                                    ▲                           │ one REAL dispatch
-      └───────── probe rendered ───────────┴──── probe failed ─────────┘
+- when the streak holds RENDER_BREAKER_FAILURE_THRESHOLD *distinct rows*, or
+- at the first failure when nothing has proven the service healthy within the last
+  cool-down (no render accepted since `last_success_at` + cool-down): with one or two rows
+  in flight, a total outage is then a breaker open after one call, not a call per row per
+  backoff. So protection does not depend on traffic: a row is tried against an unproven
+  service at most once per cool-down.
+
+    closed ──N distinct rows, or one while unproven──▶ open ──cool-down over──▶ half-open
+      ▲                                                 ▲                          │ one REAL
+      └────────────── probe rendered ───────────────────┴──── probe failed ────────┘ dispatch
 
 The half-open probe is one real dispatch of one row, not a health check: a health check
 answers 200 while /renders answers 500, and closing on it burned every row (issue 9).
-What a failure costs the row (the dispatcher records it):
-- every failure while open or half-open, and a failed probe, are not charged
-  (`Judgement.charged` is False);
-- the failures of the streak that opened it, the last one included, are refunded
-  (`Judgement.refund`): they were the service's, not the rows'.
-So a row's attempt counter counts how often *that row* was tried against a working service.
+
+None of this charges a row: under the finality rule (eventdrop/retry.py) an answer about
+the service is never the row's cost. The breaker only says when a waiting row may be tried
+again (`record_failure` returns the end of the cool-down while it is open).
 """
 
 import logging
@@ -85,15 +91,16 @@ class BreakerConfig:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The shared row as last read (a missing row is a closed breaker)."""
+    """The shared row as last read (a missing row is a closed breaker never proven)."""
 
     state: str = BreakerState.CLOSED
     consecutive_failures: int = 0
-    # (side effect id, its attempts at its first and at its last failure in the streak)
-    failing_rows: tuple[tuple[int, int, int], ...] = ()
+    # The side effects whose failures form the current streak (distinct ids).
+    failing_rows: tuple[int, ...] = ()
     opened_at: datetime | None = None
     open_until: datetime | None = None
     probe_started_at: datetime | None = None
+    last_success_at: datetime | None = None
     version: int = 0
     exists: bool = False
 
@@ -104,13 +111,11 @@ class Snapshot:
         return cls(
             state=row.state,
             consecutive_failures=row.consecutive_failures,
-            failing_rows=tuple(
-                (int(row_id), int(first), int(last))
-                for row_id, first, last in row.failing_rows or ()
-            ),
+            failing_rows=tuple(int(row_id) for row_id in row.failing_rows or ()),
             opened_at=row.opened_at,
             open_until=row.open_until,
             probe_started_at=row.probe_started_at,
+            last_success_at=row.last_success_at,
             version=row.version,
             exists=True,
         )
@@ -119,6 +124,10 @@ class Snapshot:
     def clean(self) -> bool:
         return self.state == BreakerState.CLOSED and self.consecutive_failures == 0
 
+    def proven_at(self, now: datetime, cooldown: timedelta) -> bool:
+        """Did a render accepted within the last cool-down prove the service healthy?"""
+        return self.last_success_at is not None and now - self.last_success_at <= cooldown
+
 
 @dataclass(frozen=True)
 class Admission:
@@ -126,18 +135,6 @@ class Admission:
     probe: bool = False
     # When asking again makes sense (a denied row's next_attempt_at).
     retry_at: datetime | None = None
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """What one service failure costs its row."""
-
-    charged: bool
-    state: str
-    retry_at: datetime | None = None
-    # The rows of the streak that opened the breaker, this one included, as (id, attempts at
-    # their first and at their last failure in it): each is given back what it cost them.
-    refund: tuple[tuple[int, int, int], ...] = ()
 
 
 class Breaker:
@@ -231,7 +228,7 @@ class Breaker:
         if updated:
             known = {k: v for k, v in fields.items() if k in Snapshot.__dataclass_fields__}
             if "failing_rows" in known:
-                known["failing_rows"] = tuple(tuple(pair) for pair in known["failing_rows"])
+                known["failing_rows"] = tuple(known["failing_rows"])
             with self._lock:
                 self._snapshot = replace(snapshot, version=snapshot.version + 1, **known)
                 self._read_at = self._clock()
@@ -243,9 +240,7 @@ class Breaker:
                 return False
             self._probing = True
         try:
-            taken = self._write(
-                snapshot, now, state=BreakerState.HALF_OPEN, probe_started_at=now
-            )
+            taken = self._write(snapshot, now, state=BreakerState.HALF_OPEN, probe_started_at=now)
         except DatabaseError:
             self._write_failed()
             taken = False
@@ -272,10 +267,14 @@ class Breaker:
         self._end_probe(True)
 
     def record_success(self, *, probe: bool, now: datetime | None = None) -> None:
-        """The service answered a real call: the streak ends, an open breaker closes."""
+        """A render was accepted: the streak ends, an open breaker closes, and the service
+        counts as proven healthy for the next cool-down. Written only when something
+        changes or `last_success_at` is half a cool-down old, so a busy dispatcher pays
+        for it about twice per cool-down, not once per render."""
         now = now or timezone.now()
         self._end_probe(probe)
-        if self.view().clean and not probe:
+        snapshot = self.view()
+        if snapshot.clean and not probe and snapshot.proven_at(now, self.config.cooldown / 2):
             return  # the hot path: nothing to write
         blocked = self._writes_blocked_until
         if not probe and blocked is not None and self._clock() < blocked:
@@ -284,57 +283,59 @@ class Breaker:
             with transaction.atomic():
                 with connection.cursor() as cursor:
                     cursor.execute(f"SET LOCAL lock_timeout = {int(self.config.lock_timeout_ms)}")
-                closed = (
-                    CircuitBreaker.objects.filter(name=self.name)
-                    .exclude(state=BreakerState.CLOSED, consecutive_failures=0)
-                    .update(
-                        state=BreakerState.CLOSED,
-                        consecutive_failures=0,
-                        failing_rows=[],
-                        opened_at=None,
-                        open_until=None,
-                        probe_started_at=None,
-                        version=F("version") + 1,
-                        updated_at=now,
+                if not snapshot.exists:
+                    CircuitBreaker.objects.bulk_create(
+                        [CircuitBreaker(name=self.name)], ignore_conflicts=True
                     )
+                CircuitBreaker.objects.filter(name=self.name).update(
+                    state=BreakerState.CLOSED,
+                    consecutive_failures=0,
+                    failing_rows=[],
+                    opened_at=None,
+                    open_until=None,
+                    probe_started_at=None,
+                    last_success_at=now,
+                    version=F("version") + 1,
+                    updated_at=now,
                 )
         except DatabaseError:
             self._write_failed()
             return
         with self._lock:
             self._read_at = None  # read the new version next time
-        if closed:
+        if snapshot.state != BreakerState.CLOSED:
             logger.info("outbox.breaker.closed", extra={"breaker": self.name})
 
     def record_failure(
         self,
         *,
         side_effect_id: int,
-        attempts: int,
         error_class: str,
         probe: bool,
         now: datetime | None = None,
-    ) -> Judgement:
-        """A real call failed in a way that says something about the service."""
+    ) -> datetime | None:
+        """A real call failed, or answered, in a way that does not prove the service works.
+        Returns when the row may be tried again if the breaker is (now) open or half-open,
+        None when it stays closed (the caller's own backoff applies). Whatever happens
+        here, the row is not charged: that is the finality rule, not the breaker's call."""
         now = now or timezone.now()
         self._end_probe(probe)
         try:
             for _ in range(_WRITE_TRIES):
-                judgement = self._fold_failure(side_effect_id, attempts, error_class, probe, now)
-                if judgement is not None:
-                    return judgement
+                folded = self._fold_failure(side_effect_id, error_class, probe, now)
+                if folded is not None:
+                    return folded[0]
             logger.warning("outbox.breaker.contended", extra={"breaker": self.name})
         except DatabaseError:
             self._write_failed()
-        # We could not record it: judge by what we last saw.
-        snapshot = self._snapshot
-        closed = snapshot.state == BreakerState.CLOSED and not probe
-        return Judgement(charged=closed, state=snapshot.state)
+        # We could not record it: wait as long as what we last saw says.
+        return self._waiting_until(self._snapshot, now)
 
     def _fold_failure(
-        self, side_effect_id: int, attempts: int, error_class: str, probe: bool, now: datetime
-    ) -> Judgement | None:
-        """One optimistic try; None when another process changed the row meanwhile."""
+        self, side_effect_id: int, error_class: str, probe: bool, now: datetime
+    ) -> tuple[datetime | None] | None:
+        """One optimistic try: (retry at,), or None when another process changed the row
+        meanwhile."""
         snapshot = self.view(fresh=True)
         if not snapshot.exists:
             CircuitBreaker.objects.bulk_create(
@@ -353,42 +354,34 @@ class Breaker:
             if not self._write(snapshot, now, opened_at=snapshot.opened_at or now, **reopen):
                 return None
             logger.warning("outbox.breaker.probe_failed", extra={"breaker": self.name})
-            return Judgement(charged=False, state=BreakerState.OPEN, retry_at=open_until)
+            return (open_until,)
         if snapshot.state != BreakerState.CLOSED:
-            # A call let through before the breaker opened: the service's failure, not ours.
-            until = self._waiting_until(snapshot, now) or now + self.config.probe_timeout
-            return Judgement(charged=False, state=snapshot.state, retry_at=until)
-        streak = {row: (first, last) for row, first, last in snapshot.failing_rows}
-        first = streak.get(side_effect_id, (attempts, attempts))[0]
-        streak[side_effect_id] = (first, attempts)
-        entries = sorted((row, first, last) for row, (first, last) in streak.items())
+            # A call let through before the breaker opened: it waits for the probe.
+            return (self._waiting_until(snapshot, now) or now + self.config.probe_timeout,)
+        streak = sorted({*snapshot.failing_rows, side_effect_id})
         failures = snapshot.consecutive_failures + 1
-        if len(streak) < self.config.failure_threshold:
+        unproven = not snapshot.proven_at(now, self.config.cooldown)
+        if len(streak) < self.config.failure_threshold and not unproven:
             if not self._write(
                 snapshot,
                 now,
                 consecutive_failures=failures,
-                failing_rows=entries,
+                failing_rows=streak,
                 last_error_class=error_class[:64],
             ):
                 return None
-            return Judgement(charged=True, state=BreakerState.CLOSED)
+            return (None,)
         if not self._write(
-            snapshot,
-            now,
-            consecutive_failures=failures,
-            failing_rows=[],
-            opened_at=now,
-            **reopen,
+            snapshot, now, consecutive_failures=failures, failing_rows=[], opened_at=now, **reopen
         ):
             return None
         logger.warning(
             "outbox.breaker.open",
-            extra={"breaker": self.name, "rows": len(streak), "error_class": error_class},
+            extra={
+                "breaker": self.name,
+                "rows": len(streak),
+                "unproven": unproven,
+                "error_class": error_class,
+            },
         )
-        return Judgement(
-            charged=False,
-            state=BreakerState.OPEN,
-            retry_at=open_until,
-            refund=tuple(entries),
-        )
+        return (open_until,)

@@ -14,11 +14,12 @@ the same time.
 
 The circuit breaker (outbox/breaker.py) is consulted through the run's in-process view: no
 lock and, while it is closed and clean, no query per row. Whatever goes wrong, including our
-own database, a row's outcome is decided by eventdrop.retry (the one classification table):
-a database error is transient, a missing configuration releases the row uncharged.
+own database, a row's outcome is decided by eventdrop.retry (the finality rule): only a
+verdict about the row (422) or N charged failures of its own and the horizon end it; an
+answer about the service, its deploy or our database, an ambiguous one, the breaker open or
+a missing configuration release it uncharged.
 """
 
-import functools
 import logging
 import queue
 import threading
@@ -45,7 +46,6 @@ from outbox.services import (
     side_effect_fail,
     side_effects_claim,
     side_effects_rearm_stale,
-    side_effects_refund,
 )
 from recaps.models import RecapStatus, RecapVideo
 from recaps.selectors import event_photo_keys, photo_keys_by_event, recap_get, recaps_by_id
@@ -54,6 +54,16 @@ logger = logging.getLogger(__name__)
 
 # Called as factory(config, clock=clock): the client measures deadlines on the run's clock.
 ClientFactory = Callable[..., RenderClient]
+
+
+# Outcomes of a try the row was not charged for (the finality rule: not about the row).
+UNCHARGED_OUTCOMES = (
+    AttemptOutcome.SKIPPED,
+    AttemptOutcome.SERVICE_UNAVAILABLE,
+    AttemptOutcome.AMBIGUOUS,
+    AttemptOutcome.DATABASE,
+    AttemptOutcome.DEFERRED,
+)
 
 
 @dataclass
@@ -71,11 +81,7 @@ class DispatchReport:
         return self.outcomes.get(outcome, 0)
 
     def summary(self) -> str:
-        waiting = (
-            self.count(AttemptOutcome.SKIPPED)
-            + self.count(AttemptOutcome.SERVICE_UNAVAILABLE)
-            + self.count(AttemptOutcome.DEFERRED)
-        )
+        waiting = sum(self.count(outcome) for outcome in UNCHARGED_OUTCOMES)
         return (
             f"claimed {self.claimed}: done {self.count(AttemptOutcome.DONE)}, "
             f"retry later {self.count(AttemptOutcome.TRANSIENT)}, "
@@ -172,45 +178,6 @@ def _read_render_inputs(claims: list[Claim]) -> dict[int, RenderInput]:
     }
 
 
-def _service_failure(claim, failure, record, breaker, probe, started_at, now) -> str:
-    """The service was asked and failed: evidence for the breaker, which also says whether
-    the service was failing as a whole (then it is not the row's cost).
-
-    While the breaker looks closed, the row's failure is recorded (charged) *before* it
-    joins the breaker's streak: when a later failure opens the breaker, every row of the
-    streak is already `pending` and its refund cannot miss it. Only a row that would die of
-    this failure (its last attempt) is judged first, so an outage cannot kill it.
-    """
-    looks_closed = breaker.view().state == BreakerState.CLOSED and not probe
-    last_attempt = claim.attempts >= settings.OUTBOX_MAX_ATTEMPTS
-    if looks_closed and not last_attempt:
-        outcome = record(now=now())
-        judgement = breaker.record_failure(
-            side_effect_id=claim.id,
-            attempts=claim.attempts,
-            error_class=failure.error_class,
-            probe=False,
-            now=now(),
-        )
-        if not judgement.charged:  # it opened (or was open): this row is refunded too
-            rows = judgement.refund or ((claim.id, claim.attempts, claim.attempts),)
-            side_effects_refund(rows=rows, started_at=started_at, now=now())
-        return outcome
-    judgement = breaker.record_failure(
-        side_effect_id=claim.id,
-        attempts=claim.attempts,
-        error_class=failure.error_class,
-        probe=probe,
-        now=now(),
-    )
-    outcome = record(now=now(), charged=judgement.charged, release_at=judgement.retry_at)
-    # This attempt was given back above; the streak's other rows are refunded here.
-    others = tuple(row for row in judgement.refund if row[0] != claim.id)
-    if others:
-        side_effects_refund(rows=others, started_at=started_at, now=now())
-    return outcome
-
-
 def dispatch_one(
     claim: Claim,
     *,
@@ -267,18 +234,27 @@ def dispatch_one(
             connection.close_if_unusable_or_obsolete()
         failure = classify(exc)
         probe = admission is not None and admission.probe
-        record = functools.partial(
-            side_effect_fail, claim=claim, failure=failure, error=str(exc), started_at=started_at
-        )
+        release_at = None
         if admission is not None and not admission.allowed:
-            return record(now=now(), charged=False, release_at=admission.retry_at)
-        if called and failure.service_failure:
-            return _service_failure(claim, failure, record, breaker, probe, started_at, now)
-        if called:
-            breaker.record_success(probe=probe, now=now())  # it answered about this row
+            release_at = admission.retry_at
+        elif called and failure.service_failure:
+            # An answer about the service, its deploy, or an ambiguous one: evidence for the
+            # breaker, which says how long the row waits. Never the row's cost.
+            release_at = breaker.record_failure(
+                side_effect_id=claim.id, error_class=failure.error_class, probe=probe, now=now()
+            )
         elif probe:
+            # A verdict about the row (422), or our own failure: nothing about the service
+            # either way. Another row may probe once this one's claim on the probe lapses.
             breaker.abandon_probe()
-        return record(now=now())
+        return side_effect_fail(
+            claim=claim,
+            failure=failure,
+            error=str(exc),
+            started_at=started_at,
+            now=now(),
+            release_at=release_at,
+        )
     breaker.record_success(probe=admission.probe, now=now())
     return side_effect_complete(
         claim=claim, render_id=accepted.render_id, started_at=started_at, now=now()

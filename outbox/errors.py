@@ -2,8 +2,9 @@
 
 Each render error says how a retry machine treats it by its base class (the error contract,
 eventdrop/errors.py): DeferredError (nothing asked, nothing charged), ServiceFailure (the
-service failed as a whole: transient, charged, the breaker's input) or PermanentError; the one
-table that reads it is `eventdrop.retry.classify` (docs/outbox.md, "The error contract").
+service or its deploy answered about itself: never charged, the breaker's input) or
+PermanentError (a verdict about this recap); the one table that reads it is
+`eventdrop.retry.classify` (docs/outbox.md, "The finality rule").
 """
 
 from eventdrop.errors import (
@@ -24,7 +25,10 @@ RENDER_CONNECTION_FAILED = "Could not connect to the render service."
 RENDER_TIMED_OUT = "The render service did not answer within the {phase} timeout."
 RENDER_DEADLINE_EXCEEDED = "The render service call ran past its {seconds:.1f} s deadline."
 RENDER_HTTP_ERROR = "The render service answered HTTP {status}."
-RENDER_BAD_RESPONSE = "The render service answered 2xx without a render id."
+RENDER_BAD_RESPONSE = (
+    "The render service answered 2xx with nothing we can act on (no render id, not JSON, or "
+    "an unknown state)."
+)
 RENDER_CIRCUIT_OPEN = "The render service circuit breaker is open until {until}."
 
 SIDE_EFFECT_IN_FLIGHT = (
@@ -104,25 +108,47 @@ class RenderDeadlineExceeded(RenderError, ServiceFailure):
         )
 
 
+# The render service's contract (outbox/handlers.py and docs/outbox.md): 422 is its one
+# verdict about a request ("this recap cannot be rendered"). These statuses are answers about
+# the service, its deploy or the route to it — a redirect to a maintenance page, 401/403
+# from a proxy whose credentials rotated, 404 from an ingress without endpoints, 405, 408,
+# 409 (the Idempotency-Key draft: the first request with this key is still in flight), 410,
+# 425, 429 — and never about the recap. Every other status is ambiguous: neither a render
+# nor a verdict.
+VERDICT_STATUSES = frozenset({422})
+SERVICE_STATUSES = frozenset({401, 403, 404, 405, 408, 409, 410, 425, 429})
+
+
+def service_answer(status: int) -> bool:
+    """Is this status an answer about the service or its deploy (not about the recap)?"""
+    return 300 <= status < 400 or status in SERVICE_STATUSES or 500 <= status < 600
+
+
 class RenderHTTPError(RenderError, ClassifiedError):
-    """429 and 5xx are the service failing (429 with the pause it asked for); any other
-    status is our request refused, which no retry changes."""
+    """A non-2xx answer, classified by its status (the tables above): 422 is a verdict about
+    this request (permanent); an answer about the service or its deploy is never charged
+    and counts toward the breaker; anything else is ambiguous (never charged either, the
+    breaker counts it, and the row waits with an alert)."""
 
     def __init__(self, *, status: int, retry_after: float | None = None):
-        service_failure = status == 429 or status >= 500
+        verdict = status in VERDICT_STATUSES
         super().__init__(
             RENDER_HTTP_ERROR.format(status=status),
-            disposition=Disposition.TRANSIENT if service_failure else Disposition.PERMANENT,
+            disposition=Disposition.PERMANENT if verdict else Disposition.DEFERRED,
             error_class=f"http_{status}",
-            service_failure=service_failure,
-            retry_after=retry_after if status == 429 else None,
+            service_failure=not verdict,
+            ambiguous=not verdict and not service_answer(status),
+            retry_after=retry_after if status in (429, 503) else None,
         )
         self.status = status
 
 
-class RenderBadResponse(RenderError):
+class RenderBadResponse(RenderError, ServiceFailure):
+    """A 2xx we cannot act on (no render id, not JSON, an unknown state): a maintenance
+    page answering 200, say. Neither a render nor a verdict: ambiguous."""
+
     def __init__(self) -> None:
-        super().__init__(RENDER_BAD_RESPONSE)
+        super().__init__(RENDER_BAD_RESPONSE, error_class="bad_response", ambiguous=True)
 
 
 class RenderCircuitOpen(RenderError, DeferredError):

@@ -12,8 +12,11 @@ outbox owns the render service: it asks for the render, and it hears the answer,
 pushed (this callback) or pulled (a status check), through the same services.
 
 `render.failed` means the service gave up on the render for good (it retries its own
-transient problems); the recap becomes `failed`, visibly, and staff can retry it. The
-handler runs inside the delivery's transaction (ingress/inbox.py).
+transient problems): a verdict, so the recap becomes `failed`, visibly, and staff can retry
+it. Either callback is matched to the render it answers (its render id and idempotency
+key): one about a render that is not the recap's current one is ignored, and the handler
+returns the note the console shows on the event ("stale callback for render …"). The
+handler runs inside the delivery's transaction (ingress/deliveries.py).
 """
 
 from django.conf import settings
@@ -29,26 +32,32 @@ RENDER_FAILED_REASON = "render failed: {code}: {message}"
 
 
 @webhook_handler(provider="standard", event_types=["render.completed", "render.failed"])
-def record_render_result(event: RawEvent, payload: dict) -> None:
+def record_render_result(event: RawEvent, payload: dict) -> str | None:
+    """Returns the line the console shows on the event's delivery when the callback was
+    not about the recap's current render ("stale callback for render …")."""
     if event.source != settings.RENDER_WEBHOOK_SOURCE:
-        return  # another Standard Webhooks sender using the same event names
+        return None  # another Standard Webhooks sender using the same event names
     data = payload.get("data") or {}
     recap_id = recap_id_from_payload(data.get("recap_id"))
+    render_id = str(data.get("render_id") or "")
+    idempotency_key = str(data.get("idempotency_key") or "")
     try:
         if payload.get("type") == "render.completed":
             video_url = data.get("video_url")
             if not video_url:
                 raise PermanentHandlerError(NO_VIDEO_URL)
-            render_completed_record(
+            result = render_completed_record(
                 recap_id=recap_id,
                 video_url=str(video_url),
-                render_id=str(data.get("render_id", "")),
+                render_id=render_id,
+                idempotency_key=idempotency_key,
             )
         else:
             error = data.get("error") or {}
-            render_failed_record(
+            result = render_failed_record(
                 recap_id=recap_id,
-                idempotency_key=str(data.get("idempotency_key", "")),
+                render_id=render_id,
+                idempotency_key=idempotency_key,
                 reason=RENDER_FAILED_REASON.format(
                     code=str(error.get("code", "unknown"))[:64],
                     message=str(error.get("message", ""))[:500],
@@ -56,3 +65,4 @@ def record_render_result(event: RawEvent, payload: dict) -> None:
             )
     except (RecapNotFound, RecapStateConflict) as exc:
         raise PermanentHandlerError(str(exc)) from exc
+    return result.stale or None

@@ -32,7 +32,16 @@ class WaitReason(models.TextChoices):
     """Why a pending row is waiting (the ops page and /metrics count rows per reason)."""
 
     NONE = "", "not waiting on anything (new or re-armed)"
-    BREAKER = "breaker", "the render service failed as a whole (not charged)"
+    BREAKER = (
+        "breaker",
+        "the render service or its deploy answered about itself, or its breaker is open "
+        "(not charged)",
+    )
+    AMBIGUOUS = (
+        "ambiguous",
+        "the render service's answer was neither a render nor a verdict (not charged; alerts)",
+    )
+    DATABASE = "database", "our own database failed (not charged)"
     OWN_ERROR = "own_error", "its own last attempt failed (charged)"
     CONFIGURATION = "configuration", "our configuration was incomplete (not charged)"
 
@@ -67,6 +76,10 @@ class RecapSideEffect(models.Model):
         default=WaitReason.NONE,
         db_default=WaitReason.NONE,
     )
+    # Since when it has waited on others' failures (the service, its deploy, our database),
+    # none of them charged; cleared by a render accepted, a charged failure or a re-arm. The
+    # ops page and /metrics show the oldest such wait, and an alert fires on it.
+    waiting_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -129,12 +142,19 @@ class AttemptOutcome(models.TextChoices):
     SKIPPED = "skipped", "skipped, circuit breaker open (not counted)"
     SERVICE_UNAVAILABLE = (
         "service_unavailable",
-        "failed while the render service failed as a whole (not counted)",
+        "the render service or its deploy answered about itself (not counted)",
     )
+    AMBIGUOUS = "ambiguous", "an answer neither a render nor a verdict (not counted)"
+    DATABASE = "database", "our own database failed (not counted)"
     DEFERRED = "deferred", "released: our configuration was incomplete (not counted)"
+    # Written before issue 27, when service failures were charged and refunded afterwards.
     REFUNDED = "refunded", "an earlier failure refunded: the breaker opened (not counted)"
+    RESENT = (
+        "resent",
+        "asked again with the same key: the render service did not know the render",
+    )
     LOST_CLAIM = "lost_claim", "finished after the row was re-armed (ignored)"
-    REARMED_STALE = "rearmed_stale", "re-armed: its worker died"
+    REARMED_STALE = "rearmed_stale", "re-armed: its worker died (not counted)"
     REARMED = "rearmed", "re-armed by an operator"
     MARKED_DEAD = "marked_dead", "marked dead by an operator"
 
@@ -189,9 +209,13 @@ class CircuitBreaker(models.Model):
     opened_at = models.DateTimeField(null=True, blank=True)
     open_until = models.DateTimeField(null=True, blank=True)
     probe_started_at = models.DateTimeField(null=True, blank=True)
-    # Side effects whose service failures form the current streak (distinct ids, at most
-    # the threshold): one row failing again and again never opens the breaker by itself.
+    # Side effects whose failures form the current streak (distinct ids, fewer than the
+    # threshold): one row failing again and again never opens a proven breaker by itself.
     failing_rows = models.JSONField(default=list, blank=True)
+    # The last render the service accepted, as far as the breaker wrote it down (at most
+    # twice per cool-down): without one within the last cool-down the service is unproven,
+    # and the first failure opens the breaker.
+    last_success_at = models.DateTimeField(null=True, blank=True)
     version = models.PositiveBigIntegerField(default=0, db_default=0)
     last_error_class = models.CharField(max_length=64, blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)

@@ -5,15 +5,18 @@ makes it `ready`. When every callback is lost (the service's retries fell into a
 of ours, a network partition, a bug), nothing else would ever ask again — the seed's one-way
 street with a new name. So a recap still `rendering` at `render_check_at` (rendering_at +
 RENDER_EXPECTED_SECONDS + RENDER_CALLBACK_MARGIN_SECONDS) is asked about with
-GET /renders/<render_id> — a read, never a second render request, so there can be no second
-render under another idempotency key — and:
+GET /renders/<render_id> — a read — and:
 
     completed                → ready, with the video (as the callback would have done)
-    failed                   → failed, with the service's reason
+    failed                   → failed, with the service's reason (its verdict)
     still rendering          → asked again RENDER_CHECK_INTERVAL_SECONDS later
-    transient error          → asked again RENDER_CHECK_INTERVAL_SECONDS later; never terminal
-    (5xx, 429, timeout, refused, an answer we cannot read)
-    permanent error (4xx: the service does not know the render) → failed, with the reason
+    404 (the service does    → asked for again: the render request is re-sent with the same
+    not know the render)       idempotency key (outbox.services.render_lost_resend), so the
+                               service answers with that render or accepts it anew
+    anything else (5xx, 429, → asked again RENDER_CHECK_INTERVAL_SECONDS later; never
+    3xx, other 4xx, timeout,   terminal: none of it is a verdict about the render
+    refused, an answer we
+    cannot read)
 
 Budget: one run has RENDER_CHECK_BUDGET_SECONDS and starts a check only while what is left
 covers one check's worst case (eventdrop/budgets.py, `render.status`; `manage.py check` holds
@@ -34,16 +37,12 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from eventdrop.budgets import BudgetClock, render_status_worst_case
-from eventdrop.retry import Disposition, classify
-from outbox.errors import RenderError
+from eventdrop.retry import classify
+from outbox.errors import RenderError, RenderHTTPError
 from outbox.render_client import RenderClient, RenderClientConfig
-from outbox.services import render_status_record
+from outbox.services import render_lost_resend, render_status_record
 from recaps.errors import RecapNotFound
-from recaps.services import (
-    RenderCheckClaim,
-    recap_fail_render_check,
-    recaps_claim_render_checks,
-)
+from recaps.services import RenderCheckClaim, recaps_claim_render_checks
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +52,7 @@ ClientFactory = Callable[..., RenderClient]
 READY = "ready"
 FAILED = "failed"
 RENDERING = "rendering"
+RESENT = "resent"
 RETRY_LATER = "retry_later"
 MOVED_ON = "moved_on"
 
@@ -75,7 +75,8 @@ class RenderCheckReport:
         stopped = " (stopped: the render service is failing)" if self.stopped_early else ""
         return (
             f"render checks {self.checked}: ready {self.count(READY)}, failed "
-            f"{self.count(FAILED)}, still rendering {self.count(RENDERING)}, retry later "
+            f"{self.count(FAILED)}, still rendering {self.count(RENDERING)}, asked for again "
+            f"{self.count(RESENT)}, retry later "
             f"{self.count(RETRY_LATER)}, errors {self.errors}{stopped}; "
             f"{self.elapsed_seconds:.1f} s of {self.budget_seconds:.1f} s budget "
             f"(worst-case check {self.worst_case_seconds:.1f} s)"
@@ -98,16 +99,10 @@ def _ask_and_record(
     try:
         status = client.render_status(render_id=claim.render_id, deadline=deadline)
     except RenderError as exc:
+        if isinstance(exc, RenderHTTPError) and exc.status == 404:
+            resent = render_lost_resend(recap_id=claim.recap_id, render_id=claim.render_id, now=now)
+            return (RESENT if resent else MOVED_ON), False
         failure = classify(exc)
-        if failure.disposition == Disposition.PERMANENT:
-            failed = recap_fail_render_check(
-                recap_id=claim.recap_id,
-                render_id=claim.render_id,
-                error_class=failure.error_class,
-                error=str(exc),
-                now=now,
-            )
-            return (FAILED if failed else MOVED_ON), False
         # Its next check was scheduled by the claim: nothing to write, nothing terminal.
         logger.info(
             "outbox.render_check.retry_later",

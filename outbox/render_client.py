@@ -37,6 +37,7 @@ from django.conf import settings
 from urllib3 import exceptions as urllib3_exceptions
 from urllib3.util import Timeout
 
+from eventdrop.errors import Disposition
 from eventdrop.retry import RetryPolicy, classify
 from outbox.errors import (
     RenderBadResponse,
@@ -211,7 +212,8 @@ class RenderClient:
                 return self._post_render(idempotency_key, body, deadline)
             except RenderError as exc:
                 verdict = classify(exc)
-                if not verdict.transient or self.config.backoff.gives_up_after(attempt):
+                final = verdict.disposition == Disposition.PERMANENT or verdict.ambiguous
+                if final or self.config.backoff.gives_up_after(attempt):
                     raise
                 pause = self.config.backoff.delay(
                     attempt, retry_after=verdict.retry_after, rng=self._rng

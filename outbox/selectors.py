@@ -24,9 +24,13 @@ def side_effect_depths(*, now: datetime | None = None) -> dict:
     One aggregate query. `stale_processing` counts rows a dead worker left behind (they are
     re-armed by the next dispatcher run); `oldest_due_age_seconds` is None when nothing is
     due, and is the figure to alert on: it grows when the dispatcher is not running.
-    `waiting` counts pending rows by why they wait: `breaker` (the render service failed as
-    a whole; not charged), `own_error` (their own last attempt failed; charged),
-    `configuration` (our configuration was incomplete; not charged).
+    `waiting` counts pending rows by why they wait: `breaker` (the render service or its
+    deploy answered about itself, or its breaker is open), `ambiguous` (an answer neither a
+    render nor a verdict), `database` (our own database failed), `configuration` (ours was
+    incomplete) — none of them charged — and `own_error` (their own last attempt failed;
+    charged). `oldest_waiting_age_seconds`: how long the longest of those uncharged waits
+    has lasted (None when no row waits on anyone): the figure the alert on rows that wait
+    without a verdict reads (deploy/prometheus/alerts.yml, EventDropRenderWaitingLong).
     """
     now = now or timezone.now()
     stale_before = now - timedelta(seconds=settings.OUTBOX_STALE_PROCESSING_SECONDS)
@@ -38,6 +42,10 @@ def side_effect_depths(*, now: datetime | None = None) -> dict:
             "id", filter=Q(status=SideEffectStatus.PROCESSING, claimed_at__lt=stale_before)
         ),
         oldest_due=Min("next_attempt_at", filter=due),
+        oldest_waiting=Min(
+            "waiting_since",
+            filter=Q(status=SideEffectStatus.PENDING, waiting_since__isnull=False),
+        ),
         **{
             f"waiting_{reason}": Count(
                 "id", filter=Q(status=SideEffectStatus.PENDING, wait_reason=reason)
@@ -46,14 +54,18 @@ def side_effect_depths(*, now: datetime | None = None) -> dict:
         },
     )
     oldest_due = row.pop("oldest_due")
+    oldest_waiting = row.pop("oldest_waiting")
     waiting = {reason: row.pop(f"waiting_{reason}") for reason in WAIT_REASONS}
     return {
         **row,
         "waiting": waiting,
-        "oldest_due_age_seconds": (
-            None if oldest_due is None else max((now - oldest_due).total_seconds(), 0.0)
-        ),
+        "oldest_due_age_seconds": _age(oldest_due, now),
+        "oldest_waiting_age_seconds": _age(oldest_waiting, now),
     }
+
+
+def _age(since: datetime | None, now: datetime) -> float | None:
+    return None if since is None else max((now - since).total_seconds(), 0.0)
 
 
 def side_effect_history(*, side_effect: RecapSideEffect) -> QuerySet[RecapSideEffectAttempt]:

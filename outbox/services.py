@@ -4,23 +4,24 @@ The row is the state machine (the seed's third lesson, "accepted ≠ done"):
 
     pending ──claim──▶ processing ──render accepted──▶ done
        ▲                   │
-       │                   ├── transient failure of the row (charged) ─────────▶ pending
-       │                   ├── the service failing as a whole, the breaker open,
-       │                   │   our configuration incomplete (NOT charged) ─────▶ pending
-       │                   ├── transient, 5 charged attempts and past the horizon ▶ dead
-       │                   ├── permanent failure ──────────────────────────────▶ dead
-       │                   └──────────────────────────────────▶ dead ─▶ recap failed
-       └──── re-arm (stale processing, operator) ─────────────────────┘
+       │                   ├── a failure that may be about the row (charged) ──▶ pending
+       │                   ├── an answer about the service or its deploy, an
+       │                   │   ambiguous one, our database, the breaker open, our
+       │                   │   configuration incomplete (NEVER charged) ───────▶ pending
+       │                   ├── charged, 5 charged attempts and past the horizon ▶ dead
+       │                   └── a verdict about this request (422) ─────────────▶ dead
+       │                                                          dead ─▶ recap failed
+       └──── re-arm (stale processing, operator; a lost render, same key) ─┘
 
-`attempts` counts *charged* attempts: how often this row was tried against a working
-service. The claim charges one before the call (so a worker that dies mid-call has paid
-for it); an uncharged outcome gives it back. What to do with a failure is decided by
-eventdrop.retry.RetryStrategy (one decision for deliveries and side effects alike).
+That is the finality rule (eventdrop/retry.py, docs/outbox.md). `attempts` counts
+*charged* attempts: how often a failure that can be this row's was seen. The claim charges
+one before the call; an uncharged outcome, and a re-arm after the worker died, give it back.
 
 Only `dead` writes a terminal state on the recap. Transaction boundaries: the claim is one
-short transaction, the network call happens outside any transaction, and each outcome is
-recorded in a transaction of its own that is fenced on (claimed_at, attempts), so a worker
-that comes back after its row was re-armed and claimed again cannot overwrite the new run.
+statement, the network call happens outside any transaction, and each outcome — a render
+accepted as much as a failure — is recorded in a transaction of its own that is fenced on
+(claimed_at, attempts), so a worker that comes back after its row was re-armed and claimed
+again cannot overwrite the new run. Staleness has one source of truth: `claimed_at`.
 """
 
 import logging
@@ -29,11 +30,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from eventdrop.errors import Disposition
 from eventdrop.retry import Action, Failure, RetryDecision, RetryPolicy, RetryStrategy, fenced
 from outbox.errors import (
     SIDE_EFFECT_ALREADY_DEAD,
@@ -55,6 +57,7 @@ from recaps.errors import (
     RECAP_NOT_RENDERED,
     RECAP_NOT_RETRYABLE,
     RECAP_RENDER_ALREADY_REQUESTED,
+    RECAP_RENDER_IN_FLIGHT,
     RecapStateConflict,
 )
 from recaps.models import UNPAID_STATUSES, RecapId, RecapStatus, RecapVideo
@@ -65,6 +68,7 @@ from recaps.services import (
     recap_mark_failed,
     recap_mark_ready,
     recap_mark_rendering,
+    recap_render_lost,
     recap_reopen,
 )
 
@@ -73,10 +77,17 @@ logger = logging.getLogger(__name__)
 RENDER_STATUS_FAILED_REASON = "render failed (reported on a status check): {code}: {message}"
 DEAD_REASON = "render request gave up after {attempts} attempt(s): {error_class}: {error}"
 OPERATOR_DEAD_REASON = "marked dead by an operator: {reason}"
-STALE_ERROR = "re-armed: processing since {claimed_at}, its worker died"
-REFUND_NOTE = (
-    "{count} attempt(s) refunded: the breaker opened on this failure streak "
-    "(the service failed, not this row)"
+STALE_ERROR = (
+    "re-armed: processing since {claimed_at}, its worker died (the attempt is given back: "
+    "nothing proves the row killed it)"
+)
+RESENT_ERROR = (
+    "render {render_id} is unknown to the render service (HTTP 404 on its status check): "
+    "asked again with the same idempotency key"
+)
+STALE_CALLBACK = (
+    "stale callback for render {render_id} ({kind}): the recap's current render is "
+    "{current}; ignored"
 )
 _ERROR_LIMIT = 2000
 
@@ -110,6 +121,8 @@ class Claim:
     idempotency_key: str
     # The row's first charged failure since it was armed (the horizon counts from it).
     first_failed_at: datetime | None = None
+    # Since when it has waited on others' failures, uncharged (its release backoff).
+    waiting_since: datetime | None = None
 
 
 def _history(
@@ -180,50 +193,41 @@ def side_effect_withdraw(*, recap: RecapVideo) -> bool:
 # --- the dispatcher's side -------------------------------------------------------------------
 
 
-@transaction.atomic
+_CLAIM = (
+    "WITH due AS ("
+    " SELECT id FROM recap_side_effects"
+    " WHERE status = 'pending' AND next_attempt_at <= %(now)s AND NOT (id = ANY(%(exclude)s))"
+    " ORDER BY next_attempt_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+    " UPDATE recap_side_effects AS s SET status = 'processing', claimed_at = %(now)s,"
+    " attempts = s.attempts + 1, updated_at = %(now)s FROM due WHERE s.id = due.id"
+    " RETURNING s.id, s.recap_id, s.attempts, s.key_generation, s.first_failed_at,"
+    " s.waiting_since, s.next_attempt_at"
+)
+
+
 def side_effects_claim(
     *, limit: int, now: datetime | None = None, exclude: Iterable[int] = ()
 ) -> list[Claim]:
-    """Claim up to `limit` due rows: SKIP LOCKED, marked processing in this transaction.
-
-    Per Sentry's outbox, the next attempt is scheduled *before* calling out: a claimed row
-    gets next_attempt_at = now + the stale threshold, the moment it would be re-armed if
-    this worker died, and only a recorded outcome moves it anywhere else.
-    """
+    """Claim up to `limit` due rows in one statement (SKIP LOCKED, marked processing, the
+    attempt charged), due first. The claim's `claimed_at` is the one thing staleness is
+    judged by (side_effects_rearm_stale); next_attempt_at is left as it was."""
     now = now or timezone.now()
-    due = list(
-        RecapSideEffect.objects.select_for_update(skip_locked=True)
-        .filter(status=SideEffectStatus.PENDING, next_attempt_at__lte=now)
-        .exclude(id__in=list(exclude))
-        .order_by("next_attempt_at", "id")
-        .values_list("id", flat=True)[:limit]
-    )
-    if not due:
-        return []
-    RecapSideEffect.objects.filter(id__in=due).update(
-        status=SideEffectStatus.PROCESSING,
-        claimed_at=now,
-        attempts=F("attempts") + 1,
-        next_attempt_at=now + _stale_after(),
-        updated_at=now,
-    )
-    rows = (
-        RecapSideEffect.objects.filter(id__in=due)
-        .order_by("next_attempt_at", "id")
-        .values_list("id", "recap_id", "attempts", "key_generation", "first_failed_at")
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM, {"now": now, "exclude": list(exclude), "limit": limit})
+        rows = sorted(cursor.fetchall(), key=lambda row: (row[6], row[0]))
     return [
         Claim(
             id=id,
             recap_id=recap_id,
             attempts=attempts,
-            claimed_at=now,  # as written above
+            claimed_at=now,
             idempotency_key=RecapSideEffect(
                 recap_id=recap_id, effect_type=EffectType.RENDER, key_generation=generation
             ).idempotency_key,
             first_failed_at=first_failed_at,
+            waiting_since=waiting_since,
         )
-        for id, recap_id, attempts, generation, first_failed_at in rows
+        for id, recap_id, attempts, generation, first_failed_at, waiting_since, _ in rows
     ]
 
 
@@ -264,6 +268,7 @@ def side_effect_complete(
         last_error="",
         last_error_class="",
         wait_reason=WaitReason.NONE,
+        waiting_since=None,
         updated_at=now,
     )
     if not updated:
@@ -289,6 +294,10 @@ def _uncharged_outcome(failure: Failure) -> tuple[str, str]:
         return AttemptOutcome.SKIPPED, WaitReason.BREAKER
     if failure.error_class == "not_configured":
         return AttemptOutcome.DEFERRED, WaitReason.CONFIGURATION
+    if failure.database:
+        return AttemptOutcome.DATABASE, WaitReason.DATABASE
+    if failure.ambiguous:
+        return AttemptOutcome.AMBIGUOUS, WaitReason.AMBIGUOUS
     return AttemptOutcome.SERVICE_UNAVAILABLE, WaitReason.BREAKER
 
 
@@ -300,23 +309,20 @@ def side_effect_fail(
     error: str,
     started_at: datetime,
     now: datetime | None = None,
-    charged: bool = True,
     release_at: datetime | None = None,
 ) -> str:
-    """Record a failed attempt as eventdrop.retry.RetryStrategy decides it.
-
-    `charged=False`: the dispatcher knows the failure was not the row's (the breaker was
-    open or opened on it, or it was the half-open probe); the attempt is given back and the
-    row waits until `release_at`. A transient failure never writes a terminal state unless
-    the row has used its charged attempts *and* its horizon.
-    """
+    """Record a failed attempt as eventdrop.retry.RetryStrategy decides it (the finality
+    rule): a failure that is not about the row is released, the attempt given back, and
+    the row waits until `release_at` (the breaker's cool-down) or its release backoff; a
+    verdict kills it; a failure that may be about it is charged, and kills it only after
+    its charged attempts *and* its horizon."""
     now = now or timezone.now()
     decision: RetryDecision = outbox_retry_strategy().decide(
         failure,
         attempts=claim.attempts,
         now=now,
         first_failed_at=claim.first_failed_at,
-        charged=charged,
+        waiting_since=claim.waiting_since,
         release_at=release_at,
     )
     if decision.action == Action.RELEASE:
@@ -329,6 +335,7 @@ def side_effect_fail(
             last_error=error[:_ERROR_LIMIT],
             last_error_class=failure.error_class,
             wait_reason=wait_reason,
+            waiting_since=Coalesce("waiting_since", Value(now)),
             updated_at=now,
         )
     elif decision.action == Action.RETRY:
@@ -341,10 +348,12 @@ def side_effect_fail(
             last_error_class=failure.error_class,
             first_failed_at=claim.first_failed_at or now,
             wait_reason=WaitReason.OWN_ERROR,
+            waiting_since=None,
             updated_at=now,
         )
     else:
-        outcome = AttemptOutcome.PERMANENT if not failure.transient else AttemptOutcome.DEAD
+        permanent = failure.disposition == Disposition.PERMANENT
+        outcome = AttemptOutcome.PERMANENT if permanent else AttemptOutcome.DEAD
         reason = DEAD_REASON.format(
             attempts=claim.attempts, error_class=failure.error_class, error=error
         )
@@ -355,6 +364,7 @@ def side_effect_fail(
             last_error=error[:_ERROR_LIMIT] or failure.error_class,
             last_error_class=failure.error_class,
             wait_reason=WaitReason.NONE,
+            waiting_since=None,
             updated_at=now,
         )
         if updated:
@@ -384,76 +394,32 @@ def side_effect_fail(
     return outcome
 
 
-@transaction.atomic
-def side_effects_refund(
-    *, rows: Iterable[tuple[int, int, int]], started_at: datetime, now: datetime | None = None
-) -> int:
-    """The breaker opened on a streak of service failures: the streak's earlier failures,
-    charged when nobody could tell them from the rows' own, were the service's.
-
-    `rows`: (id, attempts at its first failure in the streak, at its last). Each row gets
-    back what the streak cost it — only if it is still waiting on that last failure
-    (pending, same attempts), so a row claimed again meanwhile is left alone."""
-    now = now or timezone.now()
-    refunded = 0
-    for side_effect_id, first, last in rows:
-        before = max(first - 1, 0)
-        updated = RecapSideEffect.objects.filter(
-            id=side_effect_id,
-            status=SideEffectStatus.PENDING,
-            attempts=last,
-            wait_reason=WaitReason.OWN_ERROR,
-        ).update(
-            attempts=before,
-            wait_reason=WaitReason.BREAKER,
-            # Its first charged failure was in the streak: its horizon has not started.
-            first_failed_at=None if before == 0 else F("first_failed_at"),
-            updated_at=now,
-        )
-        if updated:
-            refunded += 1
-            _history(
-                side_effect_id,
-                number=before,
-                started_at=started_at,
-                finished_at=now,
-                outcome=AttemptOutcome.REFUNDED,
-                error=REFUND_NOTE.format(count=last - before),
-            )
-    if refunded:
-        logger.info("outbox.dispatch.refunded", extra={"count": refunded})
-    return refunded
+_REARM_STALE = (
+    "WITH stale AS ("
+    " SELECT id, claimed_at FROM recap_side_effects"
+    " WHERE status = 'processing' AND claimed_at < %(cutoff)s FOR UPDATE SKIP LOCKED)"
+    " UPDATE recap_side_effects AS s SET status = 'pending', claimed_at = NULL,"
+    " attempts = GREATEST(s.attempts - 1, 0), next_attempt_at = %(now)s,"
+    " wait_reason = '', updated_at = %(now)s FROM stale WHERE s.id = stale.id"
+    " RETURNING s.id, s.attempts, stale.claimed_at"
+)
 
 
 @transaction.atomic
 def side_effects_rearm_stale(*, now: datetime | None = None) -> int:
-    """Rows `processing` for longer than the stale threshold go back to `pending`.
+    """Rows `processing` (claimed_at) longer than the stale threshold go back to `pending`,
+    in one statement.
 
     Their worker died (or was killed by the task timeout) somewhere between claim and
-    outcome; the attempt stays counted because the request may have reached the service,
-    and the idempotency key makes the retry safe.
+    outcome. The attempt is given back: a worker's death is not a verdict about the row,
+    and the idempotency key makes the retry safe even if the request reached the service.
+    (A row proven to kill its worker again and again is issue 29's: it would be counted
+    here, by the one place that sees each death.)
     """
     now = now or timezone.now()
-    stale = [
-        (side_effect_id, attempts, claimed_at)
-        for side_effect_id, attempts, claimed_at in RecapSideEffect.objects.select_for_update(
-            skip_locked=True
-        )
-        .filter(status=SideEffectStatus.PROCESSING, claimed_at__lt=now - _stale_after())
-        .values_list("id", "attempts", "claimed_at")
-        if claimed_at is not None  # always, by the filter: `lt` matches no NULL
-    ]
-    if not stale:
-        return 0
-    RecapSideEffect.objects.filter(id__in=[row[0] for row in stale]).update(
-        status=SideEffectStatus.PENDING,
-        claimed_at=None,
-        next_attempt_at=now,
-        # Charged: the horizon starts here unless an earlier charged failure started it.
-        first_failed_at=Coalesce("first_failed_at", Value(now)),
-        wait_reason=WaitReason.OWN_ERROR,
-        updated_at=now,
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(_REARM_STALE, {"cutoff": now - _stale_after(), "now": now})
+        stale = cursor.fetchall()
     for side_effect_id, attempts, claimed_at in stale:
         _history(
             side_effect_id,
@@ -463,7 +429,8 @@ def side_effects_rearm_stale(*, now: datetime | None = None) -> int:
             outcome=AttemptOutcome.REARMED_STALE,
             error=STALE_ERROR.format(claimed_at=claimed_at.isoformat()),
         )
-    logger.warning("outbox.rearm_stale", extra={"count": len(stale)})
+    if stale:
+        logger.warning("outbox.rearm_stale", extra={"count": len(stale)})
     return len(stale)
 
 
@@ -502,6 +469,7 @@ def side_effect_rearm(
     row.claimed_at = None
     row.finished_at = None
     row.first_failed_at = None
+    row.waiting_since = None
     row.wait_reason = WaitReason.NONE
     row.save()
     _history(
@@ -562,7 +530,14 @@ def side_effects_settle_for_ready(*, recap_id: RecapId, now: datetime | None = N
     now = now or timezone.now()
     return RecapSideEffect.objects.filter(
         recap__pk=recap_id, status__in=[SideEffectStatus.PENDING, SideEffectStatus.DEAD]
-    ).update(status=SideEffectStatus.DONE, claimed_at=None, finished_at=now, updated_at=now)
+    ).update(
+        status=SideEffectStatus.DONE,
+        claimed_at=None,
+        finished_at=now,
+        waiting_since=None,
+        wait_reason=WaitReason.NONE,
+        updated_at=now,
+    )
 
 
 @transaction.atomic
@@ -572,39 +547,66 @@ def recap_retry_render(*, recap: RecapVideo, now: datetime | None = None) -> Rec
     - no render row (never enqueued): it is created;
     - the row is pending, dead or stale: it is re-armed (same idempotency key: if an earlier
       attempt did reach the service, the service returns that render instead of a new one);
-    - the row is done (the service accepted a render that then failed or got lost): it is
-      re-armed for a *new* render under a new idempotency key.
-    A `failed` recap goes back to `paid`; a ready or unpaid one is refused.
+    - the row is done (the service accepted a render that then failed): it is re-armed for
+      a *new* render under a new idempotency key.
+    A `failed` recap goes back to `paid`. A `rendering` one is refused (RecapStateConflict,
+    with the render under way and when it is next asked about): a recap has at most one
+    render outstanding, and a render the service lost is asked for again by the status
+    check itself (render_lost_resend). A ready or unpaid one is refused too.
     """
     now = now or timezone.now()
     locked = recap_lock(recap_id=recap.pk)
-    if locked.status not in (RecapStatus.PAID, RecapStatus.RENDERING, RecapStatus.FAILED):
+    if locked.status == RecapStatus.RENDERING:
+        check_at = locked.render_check_at.isoformat() if locked.render_check_at else "soon"
+        raise RecapStateConflict(
+            RECAP_RENDER_IN_FLIGHT.format(render_id=locked.render_id, check_at=check_at)
+        )
+    if locked.status not in (RecapStatus.PAID, RecapStatus.FAILED):
         raise RecapStateConflict(RECAP_NOT_RETRYABLE)
     row = RecapSideEffect.objects.filter(recap=locked, effect_type=EffectType.RENDER).first()
     if row is None:
         recap_reopen(recap_id=locked.pk, now=now)
         side_effect_enqueue(recap=locked, now=now)
     else:
-        new_render = row.status == SideEffectStatus.DONE
-        side_effect_rearm(side_effect=row, new_render=new_render, now=now)
-        if new_render and locked.status == RecapStatus.RENDERING:
-            RecapVideo.objects.filter(pk=locked.pk).update(
-                status=RecapStatus.PAID, rendering_at=None, render_check_at=None, updated_at=now
-            )
+        side_effect_rearm(side_effect=row, new_render=row.status == SideEffectStatus.DONE, now=now)
     logger.info("recaps.retry_render", extra={"recap_id": str(locked.pk)})
     return RecapVideo.objects.get(pk=locked.pk)
 
 
 # --- the render service's answers: its callbacks (outbox/handlers.py) and status checks -----
+#
+# A callback is matched to the render it answers. The recap's current render is the one
+# requested under its render row's idempotency key and, once the service accepted it, the
+# render id it gave. A completion or failure about another render (an older key, after an
+# operator's retry; another render id under the same key, after the service lost one and
+# accepted it anew) is ignored, and the caller is told so (`stale`, written on the raw
+# event's delivery: "stale callback for render …").
 
 
-@transaction.atomic
-def render_completed_record(
-    *, recap_id: RecapId, video_url: str, render_id: str = "", now: datetime | None = None
-) -> bool:
-    """The render service delivered the video: the recap `ready`, and its rows still waiting
-    settled in the same transaction. Idempotent: a ready recap stays as it is."""
-    now = now or timezone.now()
+@dataclass(frozen=True)
+class CallbackResult:
+    # The recap changed (ready, or failed).
+    applied: bool
+    # Not about the recap's current render: why, in one line (the console shows it).
+    stale: str = ""
+
+
+def _current_render(recap: RecapVideo, *, render_id: str, idempotency_key: str, kind: str) -> str:
+    """ "" when (render_id, idempotency_key) is the recap's current render, else why not."""
+    row = RecapSideEffect.objects.filter(recap=recap, effect_type=EffectType.RENDER).first()
+    key_moved_on = row is not None and row.idempotency_key != idempotency_key
+    if not key_moved_on and (not recap.render_id or recap.render_id == render_id):
+        return ""
+    current = recap.render_id or (row.idempotency_key if row is not None else "none")
+    return STALE_CALLBACK.format(render_id=render_id or "?", kind=kind, current=current)
+
+
+def _ignored(recap: RecapVideo, stale: str) -> CallbackResult:
+    logger.info("recaps.render_callback.stale", extra={"recap_id": str(recap.id)})
+    return CallbackResult(applied=False, stale=stale)
+
+
+def _ready(recap_id: RecapId, *, video_url: str, render_id: str, now: datetime) -> bool:
     ready = recap_mark_ready(recap_id=recap_id, video_url=video_url, render_id=render_id, now=now)
     if ready:
         side_effects_settle_for_ready(recap_id=recap_id, now=now)
@@ -612,20 +614,53 @@ def render_completed_record(
 
 
 @transaction.atomic
-def render_failed_record(
-    *, recap_id: RecapId, idempotency_key: str, reason: str, now: datetime | None = None
-) -> bool:
-    """The render service gave up on a render. Ignored when the recap is already ready or
-    failed, or when the failure belongs to an older render than the one we asked for last
-    (an operator retried in between: the row's idempotency key moved on)."""
+def render_completed_record(
+    *,
+    recap_id: RecapId,
+    video_url: str,
+    render_id: str,
+    idempotency_key: str,
+    now: datetime | None = None,
+) -> CallbackResult:
+    """The render service delivered the video of a render: the recap `ready` and its rows
+    still waiting settled, in one transaction — if it is the recap's current render (else
+    ignored, `stale`). Idempotent: a ready recap stays as it is. A completion beats an
+    earlier `render.failed` of the same render (the service's last word)."""
+    now = now or timezone.now()
     recap = recap_lock(recap_id=recap_id)
     if recap.status in UNPAID_STATUSES:
         raise RecapStateConflict(RECAP_NOT_RENDERED)
-    current = RecapSideEffect.objects.filter(recap=recap, effect_type=EffectType.RENDER).first()
-    if current is not None and current.idempotency_key != idempotency_key:
-        logger.info("recaps.render_failed.stale", extra={"recap_id": str(recap.id)})
-        return False
-    return recap_mark_failed(recap_id=recap.id, reason=reason, now=now)
+    stale = _current_render(
+        recap, render_id=render_id, idempotency_key=idempotency_key, kind="completed"
+    )
+    if stale:
+        return _ignored(recap, stale)
+    return CallbackResult(
+        applied=_ready(recap.id, video_url=video_url, render_id=render_id, now=now)
+    )
+
+
+@transaction.atomic
+def render_failed_record(
+    *,
+    recap_id: RecapId,
+    render_id: str,
+    idempotency_key: str,
+    reason: str,
+    now: datetime | None = None,
+) -> CallbackResult:
+    """The render service gave up on a render: a verdict about it, so the recap is `failed`
+    (visibly, with the reason; staff can retry it) — if it is the recap's current render,
+    else ignored (`stale`). A ready or failed recap stays as it is."""
+    recap = recap_lock(recap_id=recap_id)
+    if recap.status in UNPAID_STATUSES:
+        raise RecapStateConflict(RECAP_NOT_RENDERED)
+    stale = _current_render(
+        recap, render_id=render_id, idempotency_key=idempotency_key, kind="failed"
+    )
+    if stale:
+        return _ignored(recap, stale)
+    return CallbackResult(applied=recap_mark_failed(recap_id=recap.id, reason=reason, now=now))
 
 
 @transaction.atomic
@@ -634,14 +669,14 @@ def render_status_record(
 ) -> str:
     """What the render service says about a render whose callback never arrived: `ready`,
     `failed` (the service gave up on it, as a `render.failed` callback would have said) or
-    still `rendering` (asked again one interval later). Returns that, or "moved_on"."""
+    still `rendering` (asked again one interval later). Returns that, or "moved_on" when the
+    recap no longer waits for exactly this render."""
+    now = now or timezone.now()
     recap = recap_lock_if_rendering(recap_id=recap_id, render_id=status.render_id)
     if recap is None:
         return "moved_on"
     if status.state == "completed":
-        render_completed_record(
-            recap_id=recap.id, video_url=status.video_url, render_id=status.render_id, now=now
-        )
+        _ready(recap.id, video_url=status.video_url, render_id=status.render_id, now=now)
         logger.info("recaps.render_check.ready", extra={"recap_id": str(recap.id)})
         return RecapStatus.READY
     if status.state == "failed":
@@ -651,6 +686,51 @@ def render_status_record(
         recap_mark_failed(recap_id=recap.id, reason=reason, now=now)
         return RecapStatus.FAILED
     return RecapStatus.RENDERING
+
+
+@transaction.atomic
+def render_lost_resend(*, recap_id: RecapId, render_id: str, now: datetime | None = None) -> bool:
+    """The render service does not know a render it accepted (HTTP 404 on its status check:
+    it lost its state, or the answer came from a deploy's default backend). That is no
+    verdict, so the recap is never failed for it: the render is asked for again, with the
+    same idempotency key — the service answers with the same render if it has it, or
+    accepts it anew. The recap goes back to `paid` (its render id forgotten) and its render
+    row to `pending`, due now. False when the recap moved on meanwhile."""
+    now = now or timezone.now()
+    recap = recap_lock_if_rendering(recap_id=recap_id, render_id=render_id)
+    if recap is None:
+        return False
+    row = (
+        RecapSideEffect.objects.select_for_update()
+        .filter(recap=recap, effect_type=EffectType.RENDER)
+        .first()
+    )
+    if row is None or row.status != SideEffectStatus.DONE:
+        return False  # someone is asking already (a row pending or in flight)
+    recap_render_lost(recap_id=recap.id, now=now)
+    RecapSideEffect.objects.filter(pk=row.pk).update(
+        status=SideEffectStatus.PENDING,
+        attempts=0,
+        next_attempt_at=now,
+        claimed_at=None,
+        finished_at=None,
+        first_failed_at=None,
+        waiting_since=None,
+        wait_reason=WaitReason.NONE,
+        updated_at=now,
+    )
+    _history(
+        row.pk,
+        number=0,
+        started_at=now,
+        finished_at=now,
+        outcome=AttemptOutcome.RESENT,
+        error=RESENT_ERROR.format(render_id=render_id),
+    )
+    logger.warning(
+        "outbox.render_lost.resend", extra={"recap_id": str(recap.id), "side_effect_id": row.pk}
+    )
+    return True
 
 
 # --- nightly recovery (the seed's phase 4b, rebuilt) -----------------------------------------

@@ -13,7 +13,13 @@ RECAP_IS_FREE = "This recap is free; redeem it instead of paying."
 RECAP_ALREADY_REDEEMED = "This recap has already been redeemed."
 RECAP_ALREADY_PAID = "This recap has already been paid with another payment."
 RECAP_NOT_PAYABLE = "Only a recap waiting for payment can be paid."
-RECAP_NOT_RETRYABLE = "Only a paid, rendering or failed recap can be rendered again."
+RECAP_NOT_RETRYABLE = "Only a paid or failed recap can be rendered again."
+RECAP_RENDER_IN_FLIGHT = (
+    "Render {render_id} of this recap is under way, and a recap has at most one render "
+    "outstanding. Its callback or the status check (due {check_at}) says how it ends: a "
+    "failed render can be retried then, and a render the service lost is asked for again "
+    "by itself."
+)
 RECAP_NOT_RENDERED = "This recap was never sent to the render service."
 RECAP_PAYMENT_PAID_ANOTHER = "This payment already paid for another recap: refund one of them."
 RECAP_PAYMENT_FAILED_TOO_LATE = (

@@ -8,8 +8,15 @@
                       A render is `rendering` until `complete_after` has passed, then has the
                       outcome it was accepted with, whether or not its callback got through
     POST /_control    {"mode": "...", "delay": s, "retry_after": s, "drip_interval": s,
-                       "outcome": "completed"|"failed", "complete_after": s, "callbacks": bool}
+                       "outcome": "completed"|"failed", "complete_after": s, "callbacks": bool,
+                       "status": 3xx-5xx (for mode `answer`), "restart": true}
     GET  /_stats      counters (renders, POSTs per idempotency key, health checks, callbacks)
+
+`restart` is a restart of a service that keeps its renders in memory: every render (and
+every callback not sent yet) is forgotten, so GET /renders/<id> answers 404 for renders it
+accepted before, and the same Idempotency-Key is accepted anew as a new render. The test
+counters (`posts_by_key`, `accepted`, …) survive it; `accepted` lists every render ever
+accepted, across restarts.
 
 After accepting a render it POSTs the completion to the request's callback_url, signed
 with the `renderer` secret through the `standardwebhooks` library (the payload is the one
@@ -28,6 +35,10 @@ POST /renders and GET /renders/<id> alike (error_4xx to POST only):
                   X-Request-Deadline-Ms has passed (the deadline is honoured) or after `delay`
     drip          /renders accepts, then sends its answer one byte per `drip_interval`
     rate_limited  /renders answers 429 with Retry-After: `retry_after`
+    answer        /renders answers `status`, as a deploy in progress does while /health stays
+                  green: 404 (an ingress's default backend), 409 (the Idempotency-Key draft's
+                  "the first request with this key is still in flight"), 307 (a redirect to a
+                  maintenance page, with a Location header), or any other 3xx-5xx
 
 Every wait is bounded and ends early when the server stops.
 """
@@ -59,6 +70,7 @@ MODES = (
     "hang",
     "drip",
     "rate_limited",
+    "answer",
 )
 _MAX_WAIT_SECONDS = 60.0
 _CALLBACK_ATTEMPTS = 3
@@ -107,7 +119,10 @@ class FakeRenderer(LocalHTTPService):
         self.outcome = "completed"
         self.complete_after = complete_after
         self.callbacks = callbacks
+        self.answer_status = 404
         self.renders: dict[str, FakeRender] = {}
+        # Every render ever accepted, in order, across restarts.
+        self.accepted: list[FakeRender] = []
         self.posts_by_key: Counter[str] = Counter()
         # GET /renders/<id> per render id (the lost-callback recovery asks these).
         self.status_requests: Counter[str] = Counter()
@@ -124,11 +139,21 @@ class FakeRenderer(LocalHTTPService):
     def stop(self) -> None:
         # Pending callbacks are cancelled, not sent into a server that is going away.
         self.stopping.set()
+        self._cancel_callbacks()
+        super().stop()
+
+    def restart(self) -> None:
+        """A restart that loses the service's memory: every render and pending callback."""
+        self._cancel_callbacks()
+        with self.lock:
+            self.renders.clear()
+        logger.info("fake_renderer.restarted")
+
+    def _cancel_callbacks(self) -> None:
         with self.lock:
             timers, self._timers = self._timers, []
         for timer in timers:
             timer.cancel()
-        super().stop()
 
     # --- control -----------------------------------------------------------------------------
 
@@ -147,12 +172,20 @@ class FakeRenderer(LocalHTTPService):
                 self.outcome = "failed" if options["outcome"] == "failed" else "completed"
             if "callbacks" in options:
                 self.callbacks = bool(options["callbacks"])
+            if "status" in options:
+                status = int(options["status"])
+                if not 300 <= status < 600:
+                    raise ValueError(f"status {status}: an answer mode answers 3xx to 5xx")
+                self.answer_status = status
+        if options.get("restart"):
+            self.restart()
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
             return {
                 "mode": self.mode,
                 "renders": len(self.renders),
+                "accepted": len(self.accepted),
                 "posts_by_key": dict(self.posts_by_key),
                 "status_requests": dict(self.status_requests),
                 "health_checks": self.health_checks,
@@ -183,6 +216,7 @@ class FakeRenderer(LocalHTTPService):
                 complete_after=self.complete_after,
             )
             self.renders[key] = render
+            self.accepted.append(render)
             if self.callbacks and render.callback_url:
                 timer = threading.Timer(self.complete_after, self._send_callback, (render,))
                 timer.daemon = True
@@ -366,6 +400,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(500, {"error": "internal"})
         elif mode == "rate_limited":
             self._json(429, {"error": "slow_down"}, {"Retry-After": str(fake.retry_after)})
+        elif mode == "answer":
+            status = fake.answer_status
+            headers = {"Location": "/maintenance"} if 300 <= status < 400 else {}
+            self._json(status, {"error": "deploying"}, headers)
         elif mode == "hang":
             # Honour the caller's deadline: there is no point holding a connection (or doing
             # work) for a caller that has already given up.

@@ -8,7 +8,8 @@ The status machine (constraints in recaps/models.py hold the invariants):
       │      │     (before the render: back to waiting, with the reason)
       ▼      │ new checkout
     checkout_expired ──late payment──▶ paid
-    failed ──operator retry──▶ paid            (a late `render.completed` still wins: ready)
+    failed ──operator retry──▶ paid            (a late `render.completed` of the current
+    rendering ──the service lost it──▶ paid     render still wins: ready)
 
 Stripe's checkout events (recaps/handlers.py) arrive in any order; checkout_event_apply
 turns each into one of these transitions, or none, and an older event of a session never
@@ -59,7 +60,6 @@ from recaps.signals import recap_paid, recap_payment_withdrawn
 logger = logging.getLogger(__name__)
 
 _REASON_LIMIT = 2000
-RENDER_CHECK_FAILED_REASON = "render status check failed: {error_class}: {error}"
 PAYMENT_FAILED_REASON = (
     "The asynchronous payment of checkout {session} failed (Stripe event {event}); waiting "
     "for a new payment."
@@ -232,7 +232,11 @@ def recap_mark_paid(
     recap.awaiting_payment_reason = ""
     recap.save(
         update_fields=[
-            "status", "payment_reference", "paid_at", "awaiting_payment_reason", "updated_at"
+            "status",
+            "payment_reference",
+            "paid_at",
+            "awaiting_payment_reason",
+            "updated_at",
         ]
     )
     recap_paid.send(sender=RecapVideo, recap=recap, now=now)
@@ -241,9 +245,7 @@ def recap_mark_paid(
 
 
 @transaction.atomic
-def recap_redeem_free(
-    *, recap_id: RecapId, user: User, now: datetime | None = None
-) -> RecapVideo:
+def recap_redeem_free(*, recap_id: RecapId, user: User, now: datetime | None = None) -> RecapVideo:
     """The buyer redeems a free recap: the same path as a payment, without one."""
     recap = recap_lock(recap_id=recap_id)
     if recap.buyer_id != user.pk:
@@ -408,11 +410,13 @@ def recap_mark_failed(*, recap_id: RecapId, reason: str, now: datetime | None = 
 
 @transaction.atomic
 def recap_reopen(*, recap_id: RecapId, now: datetime | None = None) -> bool:
-    """failed → paid, for a retry; other statuses are left alone."""
+    """failed → paid, for a retry; other statuses are left alone. The failed render's id
+    goes: the render the recap waits for now is the one the service will name next (a
+    callback of the old one is then told apart, outbox/services.py)."""
     now = now or timezone.now()
     return bool(
         RecapVideo.objects.filter(pk=recap_id, status=RecapStatus.FAILED).update(
-            status=RecapStatus.PAID, failure_reason="", failed_at=None, updated_at=now
+            status=RecapStatus.PAID, failure_reason="", failed_at=None, render_id="", updated_at=now
         )
     )
 
@@ -486,16 +490,17 @@ def recap_lock_if_rendering(*, recap_id: RecapId, render_id: str) -> RecapVideo 
 
 
 @transaction.atomic
-def recap_fail_render_check(
-    *, recap_id: RecapId, render_id: str, error_class: str, error: str, now: datetime | None = None
-) -> bool:
-    """The status call failed *permanently* (e.g. the service answers 404 for the render):
-    the recap is `failed`, visibly, with the reason, and staff can retry it. Transient
-    failures never come here."""
-    if recap_lock_if_rendering(recap_id=recap_id, render_id=render_id) is None:
-        return False
-    return recap_mark_failed(
-        recap_id=recap_id,
-        reason=RENDER_CHECK_FAILED_REASON.format(error_class=error_class, error=error),
-        now=now,
+def recap_render_lost(*, recap_id: RecapId, now: datetime | None = None) -> bool:
+    """rendering → paid: the render service does not know the render it accepted, so the
+    outbox asks for it again under the same idempotency key (outbox.services.
+    render_lost_resend). The render id is forgotten until the service names one again."""
+    now = now or timezone.now()
+    return bool(
+        RecapVideo.objects.filter(pk=recap_id, status=RecapStatus.RENDERING).update(
+            status=RecapStatus.PAID,
+            render_id="",
+            rendering_at=None,
+            render_check_at=None,
+            updated_at=now,
+        )
     )

@@ -45,14 +45,54 @@ def statement_timeout_handler():
     unregister(f"{on_push.__module__}.{on_push.__qualname__}")
 
 
-def test_a_database_error_in_a_handler_is_transient(client, statement_timeout_handler):
+def test_a_database_error_in_a_handler_is_never_charged(client, statement_timeout_handler):
     receive_github(client)
     raw_events_verify_batch()
     assert deliveries_run_due() == 1
     delivery = Delivery.objects.get()
-    assert (delivery.status, delivery.attempts) == ("pending", 1)
+    # Our database, not the delivery: released, the attempt given back, waiting since now.
+    assert (delivery.status, delivery.attempts) == ("pending", 0)
+    assert delivery.first_failed_at is None and delivery.waiting_since is not None
     assert delivery.last_error.startswith("OperationalError: ")
-    assert DeliveryAttempt.objects.get(delivery=delivery).outcome == "transient"
+    assert DeliveryAttempt.objects.get(delivery=delivery).outcome == "released"
+
+
+def test_a_handlers_own_failure_lives_until_attempts_and_the_horizon(client, settings):
+    """Deliveries have the outbox's horizon (DELIVERY_TRANSIENT_HORIZON_SECONDS): after
+    DELIVERY_MAX_ATTEMPTS charged failures, a delivery dies only once its first charged
+    failure lies the horizon back; the pause before the last attempt reaches it."""
+    settings.DELIVERY_MAX_ATTEMPTS = 3
+    settings.DELIVERY_TRANSIENT_HORIZON_SECONDS = 3 * 86400
+
+    def on_push(event, payload):
+        raise RuntimeError("a bug on this event")
+
+    webhook_handler(provider="github", event_types=["push"])(on_push)
+    try:
+        receive_github(client)
+        raw_events_verify_batch()
+        far = timezone.now() + timedelta(days=30)
+        for attempt in (1, 2):
+            deliveries_run_due(now=far)
+            delivery = Delivery.objects.get()
+            assert (delivery.status, delivery.attempts) == ("pending", attempt)
+        # The second failure's pause reaches the horizon: 3 days after the first failure.
+        assert delivery.first_failed_at is not None
+        assert delivery.next_attempt_at >= delivery.first_failed_at + timedelta(days=3)
+        # Claimed early anyway (a replay would do that; here: by hand), the third charged
+        # failure before the horizon does not kill it.
+        Delivery.objects.update(next_attempt_at=timezone.now())
+        deliveries_run_due()
+        delivery = Delivery.objects.get()
+        assert (delivery.status, delivery.attempts) == ("pending", 3)
+        # Past the horizon, the next charged failure does.
+        Delivery.objects.update(
+            next_attempt_at=timezone.now(), first_failed_at=timezone.now() - timedelta(days=3)
+        )
+        deliveries_run_due()
+        assert Delivery.objects.get().status == "dead"
+    finally:
+        unregister(f"{on_push.__module__}.{on_push.__qualname__}")
 
 
 def test_a_late_worker_cannot_overwrite_a_rearmed_and_reclaimed_delivery(

@@ -65,7 +65,9 @@ def stripe_handler():
 
 
 def receive_github(client, payload=None, *, delivery="d-1", event="push", secret=None):
-    body = json.dumps(payload or {"ref": "refs/heads/main"}).encode()
+    # Two GitHub events never have the same body (the same body and signature under another
+    # delivery id is a replay, ingress/replays.py): the default body names its delivery.
+    body = json.dumps(payload or {"ref": "refs/heads/main", "delivery": delivery}).encode()
     headers = github_headers(body, secret=secret, event=event, delivery=delivery)
     response = client.post("/webhooks/github/", body, content_type="application/json", **headers)
     assert response.status_code == 202
@@ -124,6 +126,7 @@ def test_event_without_handler_is_marked_not_lost(client, push_handler):
 
 def test_transient_failure_backs_off_then_dies_after_max_attempts(client, push_handler, settings):
     settings.DELIVERY_MAX_ATTEMPTS = 3
+    settings.DELIVERY_TRANSIENT_HORIZON_SECONDS = 0  # attempts alone (the horizon: below)
     push_handler.fail_with = RuntimeError("downstream hiccup")
     event = receive_github(client)
     raw_events_verify_batch()
@@ -162,8 +165,11 @@ def test_permanent_failure_is_dead_at_once(client, push_handler):
 def test_stale_processing_delivery_is_rearmed(client, push_handler, settings):
     receive_github(client)
     raw_events_verify_batch()
-    Delivery.objects.update(status="processing", claimed_at=timezone.now() - timedelta(hours=1))
+    stale = timedelta(seconds=settings.DELIVERY_STALE_AFTER_SECONDS + 60)
+    Delivery.objects.update(status="processing", claimed_at=timezone.now() - stale, attempts=1)
     assert deliveries_rearm_stale() == 1
+    # Its worker died: no verdict about the delivery, so the attempt is given back.
+    assert Delivery.objects.get().attempts == 0
     assert Delivery.objects.get().status == "pending"
     inbox_run_once()
     assert Delivery.objects.get().status == "done"

@@ -10,7 +10,7 @@ runs, charges and retries it, and every write is committed once. Transactional t
 savepoint's rollback and the COMMIT-time failure only happen for real when the batch commits.
 """
 
-import uuid
+import re
 
 import pytest
 from django.db import OperationalError, connection
@@ -88,14 +88,14 @@ def stored(count: int, prefix: str) -> list[RawEvent]:
     ]
 
 
+_DELIVERY_WRITE = re.compile(
+    r'UPDATE "ingress_delivery"(?: AS d)? SET "?status"? = \'(?:processing|done)\''
+)
+
+
 def delivery_writes(statements: list[str]) -> list[str]:
     """The claim's UPDATE to `processing` and the batch's to `done`."""
-    return [
-        sql
-        for sql in statements
-        if sql.startswith('UPDATE "ingress_delivery" SET "status" = ')
-        and sql.split(" = ", 1)[1].split(",", 1)[0] in ("'processing'", "'done'")
-    ]
+    return [sql for sql in statements if _DELIVERY_WRITE.search(sql)]
 
 
 def test_a_fresh_event_is_delivered_with_its_verdict_without_a_claim(writer):
@@ -105,8 +105,10 @@ def test_a_fresh_event_is_delivered_with_its_verdict_without_a_claim(writer):
     statements = [query["sql"] for query in captured.captured_queries]
 
     assert (result.verified, result.delivered) == (4, 4)
-    # Never claimed (`processing`) nor marked done afterwards: inserted done.
-    assert delivery_writes(statements) == [], statements
+    # Never claimed (`processing`) nor marked done afterwards: inserted done. The one write
+    # is the pass's claim statement, which found nothing due (total_attempts stays 1).
+    (claim,) = delivery_writes(statements)
+    assert "SKIP LOCKED" in claim, statements
     assert sorted(writer.calls) == effects() == sorted(e.id for e in events)
     rows = Delivery.objects.filter(raw_event_id__in=[e.id for e in events])
     assert {(d.status, d.attempts, d.total_attempts, d.last_error) for d in rows} == {
@@ -170,7 +172,8 @@ def test_a_write_failing_at_commit_settles_the_batch_again_for_the_claim(writer)
     ok_ids = sorted(e.id for e in events if e.id != dangling.id)
     assert effects() == ok_ids
     bad = Delivery.objects.get(raw_event_id=dangling.id)
-    assert (bad.status, bad.attempts) == ("pending", 1)
+    # A database error (checked at COMMIT): never charged to the delivery (issue 27).
+    assert (bad.status, bad.attempts) == ("pending", 0)
     assert bad.last_error.startswith("IntegrityError"), bad.last_error
     assert set(
         Delivery.objects.filter(raw_event_id__in=ok_ids).values_list("status", "attempts")
@@ -210,35 +213,3 @@ def test_the_settle_insert_names_every_column_of_a_delivery():
     columns = {column.strip() for column in named.split(",")}
     model = {f.column for f in Delivery._meta.concrete_fields if not f.primary_key}
     assert columns == model
-
-
-@pytest.fixture
-def handler_role(settings, writer):
-    """A role the handlers switch to, allowed to write the writer's table only."""
-    name = f"eventdrop_test_handler_{uuid.uuid4().hex[:8]}"
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE ROLE {name} NOLOGIN")
-        cursor.execute(f"GRANT INSERT ON {EFFECTS_TABLE} TO {name}")
-    settings.DATABASE_HANDLER_ROLE = name
-    yield name
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP OWNED BY {name}")
-        cursor.execute(f"DROP ROLE {name}")
-
-
-@pytest.mark.parametrize("where", ["claimed", "at settle"])
-def test_handlers_switch_role_once_per_batch(writer, handler_role, where):
-    if where == "claimed":
-        # A handler resting after a failure is run by the claim.
-        deliveries._settle_cooldown.handlers[writer.name] = float("inf")
-    events = stored(6, f"role_{where.replace(' ', '_')}")
-    with CaptureQueriesContext(connection) as captured:
-        result = inbox_run_once()
-    assert result.delivered == 6
-    switches = [q["sql"] for q in captured.captured_queries if "SET LOCAL ROLE" in q["sql"]]
-    # To the handler role and back: once for the batch (it was twice per delivery).
-    assert len(switches) == 2, switches
-    assert effects() == sorted(e.id for e in events)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT current_user")
-        assert cursor.fetchone()[0] != handler_role

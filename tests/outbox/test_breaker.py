@@ -14,6 +14,7 @@ from outbox.breaker import Breaker, BreakerConfig
 from outbox.dispatcher import dispatch_run
 from outbox.models import AttemptOutcome, CircuitBreaker, RecapSideEffect
 from tests.recaps.fixtures import T0
+from tests.support.sql import database_dsn
 
 pytestmark = pytest.mark.django_db
 
@@ -30,50 +31,72 @@ def view():
     return Breaker(name=NAME, config=CONFIG)
 
 
-def fail(breaker, row, at=T0, probe=False, attempts=1):
-    return breaker.record_failure(
-        side_effect_id=row, attempts=attempts, error_class="http_500", probe=probe, now=at
-    )
+def fail(breaker, row, at=T0, probe=False):
+    return breaker.record_failure(side_effect_id=row, error_class="http_500", probe=probe, now=at)
+
+
+def proven(at=T0):
+    """A view of a breaker whose service just rendered something (at `at`)."""
+    breaker = view()
+    breaker.record_success(probe=False, now=at)
+    return breaker
+
+
+def open_it(at=T0):
+    breaker = proven(at)
+    for row in (1, 2, 3):
+        fail(breaker, row, at=at)
+    assert state() == "open"
 
 
 def state():
     return CircuitBreaker.objects.get(name=NAME).state
 
 
-def test_a_streak_of_distinct_rows_opens_it_and_the_tripping_failure_is_not_charged():
-    breaker = view()
-    assert fail(breaker, 1).charged and fail(breaker, 2).charged
-    judgement = fail(breaker, 3)
-    assert (judgement.charged, judgement.state) == (False, "open")
-    assert judgement.retry_at == T0 + timedelta(seconds=60)
-    # The streak's earlier failures were the service's: the dispatcher refunds them.
-    assert judgement.refund == ((1, 1, 1), (2, 1, 1), (3, 1, 1))
+def test_a_proven_service_opens_on_a_streak_of_distinct_rows():
+    breaker = proven()
+    # Nothing is charged whatever the breaker says: it only says when to try again.
+    assert fail(breaker, 1) is None and fail(breaker, 2) is None
+    assert state() == "closed"
+    assert fail(breaker, 3) == T0 + timedelta(seconds=60)
+    assert state() == "open"
     admission = breaker.admit(now=T0 + timedelta(seconds=59))
     assert not admission.allowed and admission.retry_at == T0 + timedelta(seconds=60)
-    # A call let through before it opened, failing now: not charged either.
-    assert not fail(breaker, 4, at=T0 + timedelta(seconds=1)).charged
+    # A call let through before it opened, failing now, waits for the cool-down too.
+    assert fail(breaker, 4, at=T0 + timedelta(seconds=1)) == T0 + timedelta(seconds=60)
 
 
-def test_one_row_failing_again_and_again_never_opens_it():
-    breaker = view()
-    for _ in range(10):
-        assert fail(breaker, 7).charged
+def test_an_unproven_service_opens_on_the_first_failure_at_any_traffic():
+    # Nothing has rendered yet: one row failing is enough, so it is tried once per cool-down.
+    assert fail(view(), 1) == T0 + timedelta(seconds=60)
+    assert state() == "open"
+    CircuitBreaker.objects.all().delete()
+    # Proven once, but longer ago than a cool-down: unproven again.
+    breaker = proven(T0 - timedelta(seconds=61))
+    assert fail(breaker, 1) == T0 + timedelta(seconds=60)
+
+
+def test_one_row_failing_again_and_again_never_opens_a_proven_breaker():
+    for second in range(10):
+        at = T0 + timedelta(seconds=second)
+        breaker = proven(at)  # the service renders the others meanwhile
+        assert fail(breaker, 7, at=at) is None
     assert state() == "closed"
+    assert CircuitBreaker.objects.get(name=NAME).failing_rows == [7]
 
 
-def test_a_real_answer_ends_the_streak():
-    breaker = view()
+def test_only_a_render_accepted_ends_the_streak():
+    breaker = proven()
     fail(breaker, 1)
     fail(breaker, 2)
     breaker.record_success(probe=False, now=T0)
-    assert fail(breaker, 3).charged and fail(breaker, 4).charged
+    assert fail(breaker, 3) is None and fail(breaker, 4) is None
     assert state() == "closed"
-    assert CircuitBreaker.objects.get(name=NAME).failing_rows == [[3, 1, 1], [4, 1, 1]]
+    assert CircuitBreaker.objects.get(name=NAME).failing_rows == [3, 4]
 
 
 def test_half_open_lets_exactly_one_real_dispatch_through_and_its_success_closes():
-    for row in (1, 2, 3):
-        fail(view(), row)
+    open_it()
     after = T0 + timedelta(seconds=60)
     first, second = view(), view()
     assert first.claim_limit(4, now=after) == 1  # one row: the probe
@@ -88,35 +111,39 @@ def test_half_open_lets_exactly_one_real_dispatch_through_and_its_success_closes
     assert second.admit(now=after).allowed and second.claim_limit(4, now=after) == 4
 
 
-def test_a_failed_probe_is_not_charged_and_opens_it_for_another_cooldown():
-    for row in (1, 2, 3):
-        fail(view(), row)
+def test_a_failed_probe_opens_it_for_another_cooldown():
+    open_it()
     probe_at = T0 + timedelta(seconds=61)
     breaker = view()
     assert breaker.admit(now=probe_at).probe
-    judgement = fail(breaker, 9, at=probe_at, probe=True)
-    assert (judgement.charged, judgement.state) == (False, "open")
+    assert fail(breaker, 9, at=probe_at, probe=True) == probe_at + timedelta(seconds=60)
+    assert state() == "open"
     assert not breaker.admit(now=probe_at + timedelta(seconds=59)).allowed
     assert breaker.admit(now=probe_at + timedelta(seconds=60)).probe
 
 
 def test_a_probe_whose_worker_died_is_replaced_after_the_probe_timeout():
-    for row in (1, 2, 3):
-        fail(view(), row)
+    open_it()
     probe_at = T0 + timedelta(seconds=60)
     assert view().admit(now=probe_at).probe
     assert not view().admit(now=probe_at + timedelta(seconds=12)).allowed
     assert view().admit(now=probe_at + timedelta(seconds=13)).probe
 
 
-def test_a_closed_clean_breaker_costs_a_dispatch_no_query(django_assert_num_queries):
+def test_a_closed_clean_proven_breaker_costs_a_dispatch_no_query(django_assert_num_queries):
     breaker = Breaker(name=NAME, config=BreakerConfig(**{**CONFIG.__dict__, "refresh_seconds": 60}))
-    breaker.view()  # the run's first read
+    breaker.record_success(probe=False, now=T0)  # writes last_success_at
+    breaker.view(fresh=True)  # the run's read
     with django_assert_num_queries(0):
-        for _ in range(100):
-            assert breaker.admit(now=T0).allowed
-            breaker.record_success(probe=False, now=T0)
-            assert breaker.claim_limit(4, now=T0) == 4
+        for n in range(100):
+            at = T0 + timedelta(seconds=n * 0.2)  # within half a cool-down of that write
+            assert breaker.admit(now=at).allowed
+            breaker.record_success(probe=False, now=at)
+            assert breaker.claim_limit(4, now=at) == 4
+    # Half a cool-down later, the next render accepted writes it again: about twice per
+    # cool-down, not once per render.
+    with django_assert_num_queries(4):  # SET LOCAL lock_timeout and UPDATE, in a savepoint
+        breaker.record_success(probe=False, now=T0 + timedelta(seconds=31))
 
 
 def test_health_is_prechecked_only_on_the_half_open_probe(fake_renderer, paid_recap, settings):
@@ -152,14 +179,14 @@ def test_an_open_breaker_stops_the_dispatcher_without_spending_attempts(
     fake_renderer.configure(mode="down")
     rows = [paid_recap()[1] for _ in range(8)]
     report = dispatch_run(now=T0)
-    # Three calls fail and the breaker opens; the row claimed ahead is released without a
-    # call, the other four are not even claimed. The three are refunded: the service
-    # failed, not they.
-    assert report.claimed == 4 and report.breaker == "open"
+    # Nothing has proven the service healthy: the first refused call opens the breaker (one
+    # slot here); the row claimed ahead is released without a call, the other six are not
+    # even claimed. Nobody is charged: the service failed, not they.
+    assert report.claimed == 2 and report.breaker == "open"
     assert report.count(AttemptOutcome.SKIPPED) == 1
     assert sum(fake_renderer.stats()["posts_by_key"].values()) == 0  # down: nothing arrived
     assert set(RecapSideEffect.objects.values_list("attempts", flat=True)) == {0}
-    assert RecapSideEffect.objects.filter(wait_reason="breaker").count() == 4
+    assert RecapSideEffect.objects.filter(wait_reason="breaker").count() == 2
     # While open, a later run makes no call at all.
     health_checks = fake_renderer.health_checks
     report = dispatch_run(now=T0 + timedelta(seconds=30))
@@ -182,8 +209,7 @@ def test_a_dispatch_denied_by_the_breaker_is_released_with_its_attempt_refunded(
 
     _, side_effect = paid_recap()
     (claim,) = side_effects_claim(limit=1, now=T0)
-    for row in (101, 102, 103):  # another process opened the breaker after our claim
-        fail(view(), row)
+    open_it()  # another process opened the breaker after our claim
     outcome = dispatch_one(claim, deadline=1e12, breaker=view(), now=lambda: T0)
     side_effect.refresh_from_db()
     assert outcome == AttemptOutcome.SKIPPED
@@ -196,8 +222,7 @@ def test_a_dispatch_denied_by_the_breaker_is_released_with_its_attempt_refunded(
 
 @pytest.mark.django_db(transaction=True)
 def test_shared_state_many_processes_one_probe():
-    for row in (1, 2, 3):
-        fail(view(), row)
+    open_it()
     after = T0 + timedelta(seconds=60)
     admissions = []
     barrier = threading.Barrier(8)
@@ -225,16 +250,30 @@ def test_a_breaker_write_behind_a_held_row_lock_is_dropped_within_its_lock_timeo
 
     import psycopg
 
-    fail(view(), 1)
-    settings_dict = connection.settings_dict
-    dsn = (
-        f"host={settings_dict['HOST'] or '127.0.0.1'} port={settings_dict['PORT'] or 5432} "
-        f"user={settings_dict['USER']} dbname={settings_dict['NAME']}"
-    )
-    with psycopg.connect(dsn) as holder:
+    breaker = proven()
+    fail(breaker, 1)
+    with psycopg.connect(database_dsn()) as holder:
         holder.execute("SELECT 1 FROM outbox_circuit_breakers FOR UPDATE")
         started = time.monotonic()
-        judgement = fail(view(), 2)  # judged on what it last saw; never raises
-        assert judgement.charged and time.monotonic() - started < 3
+        # Judged on what it last saw (closed: the caller's own backoff); never raises.
+        assert fail(view(), 2) is None and time.monotonic() - started < 3
         holder.rollback()
-    assert CircuitBreaker.objects.get(name=NAME).failing_rows == [[1, 1, 1]]
+    assert CircuitBreaker.objects.get(name=NAME).failing_rows == [1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_breaker_row_locked_while_a_row_fails_charges_no_row(fake_renderer, paid_recap):
+    """A failed breaker write never charges the row: it is released uncharged, as every
+    answer about the service is (issue 27, finding 5)."""
+    import psycopg
+
+    fake_renderer.configure(mode="error_5xx")
+    _, row = paid_recap()
+    with psycopg.connect(database_dsn()) as holder:
+        holder.execute("SELECT 1 FROM outbox_circuit_breakers FOR UPDATE")
+        report = dispatch_run(now=T0)
+        holder.rollback()
+    row.refresh_from_db()
+    assert report.count(AttemptOutcome.SERVICE_UNAVAILABLE) == 1
+    assert (row.status, row.attempts, row.wait_reason) == ("pending", 0, "breaker")
+    assert row.first_failed_at is None and row.waiting_since == T0

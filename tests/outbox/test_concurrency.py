@@ -73,8 +73,8 @@ def test_two_dispatchers_with_four_slots_each_in_an_outage_charge_no_row(
     fake_renderer, paid_recap, settings
 ):
     # Eight calls in flight at once against a 500ing service behind a green health check:
-    # the breaker (one shared row, optimistic writes) opens once, the streak before it is
-    # refunded, every call after it is not charged.
+    # the breaker (one shared row, optimistic writes) opens once, and no call is charged —
+    # an answer about the service never is (issue 27).
     from datetime import timedelta
 
     from outbox.models import CircuitBreaker
@@ -107,13 +107,7 @@ def test_two_dispatchers_with_four_slots_each_in_an_outage_charge_no_row(
     # deadline; the next run takes it.
     dispatch_run(now=later + timedelta(minutes=1))
     assert set(RecapSideEffect.objects.values_list("status", flat=True)) == {"done"}
-    # One charged attempt each, the one that rendered — plus, on a crowded machine, a
-    # connect timeout of the recovery itself (the fake's listen backlog is small).
-    for row in RecapSideEffect.objects.all():
-        history = [(h.outcome, h.error_class) for h in row.history.all()]
-        recovery_errors = sum(
-            outcome == "transient" and error_class != "http_500"
-            for outcome, error_class in history
-        )
-        assert row.attempts == 1 + recovery_errors, history
+    # One charged attempt each, the one that rendered (a connect timeout of the recovery
+    # itself on a crowded machine, the fake's listen backlog being small, is not charged).
+    assert set(RecapSideEffect.objects.values_list("attempts", flat=True)) == {1}
     assert len(fake_renderer.renders) == 40

@@ -87,19 +87,23 @@ def test_one_run_dispatches_the_whole_backlog_not_one_recap(fake_renderer, paid_
         ("rate_limited", "http_429"),
     ],
 )
-def test_transient_failures_go_back_to_pending_and_never_fail_the_recap(
+def test_answers_about_the_service_never_charge_the_row_nor_fail_the_recap(
     fake_renderer, paid_recap, mode, error_class
 ):
     fake_renderer.configure(mode=mode, delay=3.0, drip_interval=0.1, retry_after=120)
     recap, side_effect = paid_recap()
     report = run()
     reload(recap, side_effect)
-    assert report.count(AttemptOutcome.TRANSIENT) == 1
-    assert side_effect.status == "pending" and side_effect.attempts == 1
+    assert report.count(AttemptOutcome.SERVICE_UNAVAILABLE) == 1
+    assert (side_effect.status, side_effect.attempts) == ("pending", 0)
     assert side_effect.last_error_class == error_class
-    assert side_effect.next_attempt_at > T0
+    assert side_effect.wait_reason == "breaker"
+    assert side_effect.first_failed_at is None and side_effect.waiting_since == T0
+    # Nothing has proven the service healthy: the breaker opens, the row waits a cool-down.
+    assert report.breaker == "open"
+    assert side_effect.next_attempt_at >= T0 + timedelta(seconds=60)
     assert recap.status == RecapStatus.PAID and recap.failure_reason == ""
-    assert outcomes(side_effect) == [AttemptOutcome.TRANSIENT]
+    assert outcomes(side_effect) == [AttemptOutcome.SERVICE_UNAVAILABLE]
 
 
 def test_retry_after_is_honoured(fake_renderer, paid_recap):
@@ -198,36 +202,41 @@ def test_an_unclassified_error_is_retried_charged_and_ends_dead_visibly(
     assert "unclassified:ValueError" in recap.failure_reason
 
 
-def test_dead_after_five_transient_attempts_and_only_then_failed(fake_renderer, paid_recap):
+def test_a_5xx_outage_of_any_length_never_kills_the_row_and_it_renders_after(
+    fake_renderer, paid_recap, settings
+):
+    # Before issue 27 five charged 5xx answers (and the horizon) killed the recap. A 5xx is
+    # an answer about the service: the row waits uncharged, once per cool-down while nothing
+    # proves the service healthy, and renders once it is.
+    settings.OUTBOX_TRANSIENT_HORIZON_SECONDS = 0
     fake_renderer.configure(mode="error_5xx")
     recap, side_effect = paid_recap()
     at = T0
-    for attempt in range(1, 6):
+    for _ in range(12):  # more than twice OUTBOX_MAX_ATTEMPTS, an hour apart
         run(at)
         reload(recap, side_effect)
-        assert side_effect.attempts == attempt
-        if attempt < 5:
-            assert side_effect.status == "pending"
-            assert recap.status == RecapStatus.PAID
+        assert (side_effect.status, side_effect.attempts) == ("pending", 0)
+        assert recap.status == RecapStatus.PAID
         at = side_effect.next_attempt_at + timedelta(hours=1)
-    assert side_effect.status == "dead"
-    assert recap.status == RecapStatus.FAILED
-    assert recap.failure_reason == (
-        "render request gave up after 5 attempt(s): http_500: The render service answered HTTP 500."
-    )
-    history = list(side_effect.history.all())
-    assert [h.outcome for h in history] == ["transient"] * 4 + ["dead"]
-    assert [h.number for h in history] == [1, 2, 3, 4, 5]
-    assert all(h.error == "The render service answered HTTP 500." for h in history)
+    assert set(outcomes(side_effect)) == {AttemptOutcome.SERVICE_UNAVAILABLE}
+    assert side_effect.waiting_since == T0  # the oldest wait, for the alert
+    fake_renderer.configure(mode="ok")
+    run(at)
+    reload(recap, side_effect)
+    assert (side_effect.status, side_effect.attempts) == ("done", 1)
+    assert recap.status == RecapStatus.RENDERING and side_effect.waiting_since is None
 
 
 def test_each_row_is_tried_once_per_run_even_with_a_zero_backoff(
     fake_renderer, paid_recap, monkeypatch
 ):
+    class Exploding(RenderClient):
+        def request_render(self, **kwargs):
+            raise ValueError("our bug on this row")
+
     monkeypatch.setattr("eventdrop.retry.random.uniform", lambda a, b: 0.0)
-    fake_renderer.configure(mode="error_5xx")
     _, side_effect = paid_recap()
-    run()
+    run(client_factory=Exploding)
     side_effect.refresh_from_db()
     assert side_effect.attempts == 1 and side_effect.next_attempt_at == T0
 
@@ -256,7 +265,10 @@ def test_a_recap_already_ready_is_not_sent_again(fake_renderer, paid_recap):
     # The callback of an earlier (ambiguous) attempt arrived while the row waited.
     RecapSideEffect.objects.filter(pk=side_effect.pk).update(status="pending")
     render_completed_record(
-        recap_id=recap.id, video_url="https://v.example/x.mp4", render_id="r1"
+        recap_id=recap.id,
+        video_url="https://v.example/x.mp4",
+        render_id="r1",
+        idempotency_key=side_effect.idempotency_key,
     )
     RecapSideEffect.objects.filter(pk=side_effect.pk).update(status="pending")
     run()

@@ -91,7 +91,7 @@ def test_a_held_lock_on_the_breaker_row_fails_no_recap(tmp_path):
         pay(RecapFactory.create(event=event))
     # A breaker with a streak under way: the first success wants to write it.
     CircuitBreaker.objects.create(
-        name="render-service", consecutive_failures=1, failing_rows=[[999999, 1, 1]]
+        name="render-service", consecutive_failures=1, failing_rows=[999999]
     )
     db = connection.settings_dict
     url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"

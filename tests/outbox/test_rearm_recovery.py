@@ -40,15 +40,22 @@ def test_a_stale_processing_row_goes_back_to_pending(paid_recap):
     assert side_effects_rearm_stale(now=T0 + STALE + timedelta(seconds=1)) == 1
     side_effect.refresh_from_db()
     assert side_effect.status == "pending" and side_effect.claimed_at is None
-    assert side_effect.attempts == 1  # the attempt may have reached the service: it counts
+    # A worker's death is no verdict about the row: the attempt is given back (the
+    # idempotency key makes the retry safe if the request did reach the service).
+    assert side_effect.attempts == 0
     assert side_effect.history.get().outcome == "rearmed_stale"
 
 
-def test_the_claim_schedules_the_next_attempt_before_calling_out(paid_recap):
-    _, side_effect = paid_recap()
+def test_staleness_is_judged_by_claimed_at_alone(paid_recap):
+    # One source of truth: the claim writes claimed_at and leaves next_attempt_at (a
+    # pending row's due time) as it was; the re-arm reads claimed_at.
+    _, side_effect = paid_recap(now=T0 - timedelta(minutes=5))
     side_effects_claim(limit=1, now=T0)
     side_effect.refresh_from_db()
-    assert side_effect.status == "processing" and side_effect.next_attempt_at == T0 + STALE
+    assert side_effect.status == "processing" and side_effect.claimed_at == T0
+    assert side_effect.next_attempt_at == T0 - timedelta(minutes=5)
+    RecapSideEffect.objects.filter(pk=side_effect.pk).update(next_attempt_at=T0 + STALE * 4)
+    assert side_effects_rearm_stale(now=T0 + STALE + timedelta(seconds=1)) == 1
 
 
 def test_a_late_worker_cannot_overwrite_a_rearmed_and_reclaimed_row(paid_recap):
@@ -175,16 +182,40 @@ def test_retry_render_of_a_failed_recap_goes_through_the_same_outbox(paid_recap)
     assert side_effect.status == "pending" and side_effect.attempts == 0
 
 
-def test_retry_render_after_the_service_accepted_asks_for_a_new_render(paid_recap):
+def test_retry_render_while_rendering_is_refused_with_the_reason(paid_recap):
+    """At most one render outstanding per recap (issue 27): before, retry-render on a
+    `rendering` recap started a second render at once."""
+    from recaps.errors import RECAP_RENDER_IN_FLIGHT
+    from recaps.services import recap_mark_rendering
+
+    recap, side_effect = paid_recap()
+    RecapSideEffect.objects.filter(pk=side_effect.pk).update(status="done")
+    recap_mark_rendering(recap_id=recap.id, render_id="r1", now=T0)
+    with pytest.raises(RecapStateConflict) as exc:
+        recap_retry_render(recap=recap, now=T0)
+    assert str(exc.value) == RECAP_RENDER_IN_FLIGHT.format(
+        render_id="r1", check_at=(T0 + timedelta(seconds=1500)).isoformat()
+    )
+    side_effect.refresh_from_db()
+    recap.refresh_from_db()
+    assert (side_effect.status, side_effect.key_generation) == ("done", 0)
+    assert (recap.status, recap.render_id) == (RecapStatus.RENDERING, "r1")
+
+
+def test_retry_render_after_the_render_failed_asks_for_a_new_render(paid_recap):
+    from outbox.services import render_failed_record
     from recaps.services import recap_mark_rendering
 
     recap, side_effect = paid_recap()
     old_key = side_effect.idempotency_key
     RecapSideEffect.objects.filter(pk=side_effect.pk).update(status="done")
     recap_mark_rendering(recap_id=recap.id, render_id="r1", now=T0)
+    render_failed_record(
+        recap_id=recap.id, render_id="r1", idempotency_key=old_key, reason="render failed: x"
+    )
     retried = recap_retry_render(recap=recap, now=T0)
     side_effect.refresh_from_db()
-    assert retried.status == RecapStatus.PAID
+    assert retried.status == RecapStatus.PAID and retried.render_id == ""
     assert side_effect.status == "pending" and side_effect.idempotency_key != old_key
 
 
@@ -198,8 +229,13 @@ def test_retry_render_recreates_a_missing_row(paid_recap):
 @pytest.mark.parametrize("status", ["pending_payment", "ready"])
 def test_retry_render_refuses_unpaid_and_ready_recaps(paid_recap, status):
     if status == "ready":
-        recap, _ = paid_recap()
-        render_completed_record(recap_id=recap.id, video_url="https://v.example/1.mp4")
+        recap, side_effect = paid_recap()
+        render_completed_record(
+            recap_id=recap.id,
+            video_url="https://v.example/1.mp4",
+            render_id="r1",
+            idempotency_key=side_effect.idempotency_key,
+        )
     else:
         recap = RecapFactory.create()
     with pytest.raises(RecapStateConflict) as exc:
@@ -222,7 +258,14 @@ def test_side_effect_depths_for_the_queue_depth_api(paid_recap):
         "due": 2,
         "stale_processing": 0,
         "oldest_due_age_seconds": 600.0,
-        "waiting": {"breaker": 0, "own_error": 0, "configuration": 0},
+        "oldest_waiting_age_seconds": None,
+        "waiting": {
+            "breaker": 0,
+            "ambiguous": 0,
+            "database": 0,
+            "own_error": 0,
+            "configuration": 0,
+        },
     }
     assert side_effect_depths(now=T0)["stale_processing"] == 0
     assert side_effect_depths(now=T0 + timedelta(hours=2))["stale_processing"] == 1

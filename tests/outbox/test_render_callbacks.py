@@ -8,7 +8,7 @@ from ingress.handlers import PermanentHandlerError, handlers_for
 from ingress.models import RawEvent
 from outbox.handlers import NO_VIDEO_URL, record_render_result
 from outbox.models import RecapSideEffect
-from outbox.services import render_completed_record
+from outbox.services import recap_retry_render, render_completed_record
 from recaps.errors import RECAP_NOT_FOUND
 from recaps.models import RecapStatus
 from recaps.services import recap_mark_rendering
@@ -42,10 +42,10 @@ def render_event(recap, kind="completed", **data):
     return {"type": f"render.{kind}", "timestamp": "2026-06-01T12:00:00Z", "data": body}
 
 
-def rendering_recap():
+def rendering_recap(render_id="rnd_1"):
     recap = RecapFactory.create()
     pay(recap, now=T0)
-    recap_mark_rendering(recap_id=recap.id, render_id="rnd_1", now=T0)
+    recap_mark_rendering(recap_id=recap.id, render_id=render_id, now=T0)
     return recap
 
 
@@ -120,6 +120,84 @@ def test_another_standard_webhooks_source_is_ignored():
 def test_ready_settles_a_row_still_waiting():
     recap = RecapFactory.create()
     side_effect = pay(recap, now=T0)
-    render_completed_record(recap_id=recap.id, video_url="https://v/x.mp4")
+    render_completed_record(
+        recap_id=recap.id,
+        video_url="https://v/x.mp4",
+        render_id="rnd_1",
+        idempotency_key=side_effect.idempotency_key,
+    )
     side_effect.refresh_from_db()
     assert side_effect.status == "done"
+
+
+# --- callbacks are matched to the render they answer (issue 27, finding 3) --------------------
+
+
+def retried_after_a_failure():
+    """The recap's render rnd_0 (key g0) failed; an operator asked for a new one (g1)."""
+    recap = rendering_recap(render_id="rnd_0")
+    record_render_result(RENDERER, render_event(recap, kind="failed", render_id="rnd_0"))
+    old_key = RecapSideEffect.objects.get(recap=recap).idempotency_key
+    RecapSideEffect.objects.filter(recap=recap).update(status="done")
+    recap_retry_render(recap=recap)
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.PAID
+    return recap, old_key
+
+
+def test_a_late_completion_of_the_old_render_before_the_new_one_is_ignored_and_said_so():
+    recap, old_key = retried_after_a_failure()
+    note = record_render_result(
+        RENDERER, render_event(recap, render_id="rnd_0", idempotency_key=old_key)
+    )
+    row = RecapSideEffect.objects.get(recap=recap)
+    assert note == (
+        f"stale callback for render rnd_0 (completed): the recap's current render is "
+        f"{row.idempotency_key}; ignored"
+    )
+    recap.refresh_from_db()
+    # Before: ready with the old video, and the new render's row settled `done`, so the
+    # new render was never requested.
+    assert recap.status == RecapStatus.PAID and recap.video_url == ""
+    assert row.status == "pending" and row.key_generation == 1
+    # The new render's own completion is taken.
+    assert record_render_result(RENDERER, render_event(recap, render_id="rnd_1")) is None
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.READY
+    assert recap.video_url == "https://videos.example/rnd_1.mp4"
+
+
+def test_a_late_completion_of_the_old_render_after_the_new_one_is_ignored_and_said_so():
+    recap, old_key = retried_after_a_failure()
+    RecapSideEffect.objects.filter(recap=recap).update(status="done")
+    recap_mark_rendering(recap_id=recap.id, render_id="rnd_1", now=T0)
+    record_render_result(RENDERER, render_event(recap, render_id="rnd_1"))
+    note = record_render_result(
+        RENDERER,
+        render_event(
+            recap, render_id="rnd_0", idempotency_key=old_key, video_url="https://old/0.mp4"
+        ),
+    )
+    assert note == (
+        "stale callback for render rnd_0 (completed): the recap's current render is rnd_1; "
+        "ignored"
+    )
+    recap.refresh_from_db()
+    assert (recap.status, recap.render_id) == (RecapStatus.READY, "rnd_1")
+    assert recap.video_url == "https://videos.example/rnd_1.mp4"
+
+
+def test_a_failure_of_another_render_under_the_same_key_is_ignored():
+    # The service lost rnd_1 and accepted the same key anew as rnd_2 (render_lost_resend):
+    # a late word about rnd_1 is not about the render the recap waits for.
+    recap = rendering_recap()
+    RecapSideEffect.objects.filter(recap=recap).update(status="done")
+    from recaps.models import RecapVideo
+
+    RecapVideo.objects.filter(pk=recap.pk).update(render_id="rnd_2")
+    note = record_render_result(RENDERER, render_event(recap, kind="failed", render_id="rnd_1"))
+    assert note == (
+        "stale callback for render rnd_1 (failed): the recap's current render is rnd_2; ignored"
+    )
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.RENDERING

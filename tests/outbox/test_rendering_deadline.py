@@ -3,8 +3,9 @@
 The fake render service drops every callback (`callbacks: false`); a recap `rendering` past
 its deadline (rendering_at + RENDER_EXPECTED_SECONDS + RENDER_CALLBACK_MARGIN_SECONDS,
 compressed here to half a second) is asked about with GET /renders/<id> — by the scheduled
-dispatcher task and by the nightly recovery — and reaches `ready` or a classified error.
-Never a second render: the render is requested once, under one idempotency key.
+dispatcher task and by the nightly recovery — and reaches `ready`, or `failed` on the
+service's own word. A render the service lost (404) is asked for again under the same
+idempotency key, never failed (issue 27); otherwise the render is requested once.
 
 Real HTTP against the fake (a thread in this process); the dispatcher runs inline (test
 settings: RENDER_MAX_CONCURRENCY = 1). About 20 s for the module, most of it waiting out
@@ -120,8 +121,7 @@ def test_the_service_reports_the_render_failed_the_recap_fails_with_its_reason(
     recap.refresh_from_db()
     assert recap.status == RecapStatus.FAILED
     assert recap.failure_reason == (
-        "render failed (reported on a status check): photos_unreadable: "
-        "no photo could be decoded"
+        "render failed (reported on a status check): photos_unreadable: no photo could be decoded"
     )
     assert_rendered_once(compressed, recap, side_effect)
 
@@ -181,43 +181,93 @@ def test_a_failing_service_stops_the_run_after_one_check(compressed, paid_recap)
     assert RecapVideo.objects.filter(status=RecapStatus.RENDERING).count() == 3
 
 
-def test_a_render_the_service_does_not_know_is_a_classified_permanent_error(
+def test_a_render_the_service_lost_is_asked_for_again_with_the_same_key_never_failed(
     compressed, paid_recap
 ):
-    from recaps.services import recap_mark_rendering
-
-    recap, _ = paid_recap()
-    # Accepted once (by a render service since replaced and wiped, say), unknown now.
-    recap_mark_rendering(recap_id=recap.id, render_id="rnd_forgotten")
+    """The service restarted and forgot its renders: GET /renders/<id> answers 404. That is
+    no verdict (issue 27): the render request is sent again with the same idempotency key,
+    the service accepts it anew, and the recap becomes ready."""
+    recap, side_effect = rendering(paid_recap)
+    lost = recap.render_id
+    compressed.restart()
     wait_until_due(recap)
+    dispatch_side_effects()  # the check asks, hears 404, and re-arms the row (same key)
+    recap.refresh_from_db()
+    side_effect.refresh_from_db()
+    assert compressed.status_requests[lost] == 1
+    assert (recap.status, recap.render_id, recap.failure_reason) == (RecapStatus.PAID, "", "")
+    assert (side_effect.status, side_effect.key_generation) == ("pending", 0)
+    assert side_effect.history.last().outcome == "resent"
+    dispatch_side_effects()  # the dispatcher asks again, under the same key
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.RENDERING and recap.render_id != lost
+    assert [r.idempotency_key for r in compressed.accepted] == [side_effect.idempotency_key] * 2
+    wait_until_due(recap)
+    dispatch_side_effects()  # and its status says completed
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.READY
+    assert recap.video_url.endswith(f"/{recap.render_id}.mp4")
+
+
+def test_a_deploy_answering_404_to_every_status_check_fails_nothing(compressed, paid_recap):
+    # GET /renders/<id> answers 404 from a deploy's default backend: asked for again, and
+    # the POST answering 404 too just waits — no recap ever fails for it.
+    recap, side_effect = rendering(paid_recap)
+    compressed.configure(mode="answer", status=404)
+    wait_until_due(recap)
+    for _ in range(3):
+        dispatch_side_effects()
+    recap.refresh_from_db()
+    side_effect.refresh_from_db()
+    assert recap.status == RecapStatus.PAID and recap.failure_reason == ""
+    assert (side_effect.status, side_effect.attempts) == ("pending", 0)
+    assert side_effect.last_error_class == "http_404"
+    compressed.configure(mode="ok")
+    RecapSideEffect.objects.filter(pk=side_effect.pk).update(next_attempt_at=timezone.now())
+    from outbox.models import CircuitBreaker
+
+    CircuitBreaker.objects.update(state="closed", open_until=None)  # the cool-down, skipped
     dispatch_side_effects()
     recap.refresh_from_db()
-    assert recap.status == RecapStatus.FAILED
-    assert recap.failure_reason == (
-        "render status check failed: http_404: The render service answered HTTP 404."
-    )
+    # Same key: the service still had the render, and answers with it.
+    assert recap.status == RecapStatus.RENDERING
+    assert len(compressed.accepted) == 1
 
 
 def test_an_answer_for_a_render_that_moved_on_changes_nothing(compressed, paid_recap):
-    """Between the claim and the answer the callback arrived, or an operator asked for a
-    new render: the late answer must not overwrite that."""
+    """Between the claim and the answer the callback arrived, or the render failed and an
+    operator asked for a new one: the late answer must not overwrite that."""
     from outbox.render_client import RenderStatus
-    from outbox.services import recap_retry_render, render_completed_record, render_status_record
-    from recaps.services import recap_fail_render_check
+    from outbox.services import (
+        recap_retry_render,
+        render_completed_record,
+        render_failed_record,
+        render_lost_resend,
+        render_status_record,
+    )
 
-    recap, _ = rendering(paid_recap)
+    recap, side_effect = rendering(paid_recap)
     old_render = recap.render_id
+    render_failed_record(
+        recap_id=recap.id,
+        render_id=old_render,
+        idempotency_key=side_effect.idempotency_key,
+        reason="render failed: x",
+    )
     recap_retry_render(recap=recap)  # operator: a new render, under a new key
     failed = RenderStatus(render_id=old_render, state="failed", error_code="x")
     assert render_status_record(recap_id=recap.id, status=failed) == "moved_on"
-    assert not recap_fail_render_check(
-        recap_id=recap.id, render_id=old_render, error_class="http_404", error="gone"
-    )
+    assert not render_lost_resend(recap_id=recap.id, render_id=old_render)
     recap.refresh_from_db()
     assert recap.status == RecapStatus.PAID
 
-    other, _ = rendering(paid_recap)
-    render_completed_record(recap_id=other.id, video_url="https://v.invalid/1.mp4")
+    other, other_row = rendering(paid_recap)
+    render_completed_record(
+        recap_id=other.id,
+        video_url="https://v.invalid/1.mp4",
+        render_id=other.render_id,
+        idempotency_key=other_row.idempotency_key,
+    )
     done = RenderStatus(render_id=other.render_id, state="failed")
     assert render_status_record(recap_id=other.id, status=done) == "moved_on"
     other.refresh_from_db()
@@ -356,7 +406,12 @@ def test_lost_callbacks_through_the_dispatcher_command_as_it_runs_in_production(
     def dispatch_once() -> str:
         result = subprocess.run(
             [PYTHON, "manage.py", "dispatch_side_effects", "--once"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
         assert result.returncode == 0, result.stderr
         return result.stdout

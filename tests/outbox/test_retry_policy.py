@@ -72,8 +72,9 @@ from eventdrop.retry import Action, Disposition, Failure, RetryPolicy, RetryStra
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 DAY = timedelta(hours=24)
-SERVICE = Failure(Disposition.TRANSIENT, "http_500", service_failure=True)
-DATABASE = Failure(Disposition.TRANSIENT, "database:OperationalError")
+OWN = Failure(Disposition.TRANSIENT, "unclassified:KeyError")
+SERVICE = Failure(Disposition.DEFERRED, "http_500", service_failure=True)
+DATABASE = Failure(Disposition.DEFERRED, "database:LockNotAvailable")
 PERMANENT = Failure(Disposition.PERMANENT, "http_422")
 CONFIG = Failure(Disposition.DEFERRED, "not_configured")
 STRATEGY = RetryStrategy(
@@ -82,33 +83,29 @@ STRATEGY = RetryStrategy(
 
 
 @pytest.mark.parametrize(
-    ("failure", "attempts", "first_failed", "charged", "action", "earliest"),
+    ("failure", "attempts", "first_failed", "action", "earliest"),
     [
-        # charged transient failures: backoff, the 4th failure's pause reaches the horizon
-        (SERVICE, 1, None, True, Action.RETRY, NOW),
-        (SERVICE, 3, NOW - HOUR, True, Action.RETRY, NOW),
-        (SERVICE, 4, NOW - HOUR, True, Action.RETRY, NOW - HOUR + DAY),
+        # failures that may be about the row, charged: backoff, the 4th failure's pause
+        # reaches the horizon
+        (OWN, 1, None, Action.RETRY, NOW),
+        (OWN, 3, NOW - HOUR, Action.RETRY, NOW),
+        (OWN, 4, NOW - HOUR, Action.RETRY, NOW - HOUR + DAY),
         # the 5th charged attempt, past the horizon: dead
-        (SERVICE, 5, NOW - DAY, True, Action.GIVE_UP, None),
+        (OWN, 5, NOW - DAY, Action.GIVE_UP, None),
         # the 5th charged attempt before the horizon (a stale re-arm ran it early): not yet
-        (SERVICE, 5, NOW - HOUR, True, Action.RETRY, NOW - HOUR + DAY),
-        (DATABASE, 1, None, True, Action.RETRY, NOW),
-        (DATABASE, 5, NOW - DAY, True, Action.GIVE_UP, None),
-        # permanent: dead at once, whatever the count
-        (PERMANENT, 1, None, True, Action.GIVE_UP, None),
-        # not the row's: released, never charged, never dead — even on "the last attempt"
-        (SERVICE, 5, NOW - 2 * DAY, False, Action.RELEASE, NOW),
-        (CONFIG, 5, NOW - 2 * DAY, True, Action.RELEASE, NOW + timedelta(seconds=60)),
+        (OWN, 5, NOW - HOUR, Action.RETRY, NOW - HOUR + DAY),
+        # a verdict: dead at once, whatever the count
+        (PERMANENT, 1, None, Action.GIVE_UP, None),
+        # not about the row — the service, our database, our configuration: released, never
+        # charged, never dead, even on "the last attempt" long past the horizon
+        (SERVICE, 5, NOW - 2 * DAY, Action.RELEASE, NOW),
+        (DATABASE, 5, NOW - 2 * DAY, Action.RELEASE, NOW),
+        (CONFIG, 5, NOW - 2 * DAY, Action.RELEASE, NOW),
     ],
 )
-def test_decide(failure, attempts, first_failed, charged, action, earliest):
+def test_decide(failure, attempts, first_failed, action, earliest):
     decision = STRATEGY.decide(
-        failure,
-        attempts=attempts,
-        now=NOW,
-        first_failed_at=first_failed,
-        charged=charged,
-        rng=FixedRandom(0.0),
+        failure, attempts=attempts, now=NOW, first_failed_at=first_failed, rng=FixedRandom(0.0)
     )
     assert decision.action == action
     assert decision.charged is (action != Action.RELEASE)
@@ -121,14 +118,30 @@ def test_decide(failure, attempts, first_failed, charged, action, earliest):
 
 def test_a_release_waits_for_the_breaker():
     until = NOW + timedelta(minutes=5)
-    decision = STRATEGY.decide(SERVICE, attempts=2, now=NOW, charged=False, release_at=until)
+    decision = STRATEGY.decide(SERVICE, attempts=2, now=NOW, release_at=until)
     assert (decision.action, decision.retry_at) == (Action.RELEASE, until)
+
+
+@pytest.mark.parametrize(
+    ("waited", "ceiling"),
+    [(0, 60.0), (30, 60.0), (60, 60.0), (300, 300.0), (1000, 1000.0), (86400, 1800.0)],
+)
+def test_an_uncharged_wait_backs_off_by_how_long_the_row_has_waited(waited, ceiling):
+    # Never charged, so the attempt count cannot drive the backoff: the wait so far does.
+    decision = STRATEGY.decide(
+        DATABASE,
+        attempts=1,
+        now=NOW,
+        waiting_since=NOW - timedelta(seconds=waited),
+        rng=FixedRandom(1.0),
+    )
+    assert decision.retry_at == NOW + timedelta(seconds=ceiling)
 
 
 def test_horizon_zero_is_plain_dead_after_max_attempts():
     strategy = RetryStrategy(policy=STRATEGY.policy)
-    assert strategy.decide(SERVICE, attempts=5, now=NOW).action == Action.GIVE_UP
-    assert strategy.decide(SERVICE, attempts=4, now=NOW).action == Action.RETRY
+    assert strategy.decide(OWN, attempts=5, now=NOW).action == Action.GIVE_UP
+    assert strategy.decide(OWN, attempts=4, now=NOW).action == Action.RETRY
 
 
 def test_the_outbox_strategy_follows_settings(settings):

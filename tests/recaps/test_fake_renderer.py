@@ -172,7 +172,7 @@ def test_run_fake_renderer_signs_with_the_current_secret_during_a_rotation(
     reset_sources_cache()
     try:
         recap = RecapFactory.create()
-        pay(recap)
+        key = pay(recap).idempotency_key  # the callback answers the recap's current render
         port = free_port()
         database = settings.DATABASES["default"]
         env = app_env(
@@ -194,7 +194,7 @@ def test_run_fake_renderer_signs_with_the_current_secret_during_a_rotation(
                     "photos": ["a.jpg"],
                     "callback_url": f"{live_server.url}/webhooks/renderer/",
                 },
-                headers={"Idempotency-Key": "rotation-k1"},
+                headers={"Idempotency-Key": key},
                 timeout=(1, 5),
             )
             assert answer.status_code == 202, answer.text
@@ -211,3 +211,39 @@ def test_run_fake_renderer_signs_with_the_current_secret_during_a_rotation(
     finally:
         monkeypatch.undo()
         reset_sources_cache()
+
+
+def test_a_restart_forgets_every_render_and_accepts_a_key_anew():
+    with FakeRenderer(secret=SECRET, callbacks=False) as fake:
+        first = post_render(fake, "k1").json()["render_id"]
+        control = requests.post(f"{fake.url}/_control", json={"restart": True}, timeout=2)
+        assert control.status_code == 200 and control.json()["renders"] == 0
+        assert requests.get(f"{fake.url}/renders/{first}", timeout=(1, 2)).status_code == 404
+        again = post_render(fake, "k1")
+        assert again.status_code == 202 and again.json()["render_id"] != first
+        assert [r.idempotency_key for r in fake.accepted] == ["k1", "k1"]
+        assert fake.posts_by_key["k1"] == 2  # test counters survive the restart
+
+
+@pytest.mark.parametrize("status", [404, 409, 307, 401, 503])
+def test_answer_mode_answers_like_a_deploy_while_health_stays_green(status):
+    with FakeRenderer(secret=SECRET, callbacks=False) as fake:
+        render_id = post_render(fake, "k1").json()["render_id"]
+        fake.configure(mode="answer", status=status)
+        assert requests.get(f"{fake.url}/health", timeout=(1, 2)).status_code == 200
+        posted = requests.post(
+            f"{fake.url}/renders",
+            json={},
+            headers={"Idempotency-Key": "k2"},
+            timeout=(1, 2),
+            allow_redirects=False,
+        )
+        asked = requests.get(
+            f"{fake.url}/renders/{render_id}", timeout=(1, 2), allow_redirects=False
+        )
+        assert (posted.status_code, asked.status_code) == (status, status)
+        if 300 <= status < 400:
+            assert posted.headers["Location"] == "/maintenance"
+        assert fake.stats()["renders"] == 1
+        with pytest.raises(ValueError, match="3xx to 5xx"):
+            fake.configure(mode="answer", status=200)
