@@ -184,9 +184,10 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
     )
     yield _labelled(
         "eventdrop_side_effects_waiting",
-        "Pending side effects by why they wait: breaker (the render service failed as a "
-        "whole, not charged), own_error (their own last attempt failed, charged), "
-        "configuration (ours was incomplete, not charged).",
+        "Pending side effects by why they wait: breaker (the render service or its deploy "
+        "answered about itself, or its breaker is open), ambiguous (an answer neither a "
+        "render nor a verdict), database (ours failed), configuration (ours was incomplete) "
+        "- none charged - and own_error (their own last attempt failed, charged).",
         ["wait_reason"],
         {(reason,): count for reason, count in outbox["waiting"].items()},
     )
@@ -194,6 +195,12 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
         "eventdrop_side_effects_oldest_due_age_seconds",
         "How long the oldest due side effect has waited (0: none due).",
         outbox["oldest_due_age_seconds"] or 0.0,
+    )
+    yield _gauge(
+        "eventdrop_side_effects_oldest_waiting_age_seconds",
+        "How long the longest uncharged wait of a pending side effect has lasted: answers "
+        "about the render service or its deploy, ambiguous ones, our database (0: none).",
+        outbox["oldest_waiting_age_seconds"] or 0.0,
     )
     yield _gauge(
         "eventdrop_verification_lag_p95_seconds",

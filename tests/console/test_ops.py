@@ -526,7 +526,13 @@ def _waiting_rows(client, user):
 def test_the_snapshot_tells_rows_waiting_for_the_breaker_from_their_own_errors(client, admin_user):
     _waiting_rows(client, admin_user)
     snapshot = ops_snapshot()
-    assert snapshot.side_effects_waiting == {"breaker": 2, "own_error": 1, "configuration": 0}
+    assert snapshot.side_effects_waiting == {
+        "breaker": 2,
+        "ambiguous": 0,
+        "database": 0,
+        "own_error": 1,
+        "configuration": 0,
+    }
 
 
 def test_the_page_shows_why_side_effects_wait(client, ops_viewer, admin_user):
