@@ -337,9 +337,7 @@ def _copy_support_files(tree: Path) -> None:
         shutil.copy(ROOT / name, target)
 
 
-def _worker_env(
-    port: int, batch_size: int | None, handlers: int, handler_role: str | None = None
-) -> dict[str, str]:
+def _worker_env(port: int, batch_size: int | None, handlers: int) -> dict[str, str]:
     env = {
         **os.environ,
         "EVENTDROP_BENCH_HANDLERS": str(handlers),
@@ -350,8 +348,6 @@ def _worker_env(
         "INBOX_IDLE_SLEEP_SECONDS": "0.05",
     }
     env.pop("PYTHONPATH", None)
-    if handler_role:
-        env["DATABASE_HANDLER_ROLE"] = handler_role
     if batch_size:
         env["INBOX_BATCH_SIZE"] = str(batch_size)
     return env
@@ -384,7 +380,7 @@ def _run(args, tree: Path, label: str) -> dict:
         loaded = time.monotonic()
         distinct = _load_backlog(loader, args.events, args.duplicates)
         load_seconds = time.monotonic() - loaded
-        env = _worker_env(args.pg_port, args.batch_size, args.handlers, args.handler_role_name)
+        env = _worker_env(args.pg_port, args.batch_size, args.handlers)
         procs = []
         for i in range(args.workers):
             log = (log_dir / f"worker-{i}.log").open("w")
@@ -738,11 +734,6 @@ def main() -> int:
         "--database", default=DB_NAME, help="database to (re)create and use (dropped first!)"
     )
     parser.add_argument("--json-out", default=None, metavar="FILE")
-    parser.add_argument(
-        "--handler-role",
-        action="store_true",
-        help="run handlers as a role of their own (DATABASE_HANDLER_ROLE), as production does",
-    )
     args = parser.parse_args()
     if not 1 <= args.events <= 500_000:
         parser.error("--events must be between 1 and 500000")
@@ -773,7 +764,6 @@ def main() -> int:
     call_command("migrate", verbosity=0)
     # As the Procfile's release phase does: the day partitions the backlog lands in.
     call_command("raw_event_partitions", stdout=io.StringIO())
-    args.handler_role_name = _create_handler_role(connection) if args.handler_role else None
     connection.close()
 
     results = []
@@ -794,7 +784,6 @@ def main() -> int:
         f"inbox drain: {args.events} signed events ({args.duplicates:.0%} duplicates), "
         f"{args.workers} x manage.py process_inbox, PostgreSQL :{args.pg_port}"
         + f", {args.handlers} handler(s) per event"
-        + (f", handlers as {args.handler_role_name}" if args.handler_role_name else "")
         + (f", INBOX_BATCH_SIZE={args.batch_size}" if args.batch_size else "")
     )
     print(
@@ -845,34 +834,7 @@ def main() -> int:
         Path(args.json_out).write_text(
             json.dumps({"ack_per_s": ack, "runs": results}, indent=2, default=str)
         )
-    if args.handler_role_name:
-        _drop_handler_role(args.pg_port, args.handler_role_name)
     return 1 if any(r["violations"] for r in results) else 0
-
-
-def _create_handler_role(connection) -> str:
-    """A role for --handler-role: the workers run their handlers as it (SET LOCAL ROLE, as
-    production does under DATABASE_HANDLER_ROLE), allowed what the bench's handler writes.
-    Named after the bench database, so that two benches at once do not share it."""
-    from bench.models import HandlerRun
-
-    name = f"{DB_NAME}_handler"
-    table = HandlerRun._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [name])
-        if cursor.fetchone() is None:
-            cursor.execute(f'CREATE ROLE "{name}" NOLOGIN')
-        cursor.execute(f'GRANT INSERT ON {table} TO "{name}"')
-        cursor.execute(f'GRANT USAGE ON SEQUENCE {table}_id_seq TO "{name}"')
-    return name
-
-
-def _drop_handler_role(port: int, name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(_admin_url(port, DB_NAME), autocommit=True) as db:
-        db.execute(f'DROP OWNED BY "{name}"')
-        db.execute(f'DROP ROLE "{name}"')
 
 
 def _print_run(r: dict) -> None:

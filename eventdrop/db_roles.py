@@ -31,8 +31,7 @@ The kinds (eventdrop/processes.py; `release` migrates, so it is the owner and ha
   DELETE of pipeline rows.
 """
 
-import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from django.apps import apps
@@ -348,22 +347,3 @@ def db_roles_apply(
             cursor.execute(statement)
     return plan
 
-
-@contextlib.contextmanager
-def handler_role(using: str = "default") -> Iterator[None]:
-    """Run webhook handlers as DATABASE_HANDLER_ROLE (unset by default: handlers run as the
-    process's own role, which holds their writes), inside the caller's savepoint or
-    transaction. SET LOCAL lasts to the end of the transaction unless undone: a savepoint's
-    rollback undoes it; otherwise it is switched back here."""
-    role = settings.DATABASE_HANDLER_ROLE
-    if not role:
-        yield
-        return
-    quote = connections[using].ops.quote_name
-    with connections[using].cursor() as cursor:
-        cursor.execute("SELECT current_user")
-        previous = cursor.fetchone()[0]
-        cursor.execute(f"SET LOCAL ROLE {quote(role)}")
-    yield
-    with connections[using].cursor() as cursor:
-        cursor.execute(f"SET LOCAL ROLE {quote(previous)}")

@@ -271,7 +271,6 @@ SILENCED_SYSTEM_CHECKS = [
 # <prefix><kind>. Handlers run as the role of the process that runs them (inbox, worker),
 # which holds their writes; no role can switch to another.
 DATABASE_ROLE_PREFIX = os.environ.get("DATABASE_ROLE_PREFIX", "eventdrop_")
-DATABASE_HANDLER_ROLE = os.environ.get("DATABASE_HANDLER_ROLE", "")
 
 LOGIN_URL = "/admin/login/"
 

@@ -1,5 +1,5 @@
 """The worker's pass runs a fresh event's deliveries in the transaction that settled it
-(issue 15, end to end), and handlers switch to DATABASE_HANDLER_ROLE once per batch.
+(issue 15, end to end).
 
 An event whose handlers are all unordered, unpaused and not resting after a failure needs no
 claim: its deliveries are inserted `done` with their attempt and the event stamped handled,
