@@ -79,6 +79,8 @@ INBOX_PIPELINE = (
     Grant(INGRESS_PIPELINE, WRITE),
     # Which handlers are paused: their due deliveries are held, not claimed.
     Grant(("ingress.HandlerPause",), READ),
+    # The rejected-payload cap's per-minute accounts, pruned after their rows' retention.
+    Grant(("ingress.RejectedPayloadMinute",), ALL),
 )
 # What webhook handlers write (recaps/handlers.py, outbox/handlers.py), granted to the roles
 # that run them inside a delivery's transaction (inbox, worker). A handler moves a recap on

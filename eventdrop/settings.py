@@ -417,6 +417,12 @@ INBOX_IDLE_SLEEP_SECONDS = env_float("INBOX_IDLE_SLEEP_SECONDS", 0.5)
 # (rejected `processing_failed`, re-verifiable) after this many failures.
 INBOX_MAX_ROW_FAILURES = env_int("INBOX_MAX_ROW_FAILURES", 5)
 INBOX_ROW_RETRY_BASE_SECONDS = env_float("INBOX_ROW_RETRY_BASE_SECONDS", 30.0)
+# Payload bytes (body and headers) kept per source and minute of arrival from requests that
+# fail verification; past it their payload is dropped, their row kept (ingress/
+# rejected_payloads.py; the figure's reasoning in docs/security.md).
+INBOX_REJECTED_PAYLOAD_BYTES_PER_MINUTE = env_int(
+    "INBOX_REJECTED_PAYLOAD_BYTES_PER_MINUTE", 1024 * 1024
+)
 DELIVERY_MAX_ATTEMPTS = env_int("DELIVERY_MAX_ATTEMPTS", 8)
 DELIVERY_BACKOFF_BASE_SECONDS = env_float("DELIVERY_BACKOFF_BASE_SECONDS", 5.0)
 DELIVERY_BACKOFF_CAP_SECONDS = env_float("DELIVERY_BACKOFF_CAP_SECONDS", 3600.0)

@@ -38,6 +38,10 @@ class RejectionReason(models.TextChoices):
     # Settling the row raised INBOX_MAX_ROW_FAILURES times (a bug in our code, or a poison
     # row nothing else caught): set aside, with the error on the row; re-verify once fixed.
     PROCESSING_FAILED = "processing_failed", "processing raised repeatedly (a bug; re-verify)"
+    # Signed, but its signature covers the body only (GitHub, generic HMAC) and an earlier
+    # request carried the same one under another delivery id: a captured request sent again
+    # (ingress/replays.py). Never dispatched.
+    REPLAYED_SIGNATURE = "replayed_signature", "signature already seen under another delivery id"
 
 
 class DispatchStatus(models.TextChoices):
@@ -138,6 +142,11 @@ class RawEvent(models.Model):
     # RAW_EVENT_RESTORED_RETENTION_DAYS from then, and never archived again. Nullable, no
     # default: a catalog-only column on the partitions.
     restored_at = models.DateTimeField(null=True, blank=True)
+    # Rejected on its first verification past its source's cap on rejected payload bytes per
+    # minute (ingress/rejected_payloads.py): its body and headers were dropped, and this says
+    # how many bytes they were (0: kept). The row's other columns stay. db_default and not
+    # Positive…, as `processing_failures` above.
+    payload_dropped_bytes = models.IntegerField(default=0, db_default=0)
 
     class Meta:
         indexes = [
@@ -192,6 +201,32 @@ class DedupKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source}:{self.key}"
+
+
+class RejectedPayloadMinute(models.Model):
+    """The payload bytes (body and headers) kept of first-time rejected requests, per source
+    and minute of arrival, against INBOX_REJECTED_PAYLOAD_BYTES_PER_MINUTE; and what was
+    dropped past it. Written by ingress/rejected_payloads.py only, under a row lock; kept
+    RAW_EVENT_REJECTED_RETENTION_DAYS, as the rows it accounts for."""
+
+    source = models.CharField(max_length=64)
+    minute = models.DateTimeField()
+    kept_bytes = models.BigIntegerField(default=0)
+    dropped = models.IntegerField(default=0)
+    dropped_bytes = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["source", "minute"], name="rejectedpayload_one_row"),
+            models.CheckConstraint(
+                condition=Q(kept_bytes__gte=0, dropped__gte=0, dropped_bytes__gte=0),
+                name="rejectedpayload_counts_not_negative",
+            ),
+        ]
+        indexes = [models.Index(fields=["minute"], name="rejectedpayload_minute")]
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.minute:%Y-%m-%d %H:%M}: {self.dropped} dropped"
 
 
 class DeliveryStatus(models.TextChoices):

@@ -41,8 +41,13 @@ def raw_event_body(event: "RawEvent") -> bytes:
 
     Raises ingress.encryption.BodyUndecryptable (payload-free) when the configured keys
     cannot decrypt it. Needs `body` and `body_encryption` loaded (and `id`, for the message).
+    An empty stored body is an empty body, encrypted or not (a token is never empty): one
+    received empty, or one the rejected-payload cap dropped (ingress/rejected_payloads.py).
     """
-    return decrypt_body(bytes(event.body), event.body_encryption, raw_event_id=event.id)
+    stored = bytes(event.body)
+    if not stored:
+        return b""
+    return decrypt_body(stored, event.body_encryption, raw_event_id=event.id)
 
 
 def raw_event_headers(event: "RawEvent") -> dict[str, str]:

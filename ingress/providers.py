@@ -10,7 +10,11 @@ One row per provider says all the project knows about it:
   request by the inbox; it reads both headers from the Source, which ingress/sources.py fills
   from this table (only `hmac` sources may name their own);
 - `dedup_key` — how a verified event's dedup key is made (ingress.models.DedupKey decides
-  the winner).
+  the winner);
+- `body_signature` — for a provider whose signature covers the body only (no timestamp, no
+  delivery id in what is signed: GitHub, generic HMAC), the verified signature itself, which
+  identifies the request: the same signature under a new delivery id is a replay
+  (ingress/replays.py). The others bound replays themselves (a signed timestamp or id).
 
 Look a provider up by name with `PROVIDERS[name]`; `verify` and `dedup_key_for` below are the
 two entry points the inbox calls. Header names are lower-case: that is how RawEvent.headers
@@ -19,7 +23,7 @@ stores them. The verifiers are imported here, statically: there is no other regi
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +31,7 @@ from ingress.models import RawEvent, RejectionReason
 from ingress.payloads import raw_event_body, raw_event_headers
 from ingress.verifiers import github, hmac, slack, standard, stripe
 from ingress.verifiers.base import StoredRequest, Verdict
+from ingress.verifiers.common import scheme_hex_signature, sha256_hex
 
 if TYPE_CHECKING:
     # ingress.sources builds each Source from this table, so it imports this module; the
@@ -37,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 Verifier = Callable[["Source", StoredRequest], Verdict]
 DedupRule = Callable[[RawEvent, Verdict], str]
+# (source, the stored headers) -> the signature, lower-case hex, of a request that verified.
+BodySignature = Callable[["Source", Mapping[str, str]], str]
 
 # Headers that identify *what* was sent rather than *this attempt* at sending it; signature
 # and timestamp headers change on every provider retry and would defeat the fallback key.
@@ -63,6 +70,14 @@ def provider_event_id_or_content_hash(event: RawEvent, verdict: Verdict) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
+def github_body_signature(source: "Source", headers: Mapping[str, str]) -> str:
+    return scheme_hex_signature(headers[source.signature_header], github.SCHEME)
+
+
+def hmac_body_signature(source: "Source", headers: Mapping[str, str]) -> str:
+    return sha256_hex(headers[source.signature_header].removeprefix(source.signature_prefix))
+
+
 @dataclass(frozen=True)
 class Provider:
     name: str
@@ -74,6 +89,7 @@ class Provider:
     # signature_prefix, delivery_id_header in ingress/sources.py); a named provider's
     # verifier reads the provider's own, so a source may not point it elsewhere.
     source_names_headers: bool = False
+    body_signature: BodySignature | None = None
 
 
 PROVIDERS: dict[str, Provider] = {
@@ -81,12 +97,13 @@ PROVIDERS: dict[str, Provider] = {
     for provider in (
         # Event id: the body's `id` (evt_…); no delivery id header.
         Provider("stripe", stripe.verify, signature_header="stripe-signature"),
-        # Event id: X-GitHub-Delivery (GitHub's body has no event id).
+        # Event id: X-GitHub-Delivery (GitHub's body has no event id), which is not signed.
         Provider(
             "github",
             github.verify,
             signature_header="x-hub-signature-256",
             delivery_id_header="x-github-delivery",
+            body_signature=github_body_signature,
         ),
         # Event id: the body's `event_id` (Events API); slash commands and interactivity
         # have none and fall back to the content hash.
@@ -99,7 +116,13 @@ PROVIDERS: dict[str, Provider] = {
             delivery_id_header="webhook-id",
         ),
         # Event id: the source's delivery id header, else the body's `id`.
-        Provider("hmac", hmac.verify, signature_header="x-signature", source_names_headers=True),
+        Provider(
+            "hmac",
+            hmac.verify,
+            signature_header="x-signature",
+            source_names_headers=True,
+            body_signature=hmac_body_signature,
+        ),
     )
 }
 
@@ -124,3 +147,9 @@ def verify(source: "Source", request: StoredRequest) -> Verdict:
 def dedup_key_for(event: RawEvent, verdict: Verdict) -> str:
     """The dedup key of a verified event, by the rule of the provider that sent it."""
     return PROVIDERS[event.provider].dedup_key(event, verdict)
+
+
+def body_only_signature(source: "Source", headers: Mapping[str, str]) -> str:
+    """The verified signature of a request whose provider signs the body only, else ""."""
+    rule = PROVIDERS[source.provider].body_signature
+    return rule(source, headers) if rule else ""

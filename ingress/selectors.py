@@ -4,10 +4,17 @@ the API and /metrics."""
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, Exists, Min, OuterRef
+from django.db.models import Count, Exists, Min, OuterRef, Sum
 from django.utils import timezone
 
-from ingress.models import Delivery, DeliveryStatus, HandlerPause, RawEvent, SignatureStatus
+from ingress.models import (
+    Delivery,
+    DeliveryStatus,
+    HandlerPause,
+    RawEvent,
+    RejectedPayloadMinute,
+    SignatureStatus,
+)
 
 QUEUE_STATUSES = (DeliveryStatus.PENDING, DeliveryStatus.PROCESSING, DeliveryStatus.DEAD)
 
@@ -91,3 +98,10 @@ def _held_by(pause: HandlerPause) -> int:
     return held.filter(
         Exists(RawEvent.objects.filter(id=OuterRef("raw_event_id"), source=pause.source))
     ).count()
+
+
+def rejected_payloads_dropped() -> dict[str, int]:
+    """Per source, how many rejected requests lost their payload to the cap
+    (ingress/rejected_payloads.py), over the minutes still accounted for."""
+    rows = RejectedPayloadMinute.objects.values("source").annotate(dropped=Sum("dropped"))
+    return {row["source"]: row["dropped"] for row in rows}

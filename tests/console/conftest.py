@@ -90,7 +90,9 @@ def receive_github(
 ) -> RawEvent:
     """POST a signed GitHub webhook through the real receive path; returns the stored row."""
     if body is None:
-        body = json.dumps(payload or {"ref": "refs/heads/main"}).encode()
+        # Distinct events, distinct bodies: the same signature under another delivery id is
+        # a replay (ingress/replays.py).
+        body = json.dumps(payload or {"ref": "refs/heads/main", "delivery": delivery}).encode()
     response = client.generic(
         "POST",
         "/webhooks/github/",
