@@ -115,3 +115,44 @@ def test_a_late_worker_cannot_overwrite_a_rearmed_and_reclaimed_delivery(
         new.attempts,
     )
     assert not DeliveryAttempt.objects.filter(outcome__in=["permanent", "dead"]).exists()
+
+
+# --- manage.py check: the deliveries' arithmetic, and the stale threshold against a batch ---
+
+
+def test_check_reports_the_delivery_horizon_next_to_the_attempts(settings):
+    from eventdrop.budgets import give_up_arithmetic
+    from ingress.checks import check_delivery_retries
+    from ingress.deliveries import delivery_retry_strategy
+
+    assert check_delivery_retries() == []  # the defaults fit
+    give_up = give_up_arithmetic(
+        delivery_retry_strategy(),
+        attempts_setting="DELIVERY_MAX_ATTEMPTS",
+        horizon_setting="DELIVERY_TRANSIENT_HORIZON_SECONDS",
+    )
+    assert give_up.arithmetic.startswith(
+        "dead after 8 charged attempts (DELIVERY_MAX_ATTEMPTS) with pauses of at most "
+        "5.0+10.0+20.0+40.0+80.0+160.0+320.0 s = 635.0 s between them, the last attempt no "
+        "earlier than the horizon, 259200.0 s (72.0 h, DELIVERY_TRANSIENT_HORIZON_SECONDS)"
+    )
+    settings.DELIVERY_TRANSIENT_HORIZON_SECONDS = 60
+    (warning,) = check_delivery_retries()
+    assert warning.id == "ingress.W010" and "635.0 s between them" in warning.msg
+    settings.DELIVERY_TRANSIENT_HORIZON_SECONDS = -1
+    (error,) = check_delivery_retries()
+    assert error.id == "ingress.E010" and "invalid retry horizon" in error.msg
+
+
+def test_check_holds_the_stale_threshold_against_the_batch_times_the_statement_cap(settings):
+    from ingress.checks import check_delivery_retries
+
+    settings.DELIVERY_STALE_AFTER_SECONDS = 600  # the old default
+    (warning,) = check_delivery_retries()
+    assert warning.id == "ingress.W011"
+    assert warning.msg.startswith(
+        "DELIVERY_STALE_AFTER_SECONDS (600 s) does not exceed the longest a claimed batch may "
+        "run, 500 deliveries (INBOX_BATCH_SIZE) x statement 15.0 s = 7500.0 s"
+    )
+    settings.INBOX_BATCH_SIZE = 20  # 20 x 15 s = 300 s: fits
+    assert check_delivery_retries() == []
