@@ -203,14 +203,19 @@ def format_age(start, now) -> str:
     return f"{format_seconds(max((now - start).total_seconds(), 0.0))} ago"
 
 
-def format_time(value, now) -> str:
-    """A stored time to the second, in the server's zone (UTC), with how long ago it was:
-    `2026-12-01 10:03:12 UTC · 5.0 min ago`. A future time says `in …`."""
-    if value is None:
-        return EMPTY
+def format_time_parts(value, now) -> tuple[str, str]:
+    """(`2026-12-01 10:03:12 UTC`, `5.0 min ago`): a stored time to the second, in the
+    server's zone (UTC), and how long ago it was (`in …` for a future time)."""
     stamp = timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z")
     seconds = (now - value).total_seconds()
     relative = (
         f"{format_seconds(seconds)} ago" if seconds >= 0 else f"in {format_seconds(-seconds)}"
     )
-    return f"{stamp} · {relative}"
+    return stamp, relative
+
+
+def format_time(value, now) -> str:
+    """The console's one time format: `2026-12-01 10:03:12 UTC · 5.0 min ago`."""
+    if value is None:
+        return EMPTY
+    return " · ".join(format_time_parts(value, now))

@@ -30,15 +30,28 @@ class OperatorActionAdmin(OperatorAdmin):
         "action",
         "actor_username",
         "started",
-        "requested",
-        "succeeded",
-        "refused",
-        "failed",
+        "counts",
         "via",
         "target_model",
     )
     outcome_badge = status_field("outcome", "outcome")
     started = time_field("started_at", "started")
+
+    @admin.display(description="objects")
+    def counts(self, obj: OperatorAction) -> str:
+        # One column for the four counts (four narrow ones pushed Outcome out of view).
+        parts = [f"{obj.succeeded} ok"]
+        parts += [
+            f"{n} {what}"
+            for n, what in (
+                (obj.refused, "refused"),
+                (obj.failed, "failed"),
+                (obj.skipped, "skipped"),
+            )
+            if n
+        ]
+        return f"{' · '.join(parts)} of {obj.requested}"
+
     list_filter = (
         "action",
         "outcome",

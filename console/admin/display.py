@@ -8,7 +8,7 @@ from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html
 
-from console.presentation import EMPTY, format_time, status_tone
+from console.presentation import EMPTY, format_time_parts, status_tone
 
 
 def tone_badge(tone: str, label: str) -> str:
@@ -25,8 +25,15 @@ def time_field(field: str, description: str) -> Callable:
 
     @admin.display(description=description, ordering=field)
     def display(modeladmin, obj) -> str:
+        value = getattr(obj, field)
+        if value is None:
+            return EMPTY
+        # The same words as format_time; a list stacks the age under the time (narrower).
+        stamp, relative = format_time_parts(value, timezone.now())
         return format_html(
-            '<span class="nowrap">{}</span>', format_time(getattr(obj, field), timezone.now())
+            '<span class="console-time">{}</span><span class="console-age"> · {}</span>',
+            stamp,
+            relative,
         )
 
     return display

@@ -72,7 +72,7 @@ from ingress.models import (
     SignatureStatus,
 )
 from ingress.payloads import raw_event_body, raw_event_headers
-from ingress.providers import PROVIDERS
+from ingress.providers import PROVIDERS, is_content_hash_key
 from ingress.sources import all_sources
 
 # A provider's delivery id (a UUID) or a dedup key, cut in the list (whole in its tooltip).
@@ -96,6 +96,24 @@ REVERIFY_DESCRIPTION = (
     "deduplicated and dispatched to their handlers."
 )
 REVERIFY_WARNING = "Events that are not rejected are refused and reported."
+
+
+# A body's hash and a dedup key made from it confirm a guessed body: staff who may not read
+# payloads see these stand-ins instead (docs/security.md), and may not filter on them.
+PAYLOAD_CLUE_STAND_INS = {
+    "dedup_key": "dedup_key_without_hash",
+    "copies_link": "copies_without_hash",
+}
+CONTENT_HASH_HIDDEN = "a hash of the body (shown with the permission ingress.view_raw_payload)"
+
+
+def _payload_clue_lookup(lookup: str, value: object) -> bool:
+    """A filter that confirms a guessed body: on its hash, or on a content-hash dedup key
+    (an exact dedup key of a provider's event id is not one)."""
+    field = lookup.split("__")[0]
+    if field == "dedup_key":
+        return lookup != "dedup_key" or is_content_hash_key(str(value))
+    return field == "body_sha256"
 
 
 def _audit_payload_access(request: HttpRequest, kind: str, **what) -> None:
@@ -359,6 +377,7 @@ class RawEventAdmin(OperatorAdmin):
         "received_at_display",
         "delivery_id",
         "body_size",
+        "payload_dropped_bytes",
         "body_sha256",
     )
     verification_fields = (
@@ -400,6 +419,11 @@ class RawEventAdmin(OperatorAdmin):
         # What an on-call engineer asks first comes first: what happened, then why.
         may_read = may_read_payload(request.user)
         payload = self.payload_fields if may_read else ("payload_hidden",)
+        received, dispatch = self.received_fields, self.dispatch_fields
+        if not may_read:
+            # The body's hash and a dedup key made from it confirm a guessed body.
+            received = tuple(name for name in received if name != "body_sha256")
+            dispatch = tuple(PAYLOAD_CLUE_STAND_INS.get(name, name) for name in dispatch)
         # Handler errors may quote the payload: without the permission, their class only.
         summary: tuple[str, ...] = self.summary_fields
         if not may_read:
@@ -414,8 +438,8 @@ class RawEventAdmin(OperatorAdmin):
         return [
             ("What happened", {"fields": summary}),
             ("Verification", {"fields": verification}),
-            ("Dedup and dispatch", {"fields": self.dispatch_fields}),
-            ("Received", {"fields": self.received_fields}),
+            ("Dedup and dispatch", {"fields": dispatch}),
+            ("Received", {"fields": received}),
             ("Payload", {"fields": payload}),
         ]
 
@@ -428,8 +452,15 @@ class RawEventAdmin(OperatorAdmin):
             *self.summary_fields,
             "deliveries_table_without_messages",
             "payload_hidden",
+            *PAYLOAD_CLUE_STAND_INS.values(),
             *self.VERDICT_AT_FIELDS.values(),
         )
+
+    def lookup_allowed(self, lookup, value, request):
+        # Only for those who may read payloads (audited in changelist_view).
+        if _payload_clue_lookup(lookup, value) and not may_read_payload(request.user):
+            return False
+        return super().lookup_allowed(lookup, value, request)
 
     def get_search_results(self, request, queryset, search_term):
         if not search_term:
@@ -439,7 +470,12 @@ class RawEventAdmin(OperatorAdmin):
             # Said, not silently skipped: the ids and keys are still searched.
             messages.warning(request, BODY_SEARCH_ENCRYPTED)
             include_body = False
-        results = raw_event_search(queryset=queryset, query=search_term, include_body=include_body)
+        results = raw_event_search(
+            queryset=queryset,
+            query=search_term,
+            include_body=include_body,
+            may_read_payload=may_read_payload(request.user),
+        )
         if include_body:
             _audit_payload_access(request, PayloadAccessKind.SEARCH, search_term=search_term)
         return results, False
@@ -476,6 +512,14 @@ class RawEventAdmin(OperatorAdmin):
         return response
 
     def changelist_view(self, request, extra_context=None):
+        if may_read_payload(request.user):
+            # A filter on a payload clue (lookup_allowed lets only payload readers use one)
+            # is a search for a payload.
+            for lookup, term in request.GET.items():
+                if term and _payload_clue_lookup(lookup, term):
+                    _audit_payload_access(
+                        request, PayloadAccessKind.SEARCH, search_term=f"{lookup}={term}"
+                    )
         extra_context = dict(extra_context or {})
         extra_context["bulk_job"] = raw_events_bulk_job_link(request)
         extra_context["show_source_disable_link"] = True
@@ -608,7 +652,12 @@ class RawEventAdmin(OperatorAdmin):
 
     @admin.display(description="delivery id / dedup key")
     def delivery_or_dedup(self, obj: RawEvent) -> str:
-        return clipped(obj.delivery_id or obj.dedup_key, LIST_KEY_CHARS)
+        # A list is not audited: a content-hash key is on the event's page, for payload readers.
+        return clipped(obj.delivery_id or self.dedup_key_without_hash(obj), LIST_KEY_CHARS)
+
+    @admin.display(description="dedup key")
+    def dedup_key_without_hash(self, obj: RawEvent) -> str:
+        return CONTENT_HASH_HIDDEN if is_content_hash_key(obj.dedup_key) else obj.dedup_key
 
     @admin.display(description="duplicate of")
     def duplicate_link(self, obj: RawEvent) -> str:
@@ -630,6 +679,12 @@ class RawEventAdmin(OperatorAdmin):
             + urlencode({"dedup_key": obj.dedup_key, "source": obj.source})
         )
         return format_html('<a href="{}">{} other event(s) with this dedup key</a>', url, copies)
+
+    @admin.display(description="copies")
+    def copies_without_hash(self, obj: RawEvent) -> str:
+        if is_content_hash_key(obj.dedup_key):
+            return CONTENT_HASH_HIDDEN
+        return self.copies_link(obj)
 
     @admin.display(description="received → verdict")
     def verify_lag(self, obj: RawEvent) -> str:
@@ -783,8 +838,9 @@ class DeliveryAdmin(LastErrorColumn, OperatorAdmin):
         "status_badge",
         "event_link",
         "handler_column",
-        "short_error",
-        "next_attempt",
+        # The class only, to everyone: a list is not audited (the text is on the page).
+        "short_error_without_message",
+        "next_attempt_column",
         "attempts",
         "finished",
     )
@@ -815,11 +871,6 @@ class DeliveryAdmin(LastErrorColumn, OperatorAdmin):
     readonly_fields = (*fields, "last_error_without_message", "status_badge")
     change_list_template = "console/admin/change_list.html"
 
-    def get_list_display(self, request):
-        return _without_messages(
-            request, self.list_display, "short_error", "short_error_without_message"
-        )
-
     def changelist_view(self, request, extra_context=None):
         extra_context = dict(extra_context or {})
         extra_context["bulk_job"] = deliveries_bulk_job_link(request)
@@ -827,6 +878,18 @@ class DeliveryAdmin(LastErrorColumn, OperatorAdmin):
 
     def get_fields(self, request, obj=None):
         return _without_messages(request, self.fields, "last_error", "last_error_without_message")
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        response = super().changeform_view(request, object_id, form_url, extra_context)
+        # 200: a delivery's page is about to render, with its handler's error text.
+        if object_id and response.status_code == 200 and may_read_payload(request.user):
+            delivery = self.get_object(request, object_id)
+            errors = [delivery.last_error, *(a.error for a in delivery.history.all())]
+            if any(errors):
+                _audit_payload_access(
+                    request, PayloadAccessKind.VIEW, raw_event_ids=[delivery.raw_event_id]
+                )
+        return response
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip().removeprefix("#")
@@ -841,11 +904,20 @@ class DeliveryAdmin(LastErrorColumn, OperatorAdmin):
 
     @admin.display(description="handler", ordering="handler")
     def handler_column(self, obj: Delivery) -> str:
-        # Dotted paths are long; the module and function name the handler.
-        short = ".".join(obj.handler.split(".")[-2:])
+        # Dotted paths are long: the function names the handler, the tooltip says whose.
+        short = obj.handler.rsplit(".", 1)[-1]
         if short == obj.handler:
             return short
         return format_html('<span title="{}">{}</span>', obj.handler, short)
+
+    due = time_field("next_attempt_at", "next attempt")
+
+    @admin.display(description="next attempt", ordering="next_attempt_at")
+    def next_attempt_column(self, obj: Delivery) -> str:
+        """The list's: the time when pending, else the status (the page says what to do)."""
+        if obj.status == DeliveryStatus.PENDING:
+            return self.due(obj)
+        return f"none: {obj.status}"
 
     @admin.display(description="next attempt", ordering="next_attempt_at")
     def next_attempt(self, obj: Delivery) -> str:

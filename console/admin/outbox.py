@@ -97,13 +97,13 @@ class RecapSideEffectAdmin(LastErrorColumn, OperatorAdmin):
     list_display = (
         "id",
         "status_badge",
+        "attempts",
         "recap_link",
-        "effect_type",
         "last_error_class",
         "short_error",
-        "attempts",
         "next_attempt",
         "state_age",
+        "effect_type",
     )
     list_filter = (
         "status",

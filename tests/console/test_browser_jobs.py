@@ -55,7 +55,9 @@ def test_preview_start_progress_done_and_cancel(
     page.click("#jobs-new")
     page.select_option("#id_kind", "replay_raw_events")
     page.select_option("#id_source", "github")
-    expect(page.locator("#source-disable-cost")).to_contain_text("Stripe retries")
+    expect(page.locator("#source-disable-link a")).to_have_attribute(
+        "href", "/ops/pauses/#source-disable-cost"
+    )
     page.click("#jobs-preview")
 
     # The preview: counted, broken down, nothing touched.
@@ -118,7 +120,10 @@ def test_pause_hold_see_it_on_the_ops_page_and_resume(page, live_server, push_ha
     page.goto(f"{live_server.url}/ops/pauses/")
     expect(page.locator("#pauses-none")).to_be_visible()
     expect(page.locator("#source-disable-cost")).to_contain_text("disables the endpoint")
-    page.click(f'input.pause-handler[data-handler="{name}"]')
+    page.click(f'a.pause-handler[data-handler="{name}"]')
+    # The confirmation asks why; the reason is required.
+    page.fill("#id_reason", "the downstream CRM is down")
+    page.click("#pause-confirm-submit")
     expect(page.locator("ul.messagelist")).to_contain_text(f"handler {name}: 0 deliveries held")
 
     # Events keep arriving and are verified; their deliveries are held, not run.
@@ -136,7 +141,8 @@ def test_pause_hold_see_it_on_the_ops_page_and_resume(page, live_server, push_ha
     expect(row).to_have_attribute("data-level", "green")
     page.goto(f"{live_server.url}/ops/")
     expect(page.locator("#ops-pauses")).to_contain_text(name)
-    expect(page.locator("#ops-source-disable-cost")).to_be_visible()
+    expect(page.locator("#ops-pauses")).to_contain_text("the downstream CRM is down")
+    expect(page.locator("#source-disable-link")).to_be_visible()
     screenshot(page, "console-pauses-ops.png", tmp_path)
 
     page.goto(f"{live_server.url}/ops/pauses/")
