@@ -53,12 +53,3 @@ def recaps_paid_without_side_effect(*, effect_type: str) -> QuerySet[RecapVideo]
 
 def recaps_stuck_rendering(*, older_than: datetime) -> QuerySet[RecapVideo]:
     return RecapVideo.objects.filter(status=RecapStatus.RENDERING, rendering_at__lt=older_than)
-
-
-def recaps_due_render_check(*, now: datetime) -> QuerySet[RecapVideo]:
-    """Rendering recaps whose callback is overdue (or whose last check asked to wait)."""
-    return (
-        RecapVideo.objects.filter(status=RecapStatus.RENDERING, render_check_at__lte=now)
-        .exclude(render_id="")
-        .order_by("render_check_at", "id")
-    )

@@ -33,7 +33,7 @@ from enum import StrEnum
 import stripe
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from eventdrop.stripe_api import stripe_client
@@ -54,7 +54,6 @@ from recaps.errors import (
     RecapStateConflict,
 )
 from recaps.models import UNPAID_STATUSES, Event, Photo, RecapId, RecapStatus, RecapVideo
-from recaps.selectors import recaps_due_render_check
 from recaps.signals import recap_paid, recap_payment_withdrawn
 
 logger = logging.getLogger(__name__)
@@ -454,29 +453,34 @@ class RenderCheckClaim:
     render_id: str
 
 
-@transaction.atomic
+_CLAIM_RENDER_CHECKS = (
+    "WITH due AS ("
+    " SELECT id FROM recap_videos"
+    " WHERE status = 'rendering' AND render_check_at <= %(now)s AND render_id <> ''"
+    " ORDER BY render_check_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+    " UPDATE recap_videos AS r SET render_check_at = %(next)s, updated_at = %(now)s"
+    " FROM due WHERE r.id = due.id RETURNING r.id, r.render_id"
+)
+
+
 def recaps_claim_render_checks(
     *, limit: int, now: datetime | None = None
 ) -> list[RenderCheckClaim]:
-    """Claim up to `limit` rendering recaps whose check is due (SKIP LOCKED).
+    """Claim up to `limit` rendering recaps whose check is due, in one statement (SKIP
+    LOCKED).
 
     The next check is scheduled before anyone asks (as the outbox's claim does): two check
     runs never ask about the same render at once, and a run that dies mid-way leaves each
     claimed recap due again one interval later, nothing half-written.
     """
     now = now or timezone.now()
-    due = list(
-        recaps_due_render_check(now=now)
-        .select_for_update(skip_locked=True)
-        .values_list("id", "render_id")[:limit]
-    )
-    if not due:
-        return []
-    RecapVideo.objects.filter(pk__in=[recap_id for recap_id, _ in due]).update(
-        render_check_at=now + timedelta(seconds=settings.RENDER_CHECK_INTERVAL_SECONDS),
-        updated_at=now,
-    )
-    return [RenderCheckClaim(recap_id=recap_id, render_id=render_id) for recap_id, render_id in due]
+    later = now + timedelta(seconds=settings.RENDER_CHECK_INTERVAL_SECONDS)
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_RENDER_CHECKS, {"now": now, "next": later, "limit": limit})
+        claimed = cursor.fetchall()
+    return [
+        RenderCheckClaim(recap_id=recap_id, render_id=render_id) for recap_id, render_id in claimed
+    ]
 
 
 def recap_lock_if_rendering(*, recap_id: RecapId, render_id: str) -> RecapVideo | None:

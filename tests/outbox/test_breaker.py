@@ -277,3 +277,22 @@ def test_the_breaker_row_locked_while_a_row_fails_charges_no_row(fake_renderer, 
     assert report.count(AttemptOutcome.SERVICE_UNAVAILABLE) == 1
     assert (row.status, row.attempts, row.wait_reason) == ("pending", 0, "breaker")
     assert row.first_failed_at is None and row.waiting_since == T0
+
+
+@pytest.mark.parametrize("status", [404, 409, 307, 400])
+def test_a_deploys_answer_to_the_probe_does_not_close_the_breaker(
+    fake_renderer, paid_recap, status
+):
+    """Only a render accepted proves the service works (issue 27): a 3xx/4xx from a deploy
+    in progress, to the half-open probe, opens the breaker for another cool-down instead of
+    closing it, and the probe row is not charged."""
+    _, row = paid_recap()
+    open_it()
+    fake_renderer.configure(mode="answer", status=status)
+    report = dispatch_run(now=T0 + timedelta(seconds=61))
+    row.refresh_from_db()
+    assert report.claimed == 1 and report.breaker == "open"
+    assert fake_renderer.health_checks == 1 and sum(fake_renderer.posts_by_key.values()) == 1
+    assert (row.status, row.attempts, row.last_error_class) == ("pending", 0, f"http_{status}")
+    breaker = CircuitBreaker.objects.get(name=NAME)
+    assert breaker.open_until == T0 + timedelta(seconds=121)
