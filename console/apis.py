@@ -59,9 +59,14 @@ from ingress.models import (
     SignatureStatus,
 )
 from ingress.payloads import raw_event_body, raw_event_headers
+from ingress.providers import is_content_hash_key
 
 BODY_SEARCH_FORBIDDEN = "Searching body text needs the permission ingress.view_raw_payload."
 PAYLOAD_FORBIDDEN = "Including bodies and headers needs the permission ingress.view_raw_payload."
+CONTENT_HASH_FORBIDDEN = (
+    "A dedup key made from a body's hash is looked up only with the permission "
+    "ingress.view_raw_payload."
+)
 PAGINATION_PARAMS = {"limit", "offset"}
 # PostgreSQL bigint: a larger id is bad input, not a database error.
 MAX_ID = 2**63 - 1
@@ -181,6 +186,9 @@ class RawEventOutputSerializer(serializers.ModelSerializer):
     # The row keeps one verdict time; a rejection's is returned as rejected_at, never as
     # verified_at (a rejected event was never verified).
     rejected_at = serializers.DateTimeField(source="verified_at", allow_null=True, read_only=True)
+    # A content-hash key confirms a guessed body, as body_sha256 does: both only with the
+    # payload (RawEventWithPayloadOutputSerializer, audited); a provider's event id here.
+    dedup_key = serializers.SerializerMethodField()
     verify_lag_seconds = serializers.SerializerMethodField()
     handle_lag_seconds = serializers.SerializerMethodField()
 
@@ -197,7 +205,7 @@ class RawEventOutputSerializer(serializers.ModelSerializer):
             "remote_addr",
             "received_at",
             "delivery_id",
-            "body_sha256",
+            "payload_dropped_bytes",
             "signature_status",
             "rejection_reason",
             "matched_secret_index",
@@ -222,6 +230,9 @@ class RawEventOutputSerializer(serializers.ModelSerializer):
             data["rejected_at"] = None
         return data
 
+    def get_dedup_key(self, obj: RawEvent) -> str | None:
+        return None if is_content_hash_key(obj.dedup_key) else obj.dedup_key
+
     def get_verify_lag_seconds(self, obj: RawEvent) -> float | None:
         return seconds_between(obj.received_at, obj.verified_at)
 
@@ -234,7 +245,10 @@ class RawEventWithPayloadOutputSerializer(RawEventOutputSerializer):
     body = serializers.SerializerMethodField()
 
     class Meta(RawEventOutputSerializer.Meta):
-        fields = (*RawEventOutputSerializer.Meta.fields, "headers", "body")
+        fields = (*RawEventOutputSerializer.Meta.fields, "body_sha256", "headers", "body")
+
+    def get_dedup_key(self, obj: RawEvent) -> str | None:
+        return obj.dedup_key
 
     def get_headers(self, obj: RawEvent) -> dict | None:
         try:
@@ -366,6 +380,8 @@ class RawEventListApi(ConsoleApi):
         may_read = may_read_payload(request.user)
         if params.get("body_contains") and not may_read:
             raise PermissionDenied(BODY_SEARCH_FORBIDDEN)
+        if is_content_hash_key(params.get("dedup_key", "")) and not may_read:
+            raise PermissionDenied(CONTENT_HASH_FORBIDDEN)
         if params.get("body_contains") and bodies_may_be_encrypted():
             raise serializers.ValidationError({"body_contains": [BODY_SEARCH_ENCRYPTED]})
         include_payload = params.pop("include_payload")
@@ -381,9 +397,15 @@ class RawEventListApi(ConsoleApi):
                 queryset=queryset,
                 query=query,
                 include_body=may_read and not bodies_may_be_encrypted(),
+                may_read_payload=may_read,
             )
-        # Each body search is audited with its term (q searches bodies for these users).
-        for term in (params.get("body_contains", ""), query if may_read else ""):
+        # Each payload search is audited with its term: q searches bodies for these users,
+        # and a content-hash key is a body's hash.
+        searched = [params.get("body_contains", "")]
+        if may_read:
+            dedup_key = params.get("dedup_key", "")
+            searched += [query, dedup_key if is_content_hash_key(dedup_key) else ""]
+        for term in searched:
             if term:
                 _audit(request, PayloadAccessKind.SEARCH, search_term=term)
 

@@ -47,10 +47,11 @@ from console.models import (
     OperatorActionKind,
     OperatorActionOutcome,
     OperatorActionVia,
+    PayloadAccessKind,
 )
-from console.presentation import may_read_payload
+from console.presentation import error_for_viewer, may_read_payload
 from console.selectors import operator_action_list
-from console.services import acting_user
+from console.services import acting_user, payload_access_record
 from ingress.models import Delivery, DeliveryStatus, RawEvent
 from outbox.models import (
     EffectType,
@@ -60,21 +61,17 @@ from outbox.models import (
 )
 from recaps.models import RecapStatus, RecapVideo
 
-# The fields of these lists that may reveal a payload: a body's hash, a content-hash dedup
-# key, a handler's error text. Kept here, in one place, so that showing them only with the
-# payload permission (issue 30) is one change; handler error text is already shown by its
-# class only without the permission (ViewerErrorField).
-PAYLOAD_REVEALING_FIELDS = {
-    "delivery": ("last_error",),
-    "delivery_attempt": ("error",),
-}
+# A handler's error text may quote the payload (docs/security.md): a list shows its class
+# only, to everyone, and a delivery's own page the text, to those who may read payloads, each
+# time recorded (console.PayloadAccess). A raw event's hash and content-hash dedup key are
+# kept to its payload the same way (console/apis.py).
 
 
 # --- deliveries ------------------------------------------------------------------------------
 
 
 class DeliveryRowSerializer(serializers.ModelSerializer):
-    last_error = ViewerErrorField()
+    last_error = serializers.SerializerMethodField()
     next_attempt_at = serializers.SerializerMethodField()
 
     class Meta:
@@ -91,8 +88,11 @@ class DeliveryRowSerializer(serializers.ModelSerializer):
             "created_at",
             "finished_at",
             "superseded_by",
-            *PAYLOAD_REVEALING_FIELDS["delivery"],
+            "last_error",
         )
+
+    def get_last_error(self, obj: Delivery) -> str:
+        return error_for_viewer(obj.last_error, may_read_payload=False)
 
     def get_next_attempt_at(self, obj: Delivery) -> str | None:
         # Kept on done and dead rows from their last attempt: only a pending one has one.
@@ -102,6 +102,7 @@ class DeliveryRowSerializer(serializers.ModelSerializer):
 
 
 class DeliveryDetailSerializer(DeliveryRowSerializer):
+    last_error = ViewerErrorField()
     history = DeliveryAttemptOutputSerializer(many=True)
 
     class Meta(DeliveryRowSerializer.Meta):
@@ -164,7 +165,16 @@ class DeliveryDetailApi(ConsoleApi):
         delivery = get_object_or_404(
             Delivery.objects.prefetch_related("history"), pk=delivery_id
         )
-        context = {"may_read_payload": may_read_payload(request.user)}
+        may_read = may_read_payload(request.user)
+        errors = [delivery.last_error, *(attempt.error for attempt in delivery.history.all())]
+        if may_read and any(errors):
+            payload_access_record(
+                actor=acting_user(request.user),
+                kind=PayloadAccessKind.VIEW,
+                via=OperatorActionVia.API,
+                raw_event_ids=[delivery.raw_event_id],
+            )
+        context = {"may_read_payload": may_read}
         return Response(DeliveryDetailSerializer(delivery, context=context).data)
 
 

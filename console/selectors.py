@@ -23,6 +23,7 @@ from console.models import OperatorAction
 from eventdrop.errors import EventDropError
 from ingress.encryption import bodies_may_be_encrypted
 from ingress.models import Delivery, DeliveryAttempt, DeliveryStatus, RawEvent
+from ingress.providers import is_content_hash_key
 from ingress.selectors import deliveries_held_count, inbox_depths
 from outbox.models import RecapSideEffect
 from outbox.selectors import side_effect_depths
@@ -90,15 +91,18 @@ def search_terms(query: str) -> list[str]:
 
 
 def raw_event_search(
-    *, queryset: QuerySet[RawEvent], query: str, include_body: bool
+    *, queryset: QuerySet[RawEvent], query: str, include_body: bool, may_read_payload: bool
 ) -> QuerySet[RawEvent]:
     """Every term must match the event id, delivery id, dedup key or (if allowed) the body.
 
     Ids and keys match exactly, so they can use their indexes. Body text is only searched for
-    operators who may read bodies: a search is an oracle for what a body contains.
+    operators who may read bodies, and a content-hash dedup key only matched for them: a
+    search is an oracle for what a body contains.
     """
     for term in search_terms(query):
-        condition = Q(delivery_id=term) | Q(dedup_key=term)
+        condition = Q(delivery_id=term)
+        if may_read_payload or not is_content_hash_key(term):
+            condition |= Q(dedup_key=term)
         identifier = term.removeprefix("#")
         if identifier.isdigit() and len(identifier) < 19:
             condition |= Q(id=int(identifier))

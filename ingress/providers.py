@@ -14,7 +14,11 @@ One row per provider says all the project knows about it:
 - `body_signature` — for a provider whose signature covers the body only (no timestamp, no
   delivery id in what is signed: GitHub, generic HMAC), the verified signature itself, which
   identifies the request: the same signature under a new delivery id is a replay
-  (ingress/replays.py). The others bound replays themselves (a signed timestamp or id).
+  (ingress/replays.py). The others bound replays themselves (a signed timestamp or id);
+- `timeout_seconds` — how long the provider waits for our answer before it counts the delivery
+  as failed (its own documentation): a source's request budget, overridable per source
+  (ingress/sources.py; the arithmetic in eventdrop/budgets.py). None: it publishes none, and
+  the route's WEBHOOK_REQUEST_BUDGET_SECONDS applies.
 
 Look a provider up by name with `PROVIDERS[name]`; `verify` and `dedup_key_for` below are the
 two entry points the inbox calls. Header names are lower-case: that is how RawEvent.headers
@@ -48,6 +52,13 @@ BodySignature = Callable[["Source", Mapping[str, str]], str]
 # Headers that identify *what* was sent rather than *this attempt* at sending it; signature
 # and timestamp headers change on every provider retry and would defeat the fallback key.
 _FALLBACK_KEY_HEADERS = ("content-type",)
+# A dedup key made from the body's bytes: it confirms a guessed body as its hash does, so the
+# console shows it only with the payload permission (docs/security.md).
+CONTENT_HASH_KEY_PREFIX = "sha256:"
+
+
+def is_content_hash_key(key: str) -> bool:
+    return key.startswith(CONTENT_HASH_KEY_PREFIX)
 
 
 def provider_event_id_or_content_hash(event: RawEvent, verdict: Verdict) -> str:
@@ -67,7 +78,7 @@ def provider_event_id_or_content_hash(event: RawEvent, verdict: Verdict) -> str:
     for name in _FALLBACK_KEY_HEADERS:
         digest.update(f"{name}:{headers.get(name, '')}".encode() + b"\0")
     digest.update(raw_event_body(event))  # the plaintext: ciphertexts differ every time
-    return f"sha256:{digest.hexdigest()}"
+    return f"{CONTENT_HASH_KEY_PREFIX}{digest.hexdigest()}"
 
 
 def github_body_signature(source: "Source", headers: Mapping[str, str]) -> str:
@@ -90,30 +101,36 @@ class Provider:
     # verifier reads the provider's own, so a source may not point it elsewhere.
     source_names_headers: bool = False
     body_signature: BodySignature | None = None
+    timeout_seconds: int | None = None
 
 
 PROVIDERS: dict[str, Provider] = {
     provider.name: provider
     for provider in (
-        # Event id: the body's `id` (evt_…); no delivery id header.
+        # Event id: the body's `id` (evt_…); no delivery id header. Stripe publishes no
+        # response timeout.
         Provider("stripe", stripe.verify, signature_header="stripe-signature"),
         # Event id: X-GitHub-Delivery (GitHub's body has no event id), which is not signed.
+        # GitHub drops the connection of an answer that takes more than 10 s.
         Provider(
             "github",
             github.verify,
             signature_header="x-hub-signature-256",
             delivery_id_header="x-github-delivery",
             body_signature=github_body_signature,
+            timeout_seconds=10,
         ),
         # Event id: the body's `event_id` (Events API); slash commands and interactivity
-        # have none and fall back to the content hash.
-        Provider("slack", slack.verify, signature_header="x-slack-signature"),
-        # Event id: webhook-id, which is also part of the signed content.
+        # have none and fall back to the content hash. Slack wants an answer within 3 s.
+        Provider("slack", slack.verify, signature_header="x-slack-signature", timeout_seconds=3),
+        # Event id: webhook-id, which is also part of the signed content. The specification
+        # recommends a request timeout between 15 and 30 s: its lower end.
         Provider(
             "standard",
             standard.verify,
             signature_header="webhook-signature",
             delivery_id_header="webhook-id",
+            timeout_seconds=15,
         ),
         # Event id: the source's delivery id header, else the body's `id`.
         Provider(

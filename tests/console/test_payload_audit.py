@@ -190,3 +190,142 @@ def test_search_terms_are_not_logged(client, api, operator, payload_operator, ev
     assert "needle-in-log" not in output
     assert "body_contains=[redacted]" in output
     assert PayloadAccess.objects.filter(search_term="needle-in-log").exists()
+
+
+# --- payload clues: a body's hash, a content-hash dedup key, a handler's error text --------
+#
+# Each confirms a guess about a body (or quotes one): staff without the payload permission
+# see none of them, in the admin or the API, and cannot filter or search on them; payload
+# readers see them only where the view is recorded.
+
+BODY_HASH = "ab12" * 16
+CONTENT_KEY = "sha256:" + "cd34" * 16
+ERROR_TEXT = "RecapNotFound: recap 'clue-from-the-body' not found"
+
+
+@pytest.fixture
+def clues(event):
+    """A verified event deduplicated on its content hash, and its dead delivery whose
+    handler quoted the body in its error."""
+    from django.utils import timezone
+
+    from ingress.models import Delivery, DeliveryAttempt
+
+    RawEvent.objects.filter(pk=event.pk).update(
+        body_sha256=BODY_HASH,
+        dedup_key=CONTENT_KEY,
+        signature_status="verified",
+        dispatch_status="dispatched",
+        verified_at=timezone.now(),
+    )
+    now = timezone.now()
+    delivery = Delivery.objects.create(
+        raw_event_id=event.pk, handler="tests.clues", status="dead", last_error=ERROR_TEXT
+    )
+    DeliveryAttempt.objects.create(
+        delivery=delivery,
+        number=1,
+        started_at=now,
+        finished_at=now,
+        outcome="dead",
+        error=ERROR_TEXT,
+    )
+    return {"event": event, "delivery": delivery}
+
+
+def shows_a_clue(text: str) -> bool:
+    return any(clue in text for clue in (BODY_HASH, CONTENT_KEY, "clue-from-the-body"))
+
+
+def admin_pages(clues) -> list[str]:
+    event, delivery = clues["event"], clues["delivery"]
+    return [
+        reverse("admin:ingress_rawevent_change", args=[event.pk]),
+        CHANGELIST,
+        reverse("admin:ingress_delivery_change", args=[delivery.pk]),
+        reverse("admin:ingress_delivery_changelist"),
+    ]
+
+
+def api_reads(clues) -> list[str]:
+    event, delivery = clues["event"], clues["delivery"]
+    return [
+        f"/api/raw-events/{event.pk}/",
+        "/api/raw-events/",
+        f"/api/deliveries/{delivery.pk}/",
+        "/api/deliveries/",
+    ]
+
+
+def test_without_the_payload_permission_no_clue_is_shown(client, api, operator, clues):
+    client.force_login(grant(operator, "ingress.view_delivery"))
+    for page in admin_pages(clues):
+        response = client.get(page)
+        assert response.status_code == 200, page
+        assert not shows_a_clue(response.content.decode()), page
+    api.force_authenticate(operator)
+    for url in api_reads(clues):
+        response = api.get(url)
+        assert response.status_code == 200, url
+        assert not shows_a_clue(response.content.decode()), url
+    assert "RecapNotFound" in api.get(api_reads(clues)[2]).content.decode()  # its class
+    assert accesses() == []
+
+
+def test_without_the_payload_permission_no_clue_can_be_looked_up(client, api, operator, clues):
+    """A filter or a search on a hash answers whether a guessed body was received."""
+    client.force_login(operator)
+    for params in ({"q": CONTENT_KEY}, {"dedup_key": CONTENT_KEY}, {"body_sha256": BODY_HASH}):
+        response = client.get(CHANGELIST, params)
+        if response.status_code == 200:  # the search box: nothing found
+            assert list(response.context["cl"].result_list) == [], params
+        else:  # a filter on a clue: refused
+            assert response.status_code == 400, params
+    api.force_authenticate(operator)
+    assert api.get("/api/raw-events/", {"q": CONTENT_KEY}).json()["results"] == []
+    assert api.get("/api/raw-events/", {"dedup_key": CONTENT_KEY}).status_code == 403
+    assert api.get("/api/raw-events/", {"body_sha256": BODY_HASH}).status_code == 400
+    # A provider's event id is no clue: filtered and shown as before.
+    RawEvent.objects.filter(pk=clues["event"].pk).update(dedup_key="id:evt_1")
+    [row] = api.get("/api/raw-events/", {"dedup_key": "id:evt_1"}).json()["results"]
+    assert row["dedup_key"] == "id:evt_1"
+    assert accesses() == []
+
+
+def test_with_the_payload_permission_each_view_of_a_clue_is_recorded(
+    client, api, payload_operator, clues
+):
+    event, delivery = clues["event"], clues["delivery"]
+    reader = grant(payload_operator, "ingress.view_delivery")
+    client.force_login(reader)
+    page = client.get(reverse("admin:ingress_rawevent_change", args=[event.pk])).content.decode()
+    assert BODY_HASH in page and CONTENT_KEY in page and "clue-from-the-body" in page
+    page = client.get(reverse("admin:ingress_delivery_change", args=[delivery.pk]))
+    assert "clue-from-the-body" in page.content.decode()
+    # Lists show no clue, so they record nothing; a filter on one is a recorded search.
+    for listing in (CHANGELIST, reverse("admin:ingress_delivery_changelist")):
+        assert not shows_a_clue(client.get(listing).content.decode())
+    response = client.get(CHANGELIST, {"dedup_key": CONTENT_KEY})
+    assert [obj.pk for obj in response.context["cl"].result_list] == [event.pk]
+
+    api.force_authenticate(reader)
+    detail = api.get(f"/api/raw-events/{event.pk}/").json()
+    assert (detail["body_sha256"], detail["dedup_key"]) == (BODY_HASH, CONTENT_KEY)
+    assert detail["deliveries"][0]["last_error"] == ERROR_TEXT
+    assert "clue-from-the-body" in api.get(f"/api/deliveries/{delivery.pk}/").content.decode()
+    listed = api.get("/api/raw-events/").json()["results"][0]
+    assert "body_sha256" not in listed and listed["dedup_key"] is None
+    assert not shows_a_clue(api.get("/api/deliveries/").content.decode())
+    with_payload = api.get("/api/raw-events/", {"include_payload": "true"}).json()["results"]
+    assert with_payload[0]["dedup_key"] == CONTENT_KEY
+    api.get("/api/raw-events/", {"dedup_key": CONTENT_KEY})
+
+    assert accesses() == [
+        ("reader", "view", "admin", [event.pk], ""),
+        ("reader", "view", "admin", [event.pk], ""),
+        ("reader", "search", "admin", [], f"dedup_key={CONTENT_KEY}"),
+        ("reader", "view", "api", [event.pk], ""),
+        ("reader", "view", "api", [event.pk], ""),
+        ("reader", "list", "api", [event.pk], ""),
+        ("reader", "search", "api", [], CONTENT_KEY),
+    ]
