@@ -239,8 +239,13 @@ def test_postgresql_restarted_mid_batch_several_times_kills_no_delivery(tmp_path
         worker = start_manage(["process_inbox"], env, log=tmp_path / "inbox.log")
         try:
             for quarter, mode in ((1, "immediate"), (2, "fast"), (3, "immediate")):
+                target = quarter * rows // 4
+
+                def reached(target: int = target) -> bool:
+                    return counts()[0] >= target
+
                 wait_for(
-                    lambda quarter=quarter: counts()[0] >= quarter * rows // 4,
+                    reached,
                     f"{quarter} quarter(s) of the deliveries done",
                     counts,
                     [worker],
