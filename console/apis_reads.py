@@ -71,12 +71,13 @@ from recaps.models import RecapStatus, RecapVideo
 
 
 class DeliveryRowSerializer(serializers.ModelSerializer):
-    last_error = serializers.SerializerMethodField()
+    # The class only: a list is not recorded (DeliveryDetailSerializer shows the text).
+    last_error: serializers.Field = serializers.SerializerMethodField()
     next_attempt_at = serializers.SerializerMethodField()
 
     class Meta:
         model = Delivery
-        fields = (
+        fields: tuple[str, ...] = (
             "id",
             "raw_event",
             "handler",
@@ -192,7 +193,7 @@ class SideEffectRowSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RecapSideEffect
-        fields = (
+        fields: tuple[str, ...] = (
             "id",
             "recap",
             "effect_type",
@@ -289,7 +290,7 @@ class RecapRowSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RecapVideo
-        fields = (
+        fields: tuple[str, ...] = (
             "id",
             "event",
             "status",
@@ -449,7 +450,7 @@ ENDPOINTS: tuple[tuple[str, str, str], ...] = (
 class ApiRootApi(ConsoleApi):
     """Every endpoint, with what it needs and whether the caller has it."""
 
-    def get_permissions(self):
+    def get_permissions(self) -> list:
         return [IsAdminUser()]
 
     @extend_schema(

@@ -14,6 +14,8 @@ on requests another site's page makes. On top of them:
   nothing (and so refuses nothing) for an empty one.
 """
 
+from collections.abc import Mapping
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -22,6 +24,7 @@ from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
+from rest_framework.views import APIView
 
 CROSS_SITE_FORBIDDEN = "Cross-site writes are refused: send the request from this site."
 # Sec-Fetch-Site values a browser sends for a request this site's own pages (or the user,
@@ -55,7 +58,7 @@ class SameSiteWrites(BasePermission):
 
     message = CROSS_SITE_FORBIDDEN
 
-    def has_permission(self, request, view):
+    def has_permission(self, request: Request, view: APIView) -> bool:
         if request.method in SAFE_METHODS:
             return True
         fetch_site = request.META.get("HTTP_SEC_FETCH_SITE")
@@ -70,7 +73,9 @@ class BoundedJSONParser(JSONParser):
     the json module raises RecursionError there, not the ValueError DRF turns into a 400,
     so `[[[[…]]]]` a few hundred kilobytes long was a 500."""
 
-    def parse(self, stream, media_type=None, parser_context=None):
+    def parse(
+        self, stream: IO[Any], media_type: str | None = None, parser_context: Mapping | None = None
+    ) -> Any:
         try:
             return super().parse(stream, media_type, parser_context)
         except RecursionError as exc:

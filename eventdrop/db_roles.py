@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from django.apps import apps
 from django.conf import settings
 from django.db import connections, models
+from django.db.backends.utils import CursorWrapper
 from django.db.models.fields import AutoFieldMixin
 
 READ = ("SELECT",)
@@ -291,7 +292,7 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _catalog(cursor) -> tuple[list[str], list[tuple[str, str]]]:
+def _catalog(cursor: CursorWrapper) -> tuple[list[str], list[tuple[str, str]]]:
     """What the plan needs to know of the server: its roles, and who is a member of whom."""
     cursor.execute("SELECT rolname FROM pg_roles")
     existing = [row[0] for row in cursor.fetchall()]

@@ -419,7 +419,8 @@ class RawEventAdmin(OperatorAdmin):
         # What an on-call engineer asks first comes first: what happened, then why.
         may_read = may_read_payload(request.user)
         payload = self.payload_fields if may_read else ("payload_hidden",)
-        received, dispatch = self.received_fields, self.dispatch_fields
+        received: tuple[str, ...] = self.received_fields
+        dispatch: tuple[str, ...] = self.dispatch_fields
         if not may_read:
             # The body's hash and a dedup key made from it confirm a guessed body.
             received = tuple(name for name in received if name != "body_sha256")
@@ -456,7 +457,9 @@ class RawEventAdmin(OperatorAdmin):
             *self.VERDICT_AT_FIELDS.values(),
         )
 
-    def lookup_allowed(self, lookup, value, request):
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        if request is None:  # Django passes the request; without one, who asks is unknown
+            return False
         # Only for those who may read payloads (audited in changelist_view).
         if _payload_clue_lookup(lookup, value) and not may_read_payload(request.user):
             return False
@@ -884,8 +887,9 @@ class DeliveryAdmin(LastErrorColumn, OperatorAdmin):
         # 200: a delivery's page is about to render, with its handler's error text.
         if object_id and response.status_code == 200 and may_read_payload(request.user):
             delivery = self.get_object(request, object_id)
-            errors = [delivery.last_error, *(a.error for a in delivery.history.all())]
-            if any(errors):
+            if delivery is not None and (
+                delivery.last_error or any(a.error for a in delivery.history.all())
+            ):
                 _audit_payload_access(
                     request, PayloadAccessKind.VIEW, raw_event_ids=[delivery.raw_event_id]
                 )

@@ -8,6 +8,7 @@ origins, session writes without the CSRF token.
 """
 
 import base64
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
@@ -64,7 +65,7 @@ DEAD_SIDE_EFFECTS = {"kind": "dead_side_effects", "scope": "render", "error_clas
 
 # name: (method, path with {event}/{side_effect}/{recap}/{delivery}, JSON body, the
 # permission it needs[, the status it answers those it admits: 200 unless said])
-ENDPOINTS = {
+ENDPOINTS: dict[str, tuple[Any, ...]] = {
     "root": ("get", "/api/", None, ""),
     "schema": ("get", "/api/schema/", None, ""),
     "raw_event_list": ("get", "/api/raw-events/", None, "ingress.view_rawevent"),
@@ -434,7 +435,7 @@ def buyer_objects(fake_stripe):
     }
 
 
-def buyer_client(identity: str, buyer) -> tuple[APIClient, dict]:
+def buyer_client(identity: str, buyer) -> tuple[APIClient, dict[str, Any]]:
     """A client (its cookies) and the headers `identity` sends."""
     from tests.recaps.factories import UserFactory
 
@@ -494,7 +495,8 @@ CROSS_SITE_FORMS = {
     "form": ("event_id=1", "application/x-www-form-urlencoded"),
     "text-plain": ('{"event_id": 1}', "text/plain"),
 }
-CROSS_SITE_LABELS = {
+# Request META as the test client takes it (values Any: they are keyword arguments).
+CROSS_SITE_LABELS: dict[str, dict[str, Any]] = {
     "evil-origin": {"HTTP_ORIGIN": "https://evil.example"},
     "cross-site": {"HTTP_ORIGIN": "https://evil.example", "HTTP_SEC_FETCH_SITE": "cross-site"},
     "no-labels": {},  # an old browser sends neither

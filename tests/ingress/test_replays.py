@@ -8,6 +8,7 @@ Every request here goes through the real receive view and the real inbox.
 import hashlib
 import hmac
 import json
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,7 +24,7 @@ BODY = json.dumps({"ref": "refs/heads/main", "after": "5f1c0de"}).encode()
 
 
 @pytest.fixture
-def handled() -> list[int]:
+def handled() -> Iterator[list[int]]:
     """The ids of the GitHub push events a handler was run for."""
     calls: list[int] = []
 
