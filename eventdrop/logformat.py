@@ -135,12 +135,21 @@ def raised_at(exc: BaseException) -> str:
 
 # Query parameters whose values are body fragments: the admin's search box (`q`) and the
 # API's `q` / `body_contains`, and the admin's `_changelist_filters`, which carries the
-# changelist's query (search included, percent-encoded) onto every page opened from it.
-# Their terms are kept only in console.PayloadAccess.
-REDACTED_QUERY_PARAMETERS = ("q", "body_contains", "_changelist_filters")
+# changelist's query (search included, percent-encoded) onto every page opened from it;
+# and filters on a body's hash (`body_sha256`, `dedup_key`, with any lookup), which confirm a
+# guessed body. Their terms are kept only in console.PayloadAccess.
+REDACTED_QUERY_PARAMETERS = (
+    "q",
+    "body_contains",
+    "_changelist_filters",
+    "body_sha256",
+    "dedup_key",
+)
 REDACTED = "[redacted]"
 _SEARCH_PARAMETER = re.compile(
-    r"(?P<name>(?:^|(?<=[?&;]))(?:" + "|".join(REDACTED_QUERY_PARAMETERS) + r")=)[^&;#\s'\"]*"
+    r"(?P<name>(?:^|(?<=[?&;]))(?:"
+    + "|".join(REDACTED_QUERY_PARAMETERS)
+    + r")(?:__\w+)?=)[^&;#\s'\"]*"
 )
 
 

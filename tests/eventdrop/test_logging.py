@@ -40,6 +40,11 @@ from eventdrop.logformat import (
             "GET /admin/ingress/rawevent/3/change/?_changelist_filters=[redacted] HTTP/1.1",
         ),
         ("<WSGIRequest: GET '/api/?q=x'>", "<WSGIRequest: GET '/api/?q=[redacted]'>"),
+        # A body's hash confirms a guessed body: a filter on one is a search.
+        (
+            "/admin/ingress/rawevent/?dedup_key=sha256%3Aab&body_sha256__startswith=cd&x=1",
+            "/admin/ingress/rawevent/?dedup_key=[redacted]&body_sha256__startswith=[redacted]&x=1",
+        ),
         # Not a search parameter: untouched.
         ("/admin/?faq=1&seq=2&source=q", "/admin/?faq=1&seq=2&source=q"),
         ("ingress.receive.store_failed", "ingress.receive.store_failed"),
