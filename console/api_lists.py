@@ -2,12 +2,13 @@
 filters that refuse a misspelt name, and the list view itself (console/apis_reads.py,
 console/apis_jobs.py)."""
 
-from django.conf import settings
 from django.db.models import QuerySet
 from rest_framework import serializers
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.views import APIView
 
 from console.apis import MAX_PAGE_LIMIT, ConsoleApi
 from console.presentation import may_read_payload
@@ -15,6 +16,7 @@ from console.presentation import may_read_payload
 CURSOR_PARAMS = {"limit", "cursor"}
 UNKNOWN_FILTER = "Unknown filter."
 WINDOW_ORDER = "Must be later than {after}."
+
 
 class ConsoleCursorPagination(CursorPagination):
     """A cursor over the view's `ordering`, `limit` rows a page (at most MAX_PAGE_LIMIT),
@@ -24,20 +26,27 @@ class ConsoleCursorPagination(CursorPagination):
     max_page_size = MAX_PAGE_LIMIT
     count: int | None = None
 
-    def paginate_queryset(self, queryset, request, view=None):
+    def paginate_queryset(
+        self, queryset: QuerySet, request: Request, view: APIView | None = None
+    ) -> list | None:
+        assert isinstance(view, ListApi)  # a list view pages its own rows
         self.ordering = view.ordering
-        self.page_size = settings.REST_FRAMEWORK["PAGE_SIZE"]
-        counted = view.count_is_cheap(request) if view is not None else False
+        self.page_size = api_settings.PAGE_SIZE
+        counted = view.count_is_cheap(request)
         self.count = queryset.count() if counted else None
         return super().paginate_queryset(queryset, request, view)
 
-    def get_paginated_response(self, data):
-        body = {"next": self.get_next_link(), "previous": self.get_previous_link(), "results": data}
+    def get_paginated_response(self, data: object) -> Response:
+        body: dict[str, object] = {
+            "next": self.get_next_link(),
+            "previous": self.get_previous_link(),
+            "results": data,
+        }
         if self.count is not None:
             body = {"count": self.count, **body}
         return Response(body)
 
-    def get_paginated_response_schema(self, schema):
+    def get_paginated_response_schema(self, schema: dict) -> dict:
         response = super().get_paginated_response_schema(schema)
         response["properties"]["count"] = {
             "type": "integer",
@@ -53,7 +62,7 @@ class FiltersSerializer(serializers.Serializer):
 
     windows: tuple[str, ...] = ()
 
-    def validate(self, attrs):
+    def validate(self, attrs: dict) -> dict:
         unknown = sorted(set(self.initial_data) - set(self.fields) - CURSOR_PARAMS)
         if unknown:
             raise serializers.ValidationError({name: [UNKNOWN_FILTER] for name in unknown})

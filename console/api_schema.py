@@ -59,7 +59,7 @@ class ConsoleTokenScheme(OpenApiAuthenticationExtension):
     target_class = "console.authentication.ApiTokenAuthentication"
     name = "tokenAuth"
 
-    def get_security_definition(self, auto_schema):
+    def get_security_definition(self, auto_schema: object) -> dict:
         return {
             "type": "apiKey",
             "in": "header",
@@ -68,7 +68,7 @@ class ConsoleTokenScheme(OpenApiAuthenticationExtension):
         }
 
 
-def console_endpoints_only(endpoints: list, **kwargs) -> list:
+def console_endpoints_only(endpoints: list, **kwargs: object) -> list:
     """The console API, without the catch-all 404."""
     return [
         (path, path_regex, method, callback)
@@ -77,7 +77,7 @@ def console_endpoints_only(endpoints: list, **kwargs) -> list:
     ]
 
 
-def problem_responses(result: dict, generator, request, public) -> dict:
+def problem_responses(result: dict, generator: object, request: object, public: bool) -> dict:
     """Every operation documents the problem answers it can give (schemathesis checks that
     no answer is undocumented)."""
     result.setdefault("components", {}).setdefault("schemas", {})["Problem"] = PROBLEM_SCHEMA
@@ -106,5 +106,5 @@ class ApiNotFound(APIView):
     permission_classes = [AllowAny]
     problem_details = True
 
-    def initial(self, request: Request, *args, **kwargs) -> None:
+    def initial(self, request: Request, *args: object, **kwargs: object) -> None:
         raise NotFound()

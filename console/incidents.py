@@ -128,11 +128,11 @@ class IncidentGroup:
 
     @property
     def rearmable(self) -> bool:
-        return self.kind in REARM_JOB_KINDS
+        return IncidentKind(self.kind) in REARM_JOB_KINDS
 
     @property
     def sample_url(self) -> str:
-        admin_url = SAMPLE_ADMIN[self.kind]
+        admin_url = SAMPLE_ADMIN[IncidentKind(self.kind)]
         return reverse(admin_url, args=[self.sample_id])
 
 
@@ -177,7 +177,7 @@ def _stuck_side_effects(now: datetime) -> QuerySet:
     )
 
 
-def _side_effect_class():
+def _side_effect_class() -> Coalesce:
     return Coalesce(Func(F("last_error_class"), Value(""), function="NULLIF"), Value(NO_ERROR))
 
 
@@ -238,10 +238,7 @@ def incident_groups(
     each with its acknowledgement and resolution; `state` keeps one state only."""
     now = now or timezone.now()
     kinds = [kind] if kind else list(GROUPS)
-    stored = {
-        (i.kind, i.scope, i.error_class): i
-        for i in Incident.objects.filter(kind__in=kinds)
-    }
+    stored = {(i.kind, i.scope, i.error_class): i for i in Incident.objects.filter(kind__in=kinds)}
     groups = []
     for name in kinds:
         for row in _grouped(name, now):
@@ -286,7 +283,14 @@ def incident_row_ids(group: IncidentGroup, *, limit: int = MAX_SELECTED_IDS) -> 
 
 
 def _change(
-    *, actor: User, via: str, action: str, kind: str, scope: str, error_class: str, apply
+    *,
+    actor: User,
+    via: str,
+    action: str,
+    kind: str,
+    scope: str,
+    error_class: str,
+    apply: Callable[[Incident, IncidentGroup], str],
 ) -> OperatorAction:
     """Record the change as an operator action (written before, finished after, as
     console.services records every action), refused when the group has no rows now or is
@@ -398,7 +402,7 @@ def incident_rearm_preview(
     *, actor: User, via: str, kind: str, scope: str, error_class: str
 ) -> BulkJob:
     """A previewed bulk job over the group's dead rows (started on the job's page)."""
-    if kind not in REARM_JOB_KINDS:
+    if IncidentKind(kind) not in REARM_JOB_KINDS:
         raise IncidentRefused(NOT_REARMABLE.format(kind=kind))
     group = incident_group_get(kind=kind, scope=scope, error_class=error_class)
     if group is None:

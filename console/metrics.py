@@ -324,7 +324,8 @@ def incident_family(groups: list[IncidentGroup]) -> GaugeMetricFamily:
     }
     rows: Counter = Counter()
     for g in groups:
-        scope = g.scope if g.kind not in known or g.scope in known[g.kind] else OTHER
+        names = known.get(IncidentKind(g.kind))
+        scope = g.scope if names is None or g.scope in names else OTHER
         error_class = g.error_class
         if g.kind == IncidentKind.REJECTED_EVENTS and error_class not in RejectionReason.values:
             error_class = OTHER

@@ -99,13 +99,13 @@ def pauses_active() -> list[PauseRow]:
             recorded.update(dict.fromkeys(record.target_ids, record))
     rows = []
     for pause in active:
-        record = recorded.get(pause.id)
+        found = recorded.get(pause.id)
         rows.append(
             PauseRow(
                 pause=pause,
                 level=pause_level(pause.age_seconds),
-                actor_username=record.actor_username if record else "",
-                reason=record.note if record else "",
+                actor_username=found.actor_username if found else "",
+                reason=found.note if found else "",
             )
         )
     return rows

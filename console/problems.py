@@ -40,7 +40,7 @@ UNEXPECTED = "Unexpected error; it is logged with its traceback (see the server'
 
 
 def problem(
-    http_status: int, detail: str, *, code: str = "", headers: dict | None = None, **extra
+    http_status: int, detail: str, *, code: str = "", headers: dict | None = None, **extra: object
 ) -> Response:
     """A problem-details answer; `extra` members (e.g. `errors`) are added as they are."""
     body = {

@@ -7,6 +7,8 @@ protection, goes through console/incidents.py (an audited operator action, or a 
 preview) and answers with a redirect.
 """
 
+from collections.abc import Callable
+
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
@@ -18,7 +20,7 @@ from django.views.decorators.http import require_POST
 
 from console import incidents
 from console.bulk_jobs import BulkJobError
-from console.models import IncidentKind, OperatorActionVia
+from console.models import IncidentKind, OperatorAction, OperatorActionVia
 from console.ops import VIEW_OPS_PERMISSION
 from console.services import acting_user
 from console.views_jobs import WRITE_PERMISSION, page_context
@@ -55,7 +57,9 @@ def incident_list(request: HttpRequest) -> TemplateResponse:
 
 @never_cache
 @staff_member_required
-def incident_detail(request: HttpRequest, kind: str, scope: str, error_class: str):
+def incident_detail(
+    request: HttpRequest, kind: str, scope: str, error_class: str
+) -> TemplateResponse:
     _require(request, VIEW_OPS_PERMISSION)
     group = incidents.incident_group_get(kind=kind, scope=scope, error_class=error_class)
     context = page_context(
@@ -75,7 +79,13 @@ def _back(kind: str, scope: str, error_class: str) -> HttpResponseRedirect:
     return HttpResponseRedirect(incidents.incident_url(kind, scope, error_class))
 
 
-def _change(request: HttpRequest, service, kind: str, scope: str, error_class: str):
+def _change(
+    request: HttpRequest,
+    service: Callable[..., OperatorAction],
+    kind: str,
+    scope: str,
+    error_class: str,
+) -> HttpResponse:
     _require(request, WRITE_PERMISSION)
     record = service(
         actor=acting_user(request.user),
@@ -91,13 +101,15 @@ def _change(request: HttpRequest, service, kind: str, scope: str, error_class: s
 
 @staff_member_required
 @require_POST
-def incident_acknowledge(request: HttpRequest, kind: str, scope: str, error_class: str):
+def incident_acknowledge(
+    request: HttpRequest, kind: str, scope: str, error_class: str
+) -> HttpResponse:
     return _change(request, incidents.incident_acknowledge, kind, scope, error_class)
 
 
 @staff_member_required
 @require_POST
-def incident_resolve(request: HttpRequest, kind: str, scope: str, error_class: str):
+def incident_resolve(request: HttpRequest, kind: str, scope: str, error_class: str) -> HttpResponse:
     return _change(request, incidents.incident_resolve, kind, scope, error_class)
 
 

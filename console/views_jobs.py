@@ -88,7 +88,8 @@ def _form_choices() -> dict:
         ],
         # Each kind's own statuses: the form shows those of the chosen kind only.
         "statuses_per_kind": [
-            (kind, label, STATUSES_PER_KIND[kind]) for kind, label in BulkJobKind.choices
+            (kind, label, STATUSES_PER_KIND[BulkJobKind(kind)])
+            for kind, label in BulkJobKind.choices
         ],
         "delivery_statuses": DeliveryStatus.values,
         "reasons": RejectionReason.values,
