@@ -165,6 +165,8 @@ ROLES: tuple[RoleSpec, ...] = (
             Grant(("ingress.HandlerPause",), WRITE),
             Grant(("console.BulkJob",), WRITE),
             Grant(("django_q.OrmQ",), APPEND),
+            # Incidents acknowledged and resolved (console/incidents.py).
+            Grant(("console.Incident",), WRITE),
             # Recap purchase and redemption (the buyer API) and the operator services.
             Grant(("recaps.RecapVideo",), WRITE),
             Grant(SIDE_EFFECTS, WRITE),

@@ -103,6 +103,7 @@ ACTIONS = {
     "read users": sql("SELECT password FROM auth_user"),
     "make a superuser": sql("UPDATE auth_user SET is_superuser = true"),
     "record an operator action": lambda: OperatorAction.objects.update(note="x"),
+    "acknowledge an incident": sql("UPDATE console_incident SET id = id WHERE false"),
     "queue a task": sql("INSERT INTO django_q_ormq SELECT * FROM django_q_ormq WHERE false"),
     "create a table": sql("CREATE TABLE roles_probe (id int)"),
     "roll up ACK latency": lambda: ack_rollup_add(
@@ -152,6 +153,7 @@ MAY = {
         "create a recap",
         "change a side effect",
         "record an operator action",
+        "acknowledge an incident",
         # A bulk job started here is queued for the worker (django-q2's ORM broker).
         "queue a task",
     },
