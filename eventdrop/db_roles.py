@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from django.apps import apps
 from django.conf import settings
 from django.db import connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models.fields import AutoFieldMixin
 
@@ -294,15 +295,27 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _catalog(cursor: CursorWrapper) -> tuple[list[str], list[tuple[str, str]]]:
-    """What the plan needs to know of the server: its roles, and who is a member of whom."""
+def _plan_now(
+    connection: BaseDatabaseWrapper,
+    cursor: CursorWrapper,
+    passwords: dict[str, str] | None,
+    prefix: str | None,
+) -> Plan:
+    """The plan against the server as it is now: its roles, and who is a member of whom."""
     cursor.execute("SELECT rolname FROM pg_roles")
     existing = [row[0] for row in cursor.fetchall()]
     cursor.execute(
         "SELECT role.rolname, member.rolname FROM pg_auth_members m "
         "JOIN pg_roles role ON role.oid = m.roleid JOIN pg_roles member ON member.oid = m.member"
     )
-    return existing, [(role, member) for role, member in cursor.fetchall()]
+    return db_roles_plan(
+        database=connection.settings_dict["NAME"],
+        existing_roles=existing,
+        memberships=[(role, member) for role, member in cursor.fetchall()],
+        passwords=passwords,
+        prefix=prefix,
+        quote=connection.ops.quote_name,
+    )
 
 
 def db_roles_dry_run(
@@ -311,15 +324,7 @@ def db_roles_dry_run(
     """The plan a run would execute now, executing nothing."""
     connection = connections[using]
     with connection.cursor() as cursor:
-        existing, memberships = _catalog(cursor)
-    return db_roles_plan(
-        database=connection.settings_dict["NAME"],
-        existing_roles=existing,
-        memberships=memberships,
-        passwords=passwords,
-        prefix=prefix,
-        quote=connection.ops.quote_name,
-    )
+        return _plan_now(connection, cursor, passwords, prefix)
 
 
 def db_roles_apply(
@@ -339,16 +344,7 @@ def db_roles_apply(
             ).decode()
             for kind, password in (passwords or {}).items()
         }
-        existing, memberships = _catalog(cursor)
-        plan = db_roles_plan(
-            database=connection.settings_dict["NAME"],
-            existing_roles=existing,
-            memberships=memberships,
-            passwords=verifiers,
-            prefix=prefix,
-            quote=connection.ops.quote_name,
-        )
+        plan = _plan_now(connection, cursor, verifiers, prefix)
         for statement in plan.statements:
             cursor.execute(statement)
     return plan
-
