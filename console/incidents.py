@@ -21,10 +21,10 @@ Re-arming a group of dead rows goes through the bulk job (console/bulk_jobs.py):
 group's ids are previewed as a job, which the operator then starts on its page.
 """
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -40,17 +40,14 @@ from console.models import (
     BulkJobKind,
     Incident,
     IncidentKind,
-    ItemOutcome,
     OperatorAction,
     OperatorActionKind,
-    OperatorActionOutcome,
 )
 from console.ops import SLOS
+from console.services import operator_action_one
 from eventdrop.errors import EventDropError
 from ingress.models import Delivery, DeliveryStatus, RawEvent, SignatureStatus
 from outbox.models import RecapSideEffect, SideEffectStatus
-
-logger = logging.getLogger(__name__)
 
 # Rejections older than this are history, not an incident; the window also bounds the scan
 # of the raw event store to its last week of partitions.
@@ -282,120 +279,59 @@ def incident_row_ids(group: IncidentGroup, *, limit: int = MAX_SELECTED_IDS) -> 
 # --- acknowledge, resolve, re-arm -------------------------------------------------------------
 
 
-def _change(
-    *,
-    actor: User,
-    via: str,
-    action: str,
-    kind: str,
-    scope: str,
-    error_class: str,
-    apply: Callable[[Incident, IncidentGroup], str],
+# The two changes of an incident's state: (the state it moves to, the Incident fields it
+# sets, the detail recorded).
+CHANGES = {
+    OperatorActionKind.INCIDENT_ACKNOWLEDGE: (ACKNOWLEDGED, "acknowledged", ACKNOWLEDGED_DETAIL),
+    OperatorActionKind.INCIDENT_RESOLVE: (RESOLVED, "resolved", RESOLVED_DETAIL),
+}
+
+
+def incident_change(
+    *, actor: User, via: str, action: str, kind: str, scope: str, error_class: str
 ) -> OperatorAction:
-    """Record the change as an operator action (written before, finished after, as
-    console.services records every action), refused when the group has no rows now or is
-    in the target state already."""
-    record = OperatorAction.objects.create(
-        actor=actor,
-        actor_username=actor.get_username(),
-        action=action,
-        via=via,
-        target_model=Incident._meta.label_lower,
-        target_ids=[],
-        requested=1,
-        note=f"{kind}: {scope} {error_class}",
-    )
-    try:
-        with transaction.atomic():
-            group = incident_group_get(kind=kind, scope=scope, error_class=error_class)
-            if group is None:
-                verb = "resolve" if action == OperatorActionKind.INCIDENT_RESOLVE else "acknowledge"
-                raise IncidentRefused(
-                    NO_SUCH_INCIDENT.format(
-                        kind=kind, scope=scope, error_class=error_class, verb=verb
-                    )
+    """Move a group to the action's state, recorded as an operator action; refused when the
+    group has no rows now or is in that state already."""
+    state, field, template = CHANGES[OperatorActionKind(action)]
+
+    @transaction.atomic
+    def change() -> tuple[int, str, dict]:
+        group = incident_group_get(kind=kind, scope=scope, error_class=error_class)
+        if group is None:
+            raise IncidentRefused(
+                NO_SUCH_INCIDENT.format(
+                    kind=kind, scope=scope, error_class=error_class, verb=field[:-1]
                 )
-            incident, _ = Incident.objects.select_for_update().get_or_create(
-                kind=kind, scope=scope, error_class=error_class
             )
-            detail = apply(incident, group)
-    except IncidentRefused as exc:
-        record.refused = 1
-        record.outcome = OperatorActionOutcome.REFUSED
-        record.results = [{"outcome": ItemOutcome.REFUSED, "detail": str(exc)}]
-    else:
-        record.succeeded = 1
-        record.outcome = OperatorActionOutcome.SUCCEEDED
-        record.target_ids = [incident.pk]
-        record.results = [{"id": incident.pk, "outcome": ItemOutcome.OK, "detail": detail}]
-    record.finished_at = timezone.now()
-    record.save(
-        update_fields=["target_ids", "succeeded", "refused", "results", "outcome", "finished_at"]
-    )
-    logger.info(
-        "console.operator_action",
-        extra={
-            "operator_action_id": record.id,
-            "action": action,
-            "via": via,
-            "actor": record.actor_username,
-            "outcome": record.outcome,
-        },
-    )
-    return record
-
-
-def incident_acknowledge(
-    *, actor: User, via: str, kind: str, scope: str, error_class: str
-) -> OperatorAction:
-    """Someone is on it: the group shows as acknowledged, by whom, since when."""
-
-    def apply(incident: Incident, group: IncidentGroup) -> str:
-        if group.state == ACKNOWLEDGED:
-            raise IncidentRefused(ALREADY.format(state=ACKNOWLEDGED))
-        incident.acknowledged_at = timezone.now()
-        incident.acknowledged_by = actor.get_username()
-        incident.save(update_fields=["acknowledged_at", "acknowledged_by"])
-        return ACKNOWLEDGED_DETAIL.format(
-            kind=kind, scope=scope, error_class=error_class, rows=group.rows
+        if group.state == state:
+            raise IncidentRefused(ALREADY.format(state=state))
+        incident, _ = Incident.objects.select_for_update().get_or_create(
+            kind=kind, scope=scope, error_class=error_class
         )
+        # A resolution is at least as late as the group's newest failure: a row failing
+        # after it reopens the group.
+        at = timezone.now() if state == ACKNOWLEDGED else max(timezone.now(), group.last_seen)
+        setattr(incident, f"{field}_at", at)
+        setattr(incident, f"{field}_by", actor.get_username())
+        incident.save(update_fields=[f"{field}_at", f"{field}_by"])
+        detail = template.format(kind=kind, scope=scope, error_class=error_class, rows=group.rows)
+        return incident.pk, detail, {}
 
-    return _change(
+    return operator_action_one(
         actor=actor,
         via=via,
-        action=OperatorActionKind.INCIDENT_ACKNOWLEDGE,
-        kind=kind,
-        scope=scope,
-        error_class=error_class,
-        apply=apply,
+        action=action,
+        target_model=Incident._meta.label_lower,
+        note=f"{kind}: {scope} {error_class}",
+        change=change,
     )
 
 
-def incident_resolve(
-    *, actor: User, via: str, kind: str, scope: str, error_class: str
-) -> OperatorAction:
-    """The cause is fixed: the group shows as resolved until a row of it fails again."""
-
-    def apply(incident: Incident, group: IncidentGroup) -> str:
-        if group.state == RESOLVED:
-            raise IncidentRefused(ALREADY.format(state=RESOLVED))
-        # At least its newest failure: a row failing later reopens the group.
-        incident.resolved_at = max(timezone.now(), group.last_seen)
-        incident.resolved_by = actor.get_username()
-        incident.save(update_fields=["resolved_at", "resolved_by"])
-        return RESOLVED_DETAIL.format(
-            kind=kind, scope=scope, error_class=error_class, rows=group.rows
-        )
-
-    return _change(
-        actor=actor,
-        via=via,
-        action=OperatorActionKind.INCIDENT_RESOLVE,
-        kind=kind,
-        scope=scope,
-        error_class=error_class,
-        apply=apply,
-    )
+# Acknowledge: someone is on it (shown with who and since when). Resolve: the cause is fixed
+# (shown until a row of the group fails again). Both keyword-only: actor, via, kind, scope,
+# error_class.
+incident_acknowledge = partial(incident_change, action=OperatorActionKind.INCIDENT_ACKNOWLEDGE)
+incident_resolve = partial(incident_change, action=OperatorActionKind.INCIDENT_RESOLVE)
 
 
 def incident_rearm_preview(

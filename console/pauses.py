@@ -12,7 +12,6 @@ The ops page colours a pause by its age (HANDLER_PAUSE_YELLOW_SECONDS, _RED_SECO
 pause is an incident tool, and one forgotten for an hour is a backlog growing unseen.
 """
 
-import logging
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -22,18 +21,15 @@ from django.db.models import Q
 from django.utils import timezone
 
 from console.models import (
-    ItemOutcome,
     OperatorAction,
     OperatorActionKind,
     OperatorActionOutcome,
 )
 from console.presentation import format_seconds, format_time
-from console.services import NOTE_REQUIRED, OperatorActionError
+from console.services import NOTE_REQUIRED, OperatorActionError, operator_action_one
 from ingress.models import HandlerPause
 from ingress.selectors import ActivePause, handler_pauses_active
 from ingress.services import PauseRefused, handler_pause, handler_resume
-
-logger = logging.getLogger(__name__)
 
 # What disabling a source costs, shown wherever sources are (ops page, job form, pauses).
 SOURCE_DISABLE_COST = (
@@ -129,31 +125,14 @@ def _scope(handler: str, source: str) -> str:
 def _record(
     *, actor: User, via: str, kind: str, handler: str, source: str, change, note: str = ""
 ) -> OperatorAction:
-    record = OperatorAction.objects.create(
-        actor=actor,
-        actor_username=actor.get_username(),
-        action=kind,
-        via=via,
-        target_model=HandlerPause._meta.label_lower,
-        target_ids=[],
-        requested=1,
-        note=note,
-    )
-    try:
-        result = change()
-    except (PauseRefused, IntegrityError) as exc:
-        # change() runs in its own transaction: a violated constraint rolled back only it.
-        detail = (
-            str(exc)
-            if isinstance(exc, PauseRefused)
-            else PAUSED_CONCURRENTLY.format(scope=_scope(handler, source))
-        )
-        outcome = OperatorActionOutcome.REFUSED
-        item: dict[str, object] = {"outcome": ItemOutcome.REFUSED, "detail": detail}
-        record.refused = 1
-    else:
-        outcome = OperatorActionOutcome.SUCCEEDED
-        scope = _scope(handler, source)
+    scope = _scope(handler, source)
+
+    def changed() -> tuple[int, str, dict]:
+        try:
+            result = change()
+        except IntegrityError as exc:
+            # change() runs in its own transaction: a violated constraint rolled back only it.
+            raise PauseRefused(PAUSED_CONCURRENTLY.format(scope=scope)) from exc
         detail = (
             PAUSED.format(scope=scope, count=result.deliveries)
             if kind == OperatorActionKind.HANDLER_PAUSE
@@ -163,31 +142,16 @@ def _record(
                 seconds=format_seconds(result.release_seconds),
             )
         )
-        item = {
-            "id": result.pause.id,
-            "outcome": ItemOutcome.OK,
-            "detail": detail,
-            "deliveries": result.deliveries,
-        }
-        record.target_ids = [result.pause.id]
-        record.succeeded = 1
-    record.results = [item]
-    record.outcome = outcome
-    record.finished_at = timezone.now()
-    record.save(
-        update_fields=["target_ids", "succeeded", "refused", "results", "outcome", "finished_at"]
+        return result.pause.id, detail, {"deliveries": result.deliveries}
+
+    return operator_action_one(
+        actor=actor,
+        via=via,
+        action=kind,
+        target_model=HandlerPause._meta.label_lower,
+        note=note,
+        change=changed,
     )
-    logger.info(
-        "console.operator_action",
-        extra={
-            "operator_action_id": record.id,
-            "action": kind,
-            "via": via,
-            "actor": record.actor_username,
-            "outcome": outcome,
-        },
-    )
-    return record
 
 
 def handlers_pause(

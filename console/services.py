@@ -170,16 +170,28 @@ def _run(
     record.refused = sum(1 for item in results if item["outcome"] == ItemOutcome.REFUSED)
     record.failed = sum(1 for item in results if item["outcome"] == ItemOutcome.ERROR)
     record.outcome = _outcome(record.succeeded, record.refused, record.failed)
+    return _finished(record)
+
+
+def _finished(record: OperatorAction) -> OperatorAction:
     record.finished_at = timezone.now()
     record.save(
-        update_fields=["results", "succeeded", "refused", "failed", "outcome", "finished_at"]
+        update_fields=[
+            "target_ids",
+            "results",
+            "succeeded",
+            "refused",
+            "failed",
+            "outcome",
+            "finished_at",
+        ]
     )
     logger.info(
         "console.operator_action",
         extra={
             "operator_action_id": record.id,
-            "action": action,
-            "via": via,
+            "action": record.action,
+            "via": record.via,
             "actor": record.actor_username,
             "requested": record.requested,
             "succeeded": record.succeeded,
@@ -188,6 +200,43 @@ def _run(
         },
     )
     return record
+
+
+def operator_action_one(
+    *,
+    actor: User,
+    via: str,
+    action: str,
+    target_model: str,
+    note: str,
+    change: Callable[[], tuple[int, str, dict]],
+) -> OperatorAction:
+    """One change of one object (a pause, an incident's state), recorded as every action is:
+    written before `change()` runs, finished after it. `change` returns (the object's id,
+    the detail, extra result fields); a domain refusal (EventDropError) is recorded as
+    refused, with its constant message."""
+    record = OperatorAction.objects.create(
+        actor=actor,
+        actor_username=actor.get_username(),
+        action=action,
+        via=via,
+        target_model=target_model,
+        target_ids=[],
+        requested=1,
+        note=note,
+    )
+    try:
+        target_id, detail, data = change()
+    except EventDropError as exc:
+        record.refused = 1
+        record.outcome = OperatorActionOutcome.REFUSED
+        record.results = [{"outcome": ItemOutcome.REFUSED, "detail": str(exc)}]
+    else:
+        record.succeeded = 1
+        record.outcome = OperatorActionOutcome.SUCCEEDED
+        record.target_ids = [target_id]
+        record.results = [{"id": target_id, "outcome": ItemOutcome.OK, "detail": detail, **data}]
+    return _finished(record)
 
 
 # --- raw events ----------------------------------------------------------------------------
