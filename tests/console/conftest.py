@@ -126,7 +126,8 @@ def fake_renderer(settings):
 
 @pytest.fixture
 def dead_side_effect(fake_renderer, admin_user, client):
-    """A render row that died after every attempt failed with a 5xx, and its failed recap."""
+    """A render row that died on a verdict about it (the render service's 422 for this
+    request: the finality rule's evidence; a 5xx charges no row), and its failed recap."""
     from datetime import timedelta
 
     from django.utils import timezone
@@ -136,14 +137,16 @@ def dead_side_effect(fake_renderer, admin_user, client):
     from tests.console.samples import paid_recap
 
     recap = paid_recap(client, admin_user)
-    fake_renderer.configure(mode="error_5xx")
+    fake_renderer.configure(mode="error_4xx")
     start = timezone.now()
     for day in range(8):
         dispatch_run(now=start + timedelta(days=day))
+        if RecapSideEffect.objects.get(recap=recap).status == "dead":
+            break
     row = RecapSideEffect.objects.get(recap=recap)
     assert row.status == "dead", row.status
-    # The service has recovered: healthy again, and its breaker (opened in the simulated
-    # future above) forgotten, so a re-armed row is dispatched on the next run.
+    # The service is fine again, and any breaker state forgotten, so a re-armed row is
+    # dispatched on the next run.
     fake_renderer.configure(mode="ok")
     CircuitBreaker.objects.all().delete()
     return row

@@ -153,7 +153,7 @@ def test_rearm_a_dead_side_effect_and_see_it_dispatched(
     page.goto(f"{live_server.url}/admin/outbox/recapsideeffect/?status__exact=dead")
     rows = page.locator("#result_list tbody tr")
     expect(rows).to_have_count(1)
-    expect(rows.first).to_contain_text("http_500")
+    expect(rows.first).to_contain_text("http_422")
 
     rows.first.locator("input.action-select").check()
     page.select_option("select[name=action]", "rearm_selected")

@@ -111,6 +111,7 @@ def test_a_dead_delivery_is_in_the_title_and_the_next_step_is_replay(
     admin_client, push_handler, settings
 ):
     settings.DELIVERY_MAX_ATTEMPTS = 1
+    settings.DELIVERY_TRANSIENT_HORIZON_SECONDS = 0  # the finality rule: attempts and horizon
     push_handler.fail_with = RuntimeError("handler broke")
     raw = receive_github(Client(), delivery="dies")
     inbox_run_once()
@@ -191,6 +192,7 @@ def test_a_dead_delivery_shows_no_next_attempt_and_says_what_to_do(
     admin_client, push_handler, settings
 ):
     settings.DELIVERY_MAX_ATTEMPTS = 1
+    settings.DELIVERY_TRANSIENT_HORIZON_SECONDS = 0  # the finality rule: attempts and horizon
     push_handler.fail_with = RuntimeError("handler broke")
     raw = receive_github(Client(), delivery="dies-too")
     inbox_run_once()
