@@ -173,7 +173,7 @@ def test_rearm_a_dead_side_effect_and_see_it_dispatched(
     expect(page.locator(".field-status")).to_contain_text("done")
     history = page.locator("#history-group")
     expect(history).to_contain_text("re-armed by an operator")
-    expect(history).to_contain_text("gave up after the last attempt")
+    expect(history).to_contain_text("permanent error")  # the 422, a verdict about it
     expect(history.locator("tr.has_original, tr.form-row").last).to_contain_text("done")
     expect(page.locator("#object-operator-actions")).to_contain_text(
         "re-arm side effects by oncall via admin: ok — re-armed: pending, due now"
