@@ -217,7 +217,7 @@ def test_body_search_is_refused_with_its_reason_not_empty(client, keys, payload_
     api.force_authenticate(payload_operator)
     response = api.get("/api/raw-events/", {"body_contains": "encryption-needle"})
     assert response.status_code == 400
-    assert response.json()["body_contains"] == [BODY_SEARCH_ENCRYPTED]
+    assert response.json()["errors"]["body_contains"] == [BODY_SEARCH_ENCRYPTED]
     # q still finds by id, and the admin says why bodies were not searched.
     assert [
         r["id"] for r in api.get("/api/raw-events/", {"q": f"#{event.pk}"}).json()["results"]
