@@ -4,7 +4,7 @@ GET /api/schema/ serves it to staff; docs/openapi.json is the committed copy, an
 tests/console/test_api_schema.py fails when the two differ (regenerate it with
 `manage.py spectacular --file docs/openapi.json --format openapi-json`) and runs
 schemathesis against it. Every operation documents the problem-details answers
-(console/problems.py) it can give besides its own.
+(eventdrop/problems.py) it can give besides its own.
 """
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -15,11 +15,11 @@ from rest_framework.permissions import AllowAny, IsAdminUser
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from console.problems import PROBLEM_CONTENT_TYPE
+from eventdrop.problems import PROBLEM_CONTENT_TYPE
 
 PROBLEM_SCHEMA = {
     "type": "object",
-    "description": "RFC 9457 problem details (console/problems.py).",
+    "description": "RFC 9457 problem details (eventdrop/problems.py).",
     "properties": {
         "type": {"type": "string", "description": "urn:eventdrop:problem:<code>"},
         "title": {"type": "string"},
@@ -96,7 +96,6 @@ class SchemaApi(SpectacularAPIView):
 
     permission_classes = [IsAdminUser]
     renderer_classes = [OpenApiJsonRenderer]  # JSON, as every other answer of the API
-    problem_details = True
 
 
 class ApiNotFound(APIView):
@@ -104,7 +103,6 @@ class ApiNotFound(APIView):
 
     authentication_classes: list = []
     permission_classes = [AllowAny]
-    problem_details = True
 
     def initial(self, request: Request, *args: object, **kwargs: object) -> None:
         raise NotFound()

@@ -32,7 +32,6 @@ from console.models import (
 )
 from console.ops import queue_drains
 from console.presentation import body_for_api, error_for_viewer, may_read_payload, seconds_between
-from console.problems import problem
 from console.selectors import (
     BODY_SEARCH_ENCRYPTED,
     PAYLOAD_FIELDS,
@@ -49,6 +48,7 @@ from console.services import (
     payload_access_record,
 )
 from eventdrop.api_access import BoundedJSONParser, SameSiteWrites
+from eventdrop.problems import problem
 from ingress.encryption import BodyUndecryptable, bodies_may_be_encrypted
 from ingress.models import (
     Delivery,
@@ -136,7 +136,6 @@ class ConsoleApi(APIView):
 
     required_permission = ""
     parser_classes = [BoundedJSONParser]
-    problem_details = True  # errors as RFC 9457 problems (console/problems.py)
 
     def get_permissions(self):
         return [IsAdminUser(), SameSiteWrites(), has_perm(self.required_permission)()]

@@ -285,8 +285,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     # Every error as RFC 9457 problem details, 500s included; the database being down is a
-    # 503 with Retry-After (console/problems.py).
-    "EXCEPTION_HANDLER": "console.problems.problem_exception_handler",
+    # 503 with Retry-After (eventdrop/problems.py).
+    "EXCEPTION_HANDLER": "eventdrop.problems.problem_exception_handler",
     # The OpenAPI schema of the console API (GET /api/schema/, docs/openapi.json).
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],

@@ -14,9 +14,10 @@ with its session, whose writes need Django's CSRF token; a script with a token
 site's requests. A write another site's page started (its `Origin` or `Sec-Fetch-Site`) is a
 403 whatever it carries.
 
-Errors: {"error": "<code>", "message": "<constant text>"} with 401 (not signed in,
-`WWW-Authenticate: Token`), 403 (not yours / not free / cross-site), 404 (unknown), 409
-(already redeemed or paid), 415 (not JSON), 503 (Stripe).
+Errors are RFC 9457 problems like the console API's (eventdrop/problems.py): `type` ends in
+the code (`urn:eventdrop:problem:recap_not_found`), `detail` is the constant text; 401 (not
+signed in, `WWW-Authenticate: Token`), 403 (not yours / not free / cross-site), 404 (unknown),
+409 (already redeemed or paid), 415 (not JSON), 503 (Stripe).
 """
 
 from django.contrib.auth.models import User
@@ -29,6 +30,7 @@ from rest_framework.views import APIView
 
 from eventdrop.api_access import BoundedJSONParser, SameSiteWrites, require_json
 from eventdrop.errors import EventDropError
+from eventdrop.problems import problem
 from recaps.errors import (
     RECAP_NOT_YOURS,
     CheckoutError,
@@ -56,7 +58,7 @@ _ERROR_RESPONSES: list[tuple[type[EventDropError], int, str]] = [
 def _error(exc: EventDropError, **extra) -> Response:
     for error_class, http_status, code in _ERROR_RESPONSES:
         if isinstance(exc, error_class):
-            return Response({"error": code, "message": str(exc), **extra}, status=http_status)
+            return problem(http_status, str(exc), code=code, **extra)
     raise exc
 
 

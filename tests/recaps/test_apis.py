@@ -1,4 +1,4 @@
-"""The buyer API: every refusal is a clear 4xx (or 503) JSON answer, never a 500."""
+"""The buyer API: every refusal is a clear 4xx (or 503) problem (RFC 9457), never a 500."""
 
 import uuid
 
@@ -27,6 +27,13 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def api():
     return APIClient()
+
+
+def problem_of(response) -> tuple[str, str]:
+    """The code and text of an RFC 9457 problem answer (eventdrop/problems.py)."""
+    body = response.json()
+    assert response["Content-Type"] == "application/problem+json"
+    return body["type"].removeprefix("urn:eventdrop:problem:"), body["detail"]
 
 
 def signed_in(api, user):
@@ -74,20 +81,20 @@ def test_someone_elses_recap_is_403(api):
     recap = RecapFactory.create(is_free=True)
     response = redeem(signed_in(api, UserFactory.create()), recap.id)
     assert response.status_code == 403
-    assert response.json() == {"error": "forbidden", "message": RECAP_NOT_YOURS}
+    assert problem_of(response) == ("forbidden", RECAP_NOT_YOURS)
 
 
 def test_a_paid_for_recap_cannot_be_redeemed_for_free_403(api):
     recap = RecapFactory.create(is_free=False)
     response = redeem(signed_in(api, recap.buyer), recap.id)
     assert response.status_code == 403
-    assert response.json() == {"error": "forbidden", "message": RECAP_NOT_FREE}
+    assert problem_of(response) == ("forbidden", RECAP_NOT_FREE)
 
 
 def test_unknown_recap_is_404(api):
     response = redeem(signed_in(api, UserFactory.create()), uuid.uuid4())
     assert response.status_code == 404
-    assert response.json() == {"error": "recap_not_found", "message": RECAP_NOT_FOUND}
+    assert problem_of(response) == ("recap_not_found", RECAP_NOT_FOUND)
 
 
 def test_redeeming_twice_is_409(api):
@@ -96,7 +103,7 @@ def test_redeeming_twice_is_409(api):
     assert redeem(api, recap.id).status_code == 200
     response = redeem(api, recap.id)
     assert response.status_code == 409
-    assert response.json() == {"error": "conflict", "message": RECAP_ALREADY_REDEEMED}
+    assert problem_of(response) == ("conflict", RECAP_ALREADY_REDEEMED)
     assert RecapSideEffect.objects.filter(recap=recap).count() == 1
 
 
@@ -118,7 +125,7 @@ def test_purchase_of_an_unknown_event_is_404(api, fake_stripe):
     client = signed_in(api, UserFactory.create())
     response = client.post("/recaps/", {"event_id": 999}, format="json")
     assert response.status_code == 404
-    assert response.json() == {"error": "event_not_found", "message": EVENT_UNKNOWN}
+    assert problem_of(response) == ("event_not_found", EVENT_UNKNOWN)
     assert fake_stripe.requests == []
 
 
@@ -135,7 +142,8 @@ def test_purchase_while_stripe_is_down_is_503_and_the_recap_waits(api, fake_stri
     )
     assert response.status_code == 503
     data = response.json()
-    assert data["error"] == "checkout_unavailable" and data["message"] == CHECKOUT_UNAVAILABLE
+    assert data["type"] == "urn:eventdrop:problem:checkout_unavailable"
+    assert data["detail"] == CHECKOUT_UNAVAILABLE
     assert data["recap"]["status"] == "pending_payment"
     # Stripe is back: the buyer retries the checkout of the same recap.
     fake_stripe.mode = "ok"
@@ -149,7 +157,7 @@ def test_purchase_without_stripe_configured_is_503(api, settings):
         "/recaps/", {"event_id": EventFactory.create().id}, format="json"
     )
     assert response.status_code == 503
-    assert response.json()["message"] == CHECKOUT_NOT_CONFIGURED
+    assert response.json()["detail"] == CHECKOUT_NOT_CONFIGURED
 
 
 @pytest.mark.parametrize(
@@ -161,7 +169,7 @@ def test_checkout_refusals(api, fake_stripe, free, paid, status, message):
     if paid:
         pay(recap)
     response = checkout(signed_in(api, recap.buyer), recap.id)
-    assert response.status_code == status and response.json()["message"] == message
+    assert response.status_code == status and response.json()["detail"] == message
     assert fake_stripe.requests == []
 
 

@@ -8,11 +8,10 @@ is the status's reason phrase, `detail` one sentence for a human, `errors` (vali
 the fields that were wrong, as DRF reports them. Content-Type `application/problem+json`.
 
 This is DRF's documented extension point (REST_FRAMEWORK["EXCEPTION_HANDLER"]): every error
-a console API view raises (views with `problem_details = True`: console.apis.ConsoleApi and
-its kin) is a problem, 500s included — an unexpected exception is logged with its traceback
-and answered without its message (which may quote data). Other DRF views (the buyer API,
-recaps/views/apis.py) keep DRF's shapes beside their own `{"error", "message"}`, and the
-webhook path, not a DRF view, its `{"error", "message"}` body (docs/console.md, "Errors").
+a DRF view of the project raises (the console API, the buyer API) is a problem, 500s included
+— an unexpected exception is logged with its traceback and answered without its message
+(which may quote data). The webhook path is not a DRF view: its answers keep their
+`{"error", "message"}` body (docs/console.md, "Errors").
 
 drf-standardized-errors was considered: its shape (`{"type", "errors": [{"code", "detail",
 "attr"}]}`) is not RFC 9457's, and reshaping it would be more code than this.
@@ -68,15 +67,8 @@ def problem_exception_handler(exc: Exception, context: dict) -> Response | None:
     misconfiguration that retrying cannot fix, and stays a 500.
     """
     view = type(context.get("view")).__name__
-    problems = getattr(context.get("view"), "problem_details", False)
     if isinstance(exc, OperationalError | InterfaceError):
         logger.error("api.database_unavailable", exc_info=exc, extra={"view": view})
-        if not problems:
-            return Response(
-                {"detail": DATABASE_UNAVAILABLE},
-                status=status.HTTP_503_SERVICE_UNAVAILABLE,
-                headers={"Retry-After": str(settings.INGRESS_UNAVAILABLE_RETRY_AFTER)},
-            )
         return problem(
             status.HTTP_503_SERVICE_UNAVAILABLE,
             DATABASE_UNAVAILABLE,
@@ -89,8 +81,6 @@ def problem_exception_handler(exc: Exception, context: dict) -> Response | None:
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied(*exc.args)
     response = exception_handler(exc, context)
-    if not problems:
-        return response
     if response is None:
         set_rollback()
         logger.error("api.unexpected_error", exc_info=exc, extra={"view": view})
