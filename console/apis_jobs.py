@@ -75,7 +75,7 @@ class BulkJobFiltersSerializer(serializers.Serializer):
     status = serializers.ChoiceField(
         choices=sorted({*SignatureStatus.values, *DeliveryStatus.values}), required=False
     )
-    # A raw event's rejection reason; a fragment of a delivery's last error; a side
+    # A raw event's rejection reason; the class a delivery's last error starts with; a side
     # effect's last error class.
     reason = serializers.CharField(required=False, max_length=255)
     received_after = serializers.DateTimeField(required=False)

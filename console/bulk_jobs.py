@@ -37,6 +37,7 @@ the minute sweep) and kept on the job; console/ops.py and /metrics show it.
 
 import logging
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -100,6 +101,13 @@ UNKNOWN_HANDLER = (
     "No handler is registered as “{name}” and no delivery names it (registered: {names})."
 )
 WINDOW_ORDER = "received_before must be later than received_after."
+NOT_AN_ERROR_CLASS = (
+    "A delivery's reason is its error's class, e.g. KeyError (a handler's message may quote "
+    "the payload, so it is not searched)."
+)
+# The class a stored handler error starts with (`Class: message`), as console/incidents.py
+# groups them: a delivery's `reason` filter matches that prefix and never the message.
+_ERROR_CLASS = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}")
 NOT_PREVIEWED = "Job #{id} is {state}: only a previewed job can be started."
 EMPTY_JOB = "Job #{id} selected no rows: there is nothing to start."
 ALREADY_FINISHED = "Job #{id} is already {state}."
@@ -161,8 +169,8 @@ KINDS: dict[str, KindSpec] = {
     BulkJobKind.REARM_DELIVERIES: KindSpec(
         model=Delivery,
         action=OperatorActionKind.DELIVERY_REARM,
-        # status: the delivery's; source, type and window: of its raw event; reason: a
-        # fragment of the delivery's last error (the error's class name, typically).
+        # status: the delivery's; source, type and window: of its raw event; reason: the
+        # class its last error starts with (`Class: message`; the message is not searched).
         filters=frozenset(FILTER_NAMES),
         breakdown=(
             ("source", "raw_event__source"),
@@ -200,7 +208,7 @@ _FILTER_LOOKUPS: dict[str, dict[str, str]] = {
     BulkJobKind.REARM_DELIVERIES: {
         "handler": "handler",
         "status": "status",
-        "reason": "last_error__icontains",
+        "reason": "last_error__startswith",
         "source": "raw_event__source",
         "event_type": "raw_event__event_type",
         "received_after": "raw_event__received_at__gte",
@@ -222,6 +230,8 @@ def _filtered(kind: str, filters: dict) -> QuerySet:
         for name, lookup in _FILTER_LOOKUPS[kind].items()
         if filters.get(name)
     }
+    if kind == BulkJobKind.REARM_DELIVERIES and "last_error__startswith" in lookups:
+        lookups["last_error__startswith"] += ":"  # the class, checked in _clean_filters
     rows = spec.model._default_manager.filter(**lookups)
     if kind == BulkJobKind.REPLAY_RAW_EVENTS and (
         filters.get("handler") or filters.get("delivery_status")
@@ -281,6 +291,9 @@ def _clean_filters(kind: str, filters: dict) -> dict:
         raise BulkJobError(WINDOW_ORDER, field="received_before")
     if cleaned.get("handler"):
         _check_handler(cleaned["handler"])
+    reason = cleaned.get("reason")
+    if kind == BulkJobKind.REARM_DELIVERIES and reason and not _ERROR_CLASS.fullmatch(reason):
+        raise BulkJobError(NOT_AN_ERROR_CLASS, field="reason")
     return cleaned
 
 

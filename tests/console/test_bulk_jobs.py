@@ -359,3 +359,39 @@ def test_dead_deliveries_of_one_handler_are_rearmed_as_a_job(operator, push_hand
     assert all(by_id[row.pk].attempts == 0 for row in rows[:4])
     assert OperatorAction.objects.get(bulk_job=job).action == "delivery_rearm"
     assert BulkJobItem.objects.filter(job=job).count() == 4
+
+
+def test_a_delivery_reason_selects_by_error_class_never_by_the_handlers_message(
+    operator, push_handler
+):
+    """A handler's message may quote the payload: the `reason` filter, open to operators
+    without the payload permission, matches the class the error starts with, nothing else."""
+    events = stored_events(3)
+    Delivery.objects.bulk_create(
+        [
+            Delivery(raw_event_id=events[0].id, handler="app.on_push", status="dead",
+                     last_error="KeyError: 'card_number=4242'"),
+            Delivery(raw_event_id=events[1].id, handler="app.on_push", status="dead",
+                     last_error="ValueError: card_number=4242"),
+            Delivery(raw_event_id=events[2].id, handler="app.on_push", status="dead",
+                     last_error="card_number: free text"),
+        ]
+    )
+
+    def selected(reason: str) -> int:
+        try:
+            return bulk_job_preview(
+                actor=operator, kind="rearm_deliveries", via="api", filters={"reason": reason}
+            ).total
+        except BulkJobError as refused:
+            if str(refused) == NOTHING_SELECTED:
+                return 0
+            raise
+
+    assert selected("KeyError") == 1
+    assert selected("card_number") == 1  # the third error's class, by its shape: not its text
+    assert selected("card") == 0
+    for probe in ("KeyError: 'card", "card_number=4242", "4242", "%"):
+        with pytest.raises(BulkJobError) as refused:
+            selected(probe)
+        assert refused.value.field == "reason"
