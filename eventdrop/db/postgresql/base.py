@@ -11,6 +11,10 @@ places, all for a server that stops answering or restarts (issue 8, findings 5 a
    whichever ends first. No watchdog thread, nothing armed per query: the bound costs one
    ContextVar read and one clock read per wait. When it expires the connection is closed
    (it is mid-message, unusable) and `DatabaseWaitTimeout`, an OperationalError, is raised.
+   `wait()` is a public method of psycopg's connection classes but not in psycopg's
+   documentation: what it costs not to override it is a watchdog per query (a timer that
+   closes the socket), which a frozen server makes the common path. No private name of
+   psycopg is used, and tests/eventdrop/test_db_bounds.py fails if an upgrade changes it.
 2. A connection opened inside a deadline gets a libpq connect_timeout that fits what is
    left of it, and none is started when less than libpq's 2 s minimum is left. The timeout
    is per address tried: give HOST as an address (as DATABASE_URL does here) or a name with
@@ -45,17 +49,20 @@ connection class, which the pool would choose itself.
 import math
 import re
 import select
+import time
 
 import psycopg
 import psycopg.sql
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.postgresql import base
-from psycopg.connection import _WAIT_INTERVAL
 
 from eventdrop.db.bounds import deadline_seconds_left
 
 # libpq (and psycopg after it) treats any connect_timeout below 2 s as 2 s.
 LIBPQ_MIN_CONNECT_TIMEOUT_SECONDS = 2
+# How often `wait()` wakes while the socket is silent, as psycopg's own default does: only
+# the granularity of the bound, not the bound.
+WAIT_INTERVAL_SECONDS = 0.1
 
 
 POOLERS = ("pgbouncer",)
@@ -86,15 +93,20 @@ class BoundedConnection(psycopg.Connection):
     # Set right after connecting (DatabaseWrapper.get_new_connection); None: only deadlines.
     client_wait_timeout: float | None = None
 
-    def wait(self, gen, interval=_WAIT_INTERVAL, timeout=None):
+    def wait(self, gen, interval=WAIT_INTERVAL_SECONDS, timeout=None):
         bound = _wait_bound(self.client_wait_timeout)
         if bound is None or (timeout is not None and timeout <= bound):
             # A caller with its own, tighter timeout (psycopg's notifies()) handles its
             # expiry itself: the generator it abandons leaves the connection usable.
             return super().wait(gen, interval, timeout)
+        started = time.monotonic()
         try:
             return super().wait(gen, interval, bound)
-        except psycopg.errors._WaitTimeout:
+        except psycopg.OperationalError:
+            # psycopg names its wait's timeout with a private class: an OperationalError
+            # raised once the bound has passed is that timeout; earlier, the server's own.
+            if time.monotonic() - started < bound:
+                raise
             # The request is sent and its answer half-read at best: the connection cannot
             # be used again. If the server runs the statement later anyway (it was frozen,
             # not dead), that is the ambiguity of a connection lost after COMMIT was sent,
@@ -116,13 +128,16 @@ class BoundedAsyncConnection(psycopg.AsyncConnection):
 
     client_wait_timeout: float | None = None
 
-    async def wait(self, gen, interval=_WAIT_INTERVAL, timeout=None):
+    async def wait(self, gen, interval=WAIT_INTERVAL_SECONDS, timeout=None):
         bound = _wait_bound(self.client_wait_timeout)
         if bound is None or (timeout is not None and timeout <= bound):
             return await super().wait(gen, interval, timeout)
+        started = time.monotonic()
         try:
             return await super().wait(gen, interval, bound)
-        except psycopg.errors._WaitTimeout:
+        except psycopg.OperationalError:
+            if time.monotonic() - started < bound:  # the server's error, not our bound
+                raise
             await self.close()
             raise DatabaseWaitTimeout(
                 f"the database did not answer within {bound:.2f} s (client-side bound)"
