@@ -323,6 +323,16 @@ def deliveries_release(
         return cursor.rowcount
 
 
+# A delivery armed afresh (a replay, a re-arm of a dead one): no claim, no finish, fresh
+# attempts, and neither its horizon nor an uncharged wait started.
+_ARMED_AFRESH = {
+    "attempts": 0,
+    "claimed_at": None,
+    "finished_at": None,
+    "first_failed_at": None,
+    "waiting_since": None,
+}
+
 # What a replay arms again. `pending` is re-armed too (attempts reset, due now): a replay is
 # the operator's "try it now", and it stays one row, so a second replay queues nothing twice.
 # `processing` is left to finish on its own, `held` to its pause; `superseded` is re-armed
@@ -377,14 +387,10 @@ def deliveries_arm_for_replay(
         if ids:
             Delivery.objects.filter(id__in=ids).update(
                 status=status,
-                attempts=0,
                 next_attempt_at=now,
-                claimed_at=None,
-                finished_at=None,
-                first_failed_at=None,
-                waiting_since=None,
                 superseded_by=None,
                 forced=force,
+                **_ARMED_AFRESH,
             )
     handled = {(event_id, handler) for event_id, handler, _ in existing}
     new: list[Delivery] = []
@@ -428,13 +434,7 @@ def deliveries_rearm_dead(delivery_ids: list[int], *, now: datetime) -> int:
     ):
         if ids:
             Delivery.objects.filter(id__in=ids).update(
-                status=status,
-                attempts=0,
-                next_attempt_at=now,
-                claimed_at=None,
-                finished_at=None,
-                first_failed_at=None,
-                waiting_since=None,
+                status=status, next_attempt_at=now, **_ARMED_AFRESH
             )
     # The event is no longer handled: its lag shows again until the delivery finishes.
     RawEvent.objects.filter(id__in={raw_event_id for _, raw_event_id in rows}).update(

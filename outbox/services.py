@@ -591,19 +591,21 @@ class CallbackResult:
     stale: str = ""
 
 
-def _current_render(recap: RecapVideo, *, render_id: str, idempotency_key: str, kind: str) -> str:
-    """ "" when (render_id, idempotency_key) is the recap's current render, else why not."""
+def _callback_recap(
+    *, recap_id: RecapId, render_id: str, idempotency_key: str, kind: str
+) -> tuple[RecapVideo, str]:
+    """The recap a callback is about, locked, and "" when (render_id, idempotency_key) is its
+    current render — else why not (the callback is then ignored)."""
+    recap = recap_lock(recap_id=recap_id)
+    if recap.status in UNPAID_STATUSES:
+        raise RecapStateConflict(RECAP_NOT_RENDERED)
     row = RecapSideEffect.objects.filter(recap=recap, effect_type=EffectType.RENDER).first()
     key_moved_on = row is not None and row.idempotency_key != idempotency_key
     if not key_moved_on and (not recap.render_id or recap.render_id == render_id):
-        return ""
+        return recap, ""
     current = recap.render_id or (row.idempotency_key if row is not None else "none")
-    return STALE_CALLBACK.format(render_id=render_id or "?", kind=kind, current=current)
-
-
-def _ignored(recap: RecapVideo, stale: str) -> CallbackResult:
     logger.info("recaps.render_callback.stale", extra={"recap_id": str(recap.id)})
-    return CallbackResult(applied=False, stale=stale)
+    return recap, STALE_CALLBACK.format(render_id=render_id or "?", kind=kind, current=current)
 
 
 def _ready(recap_id: RecapId, *, video_url: str, render_id: str, now: datetime) -> bool:
@@ -627,14 +629,11 @@ def render_completed_record(
     ignored, `stale`). Idempotent: a ready recap stays as it is. A completion beats an
     earlier `render.failed` of the same render (the service's last word)."""
     now = now or timezone.now()
-    recap = recap_lock(recap_id=recap_id)
-    if recap.status in UNPAID_STATUSES:
-        raise RecapStateConflict(RECAP_NOT_RENDERED)
-    stale = _current_render(
-        recap, render_id=render_id, idempotency_key=idempotency_key, kind="completed"
+    recap, stale = _callback_recap(
+        recap_id=recap_id, render_id=render_id, idempotency_key=idempotency_key, kind="completed"
     )
     if stale:
-        return _ignored(recap, stale)
+        return CallbackResult(applied=False, stale=stale)
     return CallbackResult(
         applied=_ready(recap.id, video_url=video_url, render_id=render_id, now=now)
     )
@@ -652,14 +651,11 @@ def render_failed_record(
     """The render service gave up on a render: a verdict about it, so the recap is `failed`
     (visibly, with the reason; staff can retry it) — if it is the recap's current render,
     else ignored (`stale`). A ready or failed recap stays as it is."""
-    recap = recap_lock(recap_id=recap_id)
-    if recap.status in UNPAID_STATUSES:
-        raise RecapStateConflict(RECAP_NOT_RENDERED)
-    stale = _current_render(
-        recap, render_id=render_id, idempotency_key=idempotency_key, kind="failed"
+    recap, stale = _callback_recap(
+        recap_id=recap_id, render_id=render_id, idempotency_key=idempotency_key, kind="failed"
     )
     if stale:
-        return _ignored(recap, stale)
+        return CallbackResult(applied=False, stale=stale)
     return CallbackResult(applied=recap_mark_failed(recap_id=recap.id, reason=reason, now=now))
 
 

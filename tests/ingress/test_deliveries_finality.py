@@ -19,14 +19,10 @@ than the threshold), never by the clock.
 
 import json
 import os
-import time
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import psycopg
 import pytest
-import requests
-import stripe
 from django.utils import timezone
 
 from ingress.deliveries import deliveries_rearm_stale
@@ -37,7 +33,6 @@ from recaps.models import RecapStatus, RecapVideo
 from tests.recaps.factories import EventFactory, RecapFactory
 from tests.support.pg_cluster import throwaway_cluster
 from tests.support.processes import (
-    Managed,
     app_env,
     free_port,
     manage,
@@ -45,62 +40,12 @@ from tests.support.processes import (
     settings_database_url,
     start_manage,
     start_procfile,
+    wait_until,
 )
+from tests.support.signing import checkout_session_event, post_signed_stripe
 from tests.support.sql import database_dsn
 
 CHECKOUT = "recaps.handlers.record_checkout_session"
-
-
-def checkout_event(recap_id: str, *, event_type: str = "checkout.session.completed") -> bytes:
-    session = f"cs_{recap_id.replace('-', '')}"
-    return json.dumps(
-        {
-            "id": f"evt_{event_type}_{session}",
-            "object": "event",
-            "type": event_type,
-            "created": int(datetime.now(tz=UTC).timestamp()),
-            "data": {
-                "object": {
-                    "id": session,
-                    "object": "checkout.session",
-                    "payment_status": "paid",
-                    "payment_intent": f"pi_{session}",
-                    "metadata": {"recap_id": recap_id},
-                }
-            },
-        }
-    ).encode()
-
-
-def post_stripe(port: int, body: bytes) -> None:
-    signature = stripe.WebhookSignature.generate_signature_header(
-        body.decode(), os.environ["STRIPE_WEBHOOK_SECRET"]
-    )
-    answer = requests.post(
-        f"http://127.0.0.1:{port}/webhooks/stripe/",
-        data=body,
-        headers={"Stripe-Signature": signature, "Content-Type": "application/json"},
-        timeout=(2, 10),
-    )
-    assert answer.status_code == 202, answer.text
-
-
-def wait_for(
-    condition: Callable[[], bool],
-    what: str,
-    saw: Callable[[], object],
-    processes: list[Managed],
-    timeout: float = 120,
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for process in processes:
-            assert process.alive, f"{process.args} died:\n{process.output()[-3000:]}"
-        if condition():
-            return
-        time.sleep(0.1)
-    logs = "\n".join(process.output()[-1500:] for process in processes)
-    raise AssertionError(f"timed out waiting for {what}; saw {saw()}\n{logs}")
 
 
 def delivery_states() -> dict[str, object]:
@@ -140,10 +85,12 @@ def test_a_locked_table_for_many_backoffs_loses_no_payment(tmp_path):
             processes[0].wait_listening(port, timeout=60)
             with psycopg.connect(database_dsn()) as operator:
                 operator.execute("LOCK TABLE recap_videos IN ACCESS EXCLUSIVE MODE")
-                post_stripe(port, checkout_event(str(recap.id)))
+                post_signed_stripe(
+                    f"http://127.0.0.1:{port}", checkout_session_event(str(recap.id))
+                )
                 # Held until the delivery has waited out more statement timeouts than
                 # DELIVERY_MAX_ATTEMPTS (8) would ever have allowed it.
-                wait_for(
+                wait_until(
                     lambda: DeliveryAttempt.objects.filter(outcome="released").count() >= 10,
                     "ten statement timeouts of the checkout handler",
                     delivery_states,
@@ -153,7 +100,7 @@ def test_a_locked_table_for_many_backoffs_loses_no_payment(tmp_path):
             delivery = Delivery.objects.get(handler=CHECKOUT)
             assert delivery.status == "pending" and delivery.attempts == 0
             assert delivery.last_error.startswith("OperationalError: ")
-            wait_for(
+            wait_until(
                 lambda: RecapVideo.objects.get(pk=recap.pk).status == RecapStatus.READY,
                 "the recap paid, rendered and ready",
                 delivery_states,
@@ -223,7 +170,7 @@ def test_postgresql_restarted_mid_batch_several_times_kills_no_delivery(tmp_path
         try:
             web.wait_listening(port, timeout=60)
             for recap_id in recap_ids:
-                post_stripe(port, checkout_event(recap_id))
+                post_signed_stripe(f"http://127.0.0.1:{port}", checkout_session_event(recap_id))
         finally:
             web.stop()
         manage("shell", "-c", _SETTLE, env=env)
@@ -244,7 +191,7 @@ def test_postgresql_restarted_mid_batch_several_times_kills_no_delivery(tmp_path
                 def reached(target: int = target) -> bool:
                     return counts()[0] >= target
 
-                wait_for(
+                wait_until(
                     reached,
                     f"{quarter} quarter(s) of the deliveries done",
                     counts,
@@ -252,7 +199,7 @@ def test_postgresql_restarted_mid_batch_several_times_kills_no_delivery(tmp_path
                 )
                 assert counts()[0] < rows, "the restart must land mid-run"
                 cluster.restart(mode)  # `immediate` is a crash: no shutdown checkpoint
-            wait_for(lambda: counts()[0] == rows, "every delivery done", counts, [worker])
+            wait_until(lambda: counts()[0] == rows, "every delivery done", counts, [worker])
         finally:
             worker.stop()
         done, dead, paid, processing = counts()
@@ -288,15 +235,19 @@ def test_two_workers_and_a_batch_outliving_the_stale_threshold_run_each_handler_
             # The slow recap's handler will wait on this row lock: its batch outlives the
             # stale threshold many times over.
             operator.execute("SELECT 1 FROM recap_videos WHERE id = %s FOR UPDATE", [slow.id])
-            post_stripe(port, checkout_event(str(slow.id)))
+            post_signed_stripe(f"http://127.0.0.1:{port}", checkout_session_event(str(slow.id)))
             # The same checkout again, later (Stripe's async success): the key's next
             # event, which must wait for the first.
-            post_stripe(
-                port,
-                checkout_event(str(slow.id), event_type="checkout.session.async_payment_succeeded"),
+            post_signed_stripe(
+                f"http://127.0.0.1:{port}",
+                checkout_session_event(
+                    str(slow.id), event_type="checkout.session.async_payment_succeeded"
+                ),
             )
             for recap in others:
-                post_stripe(port, checkout_event(str(recap.id)))
+                post_signed_stripe(
+                    f"http://127.0.0.1:{port}", checkout_session_event(str(recap.id))
+                )
             workers = [
                 start_manage(["process_inbox"], env, log=tmp_path / f"inbox-{n}.log")
                 for n in range(2)
@@ -316,7 +267,7 @@ def test_two_workers_and_a_batch_outliving_the_stale_threshold_run_each_handler_
                         and others_done
                     )
 
-                wait_for(
+                wait_until(
                     blocked_past_the_threshold,
                     "the slow batch past twice the stale threshold, the others done",
                     delivery_states,
@@ -329,7 +280,7 @@ def test_two_workers_and_a_batch_outliving_the_stale_threshold_run_each_handler_
                 # The key's next event waits behind its running head.
                 assert head.exclude(pk=running.pk).get().status == "pending"
                 operator.rollback()
-                wait_for(
+                wait_until(
                     lambda: head.filter(status="done").count() == 2,
                     "both deliveries of the slow key done",
                     delivery_states,

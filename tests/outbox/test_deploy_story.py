@@ -22,7 +22,6 @@ clock.
 
 import json
 import os
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +29,6 @@ from datetime import UTC, datetime
 
 import pytest
 import requests
-import stripe
 
 from ingress.models import Delivery, DeliveryAttempt, RawEvent
 from outbox.models import RecapSideEffect
@@ -44,7 +42,9 @@ from tests.support.processes import (
     settings_database_url,
     start_manage,
     start_procfile,
+    wait_until,
 )
+from tests.support.signing import checkout_session_event, post_signed_stripe
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -63,54 +63,12 @@ class Stack:
     def web(self) -> str:
         return f"http://127.0.0.1:{self.web_port}"
 
-    def wait(
-        self,
-        condition: Callable[[], bool],
-        what: str,
-        saw: Callable[[], object],
-        timeout: float = 90,
-    ) -> None:
-        """Until `condition` holds; on giving up, says what it waited for and what it saw."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for process in self.processes:
-                assert process.alive, f"{process.args} died:\n{process.output()[-3000:]}"
-            if condition():
-                return
-            time.sleep(0.1)
-        logs = "\n".join(p.output()[-1500:] for p in self.processes)
-        raise AssertionError(f"timed out waiting for {what}; saw {saw()}\n{logs}")
+    def wait(self, condition: Callable[[], bool], what: str, saw: Callable[[], object]) -> None:
+        wait_until(condition, what, saw, self.processes, timeout=90)
 
     def pay(self, recap: RecapVideo) -> None:
-        """Stripe reports the payment: checkout.session.completed, signed as Stripe signs,
-        POSTed to the web server."""
-        body = json.dumps(
-            {
-                "id": f"evt_{recap.id.hex}",
-                "object": "event",
-                "type": "checkout.session.completed",
-                "created": int(datetime.now(tz=UTC).timestamp()),
-                "data": {
-                    "object": {
-                        "id": f"cs_{recap.id.hex}",
-                        "object": "checkout.session",
-                        "payment_status": "paid",
-                        "payment_intent": f"pi_{recap.id.hex}",
-                        "metadata": {"recap_id": str(recap.id)},
-                    }
-                },
-            }
-        ).encode()
-        signature = stripe.WebhookSignature.generate_signature_header(
-            body.decode(), os.environ["STRIPE_WEBHOOK_SECRET"]
-        )
-        answer = requests.post(
-            f"{self.web}/webhooks/stripe/",
-            data=body,
-            headers={"Stripe-Signature": signature, "Content-Type": "application/json"},
-            timeout=(2, 10),
-        )
-        assert answer.status_code == 202, answer.text
+        """Stripe reports the payment, through the web server."""
+        post_signed_stripe(self.web, checkout_session_event(str(recap.id)))
 
     def posts(self) -> int:
         return sum(self.fake.stats()["posts_by_key"].values())

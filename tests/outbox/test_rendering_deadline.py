@@ -12,7 +12,6 @@ settings: RENDER_MAX_CONCURRENCY = 1). About 20 s for the module, most of it wai
 compressed deadlines.
 """
 
-import subprocess
 import time
 
 import pytest
@@ -389,7 +388,7 @@ def test_lost_callbacks_through_the_dispatcher_command_as_it_runs_in_production(
     settings): the first run has the render accepted, a run after the deadline asks."""
     from django.conf import settings
 
-    from tests.support.processes import PYTHON, ROOT, app_env
+    from tests.support.processes import app_env, manage
 
     db = settings.DATABASES["default"]
     env = app_env(
@@ -404,17 +403,7 @@ def test_lost_callbacks_through_the_dispatcher_command_as_it_runs_in_production(
     )
 
     def dispatch_once() -> str:
-        result = subprocess.run(
-            [PYTHON, "manage.py", "dispatch_side_effects", "--once"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
+        return manage("dispatch_side_effects", "--once", env=env, timeout=60).stdout
 
     recap, side_effect = paid_recap()
     assert "claimed 1: done 1" in dispatch_once()

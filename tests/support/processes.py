@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -197,3 +198,23 @@ def start_procfile(
 
 def start_manage(args: list[str], env: dict[str, str], log: Path | str | None = None) -> Managed:
     return Managed([PYTHON, "manage.py", *args], env, log)
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    what: str,
+    saw: Callable[[], object],
+    processes: Sequence[Managed],
+    timeout: float = 120,
+) -> None:
+    """Until `condition` holds, the processes alive; on giving up, says what it waited for,
+    what it saw and the processes' last words. For faults driven by progress, not time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for process in processes:
+            assert process.alive, f"{process.args} died:\n{process.output()[-3000:]}"
+        if condition():
+            return
+        time.sleep(0.1)
+    logs = "\n".join(process.output()[-1500:] for process in processes)
+    raise AssertionError(f"timed out waiting for {what}; saw {saw()}\n{logs}")

@@ -74,3 +74,44 @@ def store_signed_stripe_event(body: bytes, *, timestamp: int | None = None):
         body=body,
         remote_addr="127.0.0.1",
     )
+
+
+def checkout_session_event(
+    recap_id: str, *, event_type: str = "checkout.session.completed"
+) -> bytes:
+    """A paid checkout of `recap_id` as Stripe sends it (its session named after the recap)."""
+    session = f"cs_{recap_id.replace('-', '')}"
+    return json.dumps(
+        {
+            "id": f"evt_{event_type}_{session}",
+            "object": "event",
+            "type": event_type,
+            "created": int(time.time()),
+            "data": {
+                "object": {
+                    "id": session,
+                    "object": "checkout.session",
+                    "payment_status": "paid",
+                    "payment_intent": f"pi_{session}",
+                    "metadata": {"recap_id": recap_id},
+                }
+            },
+        }
+    ).encode()
+
+
+def post_signed_stripe(base_url: str, body: bytes) -> None:
+    """POST a body to a running web server as Stripe does, signed with the Stripe SDK's own
+    header; the server must acknowledge it (202)."""
+    import requests
+
+    signature = stripe.WebhookSignature.generate_signature_header(
+        body.decode(), _env("STRIPE_WEBHOOK_SECRET")
+    )
+    answer = requests.post(
+        f"{base_url}/webhooks/stripe/",
+        data=body,
+        headers={"Stripe-Signature": signature, "Content-Type": "application/json"},
+        timeout=(2, 10),
+    )
+    assert answer.status_code == 202, answer.text
