@@ -15,14 +15,14 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "eventdrop.settings")
 django_application = get_asgi_application()  # sets Django up: only then may models be imported
 
-from django.conf import settings  # noqa: E402
-
 from eventdrop.web import WebServerConfig  # noqa: E402
 from ingress.asgi import PATH_PREFIX, WebhookApp  # noqa: E402
 
 _config = WebServerConfig.from_environ()
 webhooks = WebhookApp(
-    body_read_timeout_seconds=settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS,
+    header_read_timeout_seconds=_config.header_read_timeout_seconds,
+    max_requests=_config.max_concurrent_requests,
+    max_body_bytes=_config.max_body_bytes_in_flight,
     store_connections=_config.store_connections,
 )
 

@@ -13,7 +13,9 @@ What is here, by name:
   `render_status_worst_case`;
 - Stripe (eventdrop/stripe_api.py): `stripe_call_worst_case`;
 - the database: `database_statement_worst_case`; the webhook's store:
-  `raw_event_store_worst_case`; archiving a day of raw events: `archive_day_worst_case`;
+  `raw_event_store_worst_case`; a webhook from its connection to its answer, against its
+  source's budget: `webhook_budget_seconds`, `webhook_receive_worst_case`; archiving a day
+  of raw events: `archive_day_worst_case`;
 - reconciliation (ingress/reconcile/): `github_call_worst_case`, `reconcile_call_worst_case`,
   `reconcile_budget_problem`;
 - the give-up arithmetic of side effects and deliveries: `give_up_arithmetic`; a delivery
@@ -190,16 +192,47 @@ def database_statement_worst_case(database: Mapping[str, Any] | None = None) -> 
 
 
 def raw_event_store_worst_case() -> WorstCase:
-    """The webhook's store (ingress.services.raw_event_store): one deadline bounds every
-    database wait in it, and a connect, or the one reconnect, only starts with a timeout that
-    fits what is left of it (eventdrop/db). So the deadline is the whole worst case."""
+    """The webhook's store (ingress.services): one deadline bounds every database wait in it,
+    and a connect, or the one reconnect, only starts with a timeout that fits what is left of
+    it (eventdrop/db). So the deadline is the whole worst case."""
     seconds = settings.WEBHOOK_STORE_TIMEOUT_SECONDS
     return WorstCase.of(
         [
-            f"store deadline {seconds_text(seconds)} (gathering, connect, INSERT and one "
-            "reconnect all inside it)"
+            f"store deadline {seconds_text(seconds)} (the wait in the queue or for a "
+            "connection, the INSERT and one reconnect all inside it)"
         ],
         seconds,
+    )
+
+
+def webhook_budget_seconds(timeout_seconds: float | None) -> float:
+    """A webhook source's request budget: its sender's timeout (`Source.timeout_seconds`;
+    None when it publishes none), never past the route's WEBHOOK_REQUEST_BUDGET_SECONDS."""
+    route = float(settings.WEBHOOK_REQUEST_BUDGET_SECONDS)
+    return route if timeout_seconds is None else min(float(timeout_seconds), route)
+
+
+def webhook_receive_worst_case(*, budget: float, header: float) -> WorstCase:
+    """One webhook on the production server, from its connection to its answer.
+
+    The server reads the head within `header` (its read timeout); the receive path then has
+    one deadline, what `budget` leaves after the header, for the body read (within
+    WEBHOOK_BODY_READ_TIMEOUT_SECONDS), the wait in the store's queue and the store (within
+    WEBHOOK_STORE_TIMEOUT_SECONDS) together (ingress/asgi.py). So a source whose budget is
+    shorter than those bounds cuts them, and one that the header leaves nothing of cannot be
+    served at all.
+    """
+    body = settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS
+    store = settings.WEBHOOK_STORE_TIMEOUT_SECONDS
+    left = max(budget - header, 0.0)
+    return WorstCase.of(
+        [
+            f"header {seconds_text(header)} (WEB_HEADER_READ_TIMEOUT_SECONDS)",
+            f"min(body read {seconds_text(body)} (WEBHOOK_BODY_READ_TIMEOUT_SECONDS) + queue "
+            f"wait and store {seconds_text(store)} (WEBHOOK_STORE_TIMEOUT_SECONDS), the "
+            f"{seconds_text(left)} the budget leaves)",
+        ],
+        header + min(body + store, left),
     )
 
 

@@ -1,5 +1,5 @@
 """The project layer's system checks: the production web server (eventdrop/web.py) against
-the webhook's budget and the sources' limits, and the process kind (EVENTDROP_PROCESS).
+each webhook source's budget and limits, and the process kind (EVENTDROP_PROCESS).
 
 They check eventdrop/web.py, so they live beside it, above the apps: ingress, which they also
 read, imports nothing of the project layer. Their ids are the ones they had in ingress
@@ -14,46 +14,58 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from eventdrop.budgets import raw_event_store_worst_case
+from eventdrop.budgets import webhook_budget_seconds, webhook_receive_worst_case
 from eventdrop.processes import KINDS
 from eventdrop.web import WebServerConfig
-from ingress.sources import all_sources
+from ingress.sources import Source, all_sources
 
 
 @checks.register()
 def check_web_server_limits(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """The production server's own bounds (eventdrop/web.py) against the webhook's budget and
-    the sources' limits: a request may spend the header read timeout, then the body read
-    deadline, then the store's worst case, and all of it must fit the route's budget."""
+    """The production server's own bounds (eventdrop/web.py) against each webhook source's
+    budget and limits: a request may spend the header read timeout, then the body read, the
+    queue wait and the store under one deadline, what its source's budget leaves
+    (eventdrop/budgets.py); a source the header leaves nothing of could never be answered."""
     try:
         server = WebServerConfig.from_environ()
     except ValueError as exc:
         return [checks.Error(f"Web server settings (WEB_*): {exc}", id="ingress.E003")]
-    messages: list[checks.CheckMessage] = []
-    header = server.header_read_timeout_seconds
-    body = float(settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS)
-    store = raw_event_store_worst_case()
-    total = header + body + store.seconds
-    budget = float(settings.WEBHOOK_REQUEST_BUDGET_SECONDS)
-    if total > budget:
-        messages.append(
-            checks.Error(
-                f"webhook receive worst case headers {header:.1f} s "
-                f"(WEB_HEADER_READ_TIMEOUT_SECONDS) + body {body:.1f} s "
-                f"(WEBHOOK_BODY_READ_TIMEOUT_SECONDS) + {store.terms} = {total:.1f} s "
-                f"exceeds the {budget:.1f} s budget of the webhook receive request "
-                "(WEBHOOK_REQUEST_BUDGET_SECONDS).",
-                id="ingress.E003",
-            )
-        )
     try:
         sources = all_sources()
     except ImproperlyConfigured:
-        return messages  # reported by ingress.E001
+        return []  # reported by ingress.E001
+    messages: list[checks.CheckMessage] = []
+    header = server.header_read_timeout_seconds
     for source in sources.values():
-        if source.enabled and source.max_header_bytes > server.max_header_bytes:
+        if not source.enabled:
+            continue
+        budget = webhook_budget_seconds(source.timeout_seconds)
+        if header >= budget:
+            worst = webhook_receive_worst_case(budget=budget, header=header)
+            messages.append(
+                checks.Error(
+                    f"Webhook source {source.name!r}: receive worst case {worst.arithmetic}, "
+                    f"against its {budget:.1f} s budget ({_budget_origin(source)}): the header "
+                    "read leaves nothing for the body read, the queue wait and the store.",
+                    hint="Lower WEB_HEADER_READ_TIMEOUT_SECONDS (every source shares it).",
+                    id="ingress.E003",
+                )
+            )
+        if source.max_body_bytes > server.max_body_bytes_in_flight:
+            messages.append(
+                checks.Error(
+                    f"Webhook source {source.name!r} accepts bodies of {source.max_body_bytes} "
+                    f"bytes, but a web process holds at most {server.max_body_bytes_in_flight} "
+                    "bytes of bodies at once (WEB_MAX_BODY_BYTES_IN_FLIGHT): its largest "
+                    "would always be answered 503.",
+                    hint="Raise WEB_MAX_BODY_BYTES_IN_FLIGHT or lower the source's "
+                    "max_body_bytes.",
+                    id="ingress.E003",
+                )
+            )
+        if source.max_header_bytes > server.max_header_bytes:
             messages.append(
                 checks.Warning(
                     f"Webhook source {source.name!r} allows {source.max_header_bytes} bytes of "
@@ -63,6 +75,14 @@ def check_web_server_limits(
                 )
             )
     return messages
+
+
+def _budget_origin(source: Source) -> str:
+    """Which setting the budget comes from (eventdrop.budgets.webhook_budget_seconds)."""
+    timeout = source.timeout_seconds
+    if timeout is not None and timeout < settings.WEBHOOK_REQUEST_BUDGET_SECONDS:
+        return "its timeout_seconds, its sender's timeout"
+    return "WEBHOOK_REQUEST_BUDGET_SECONDS"
 
 
 @checks.register()

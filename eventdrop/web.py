@@ -9,22 +9,28 @@ server"; figures in docs/benchmarks.md):
   arrive within `WEB_HEADER_READ_TIMEOUT_SECONDS` of the connection's start or of the end of
   the previous answer on it (so an idle keep-alive connection is closed then too, and a
   connection that sends nothing), and a head past `WEB_MAX_HEADER_BYTES` is answered 431
-  (its own empty-bodied answer) before the application sees it. uvicorn has neither.
-- `WEB_MAX_CONCURRENT_REQUESTS` is granian's backpressure: at most that many connections per
-  process are served at once, the others wait in the listen backlog, unread. With the head
-  bound and the receive path's body bound (the largest source `max_body_bytes`), what a web
-  process holds for requests is at most WEB_MAX_CONCURRENT_REQUESTS x (WEB_MAX_HEADER_BYTES
-  + the largest max_body_bytes): 64 x (64 KiB + 1 MiB) at the defaults.
-- The body deadline and size are the receive path's (ingress/asgi.py: 408, 413, 400).
+  (its own empty-bodied answer) before the application sees it. uvicorn has neither. The
+  header read counts against every webhook's budget (ingress.E003), Slack's 3 s included.
+- `WEB_MAX_CONNECTIONS` is granian's backpressure: a process accepts at most that many
+  connections at once. granian has no option to refuse the next one: it stays in the
+  kernel's listen queue, unread and unanswered, until a connection closes, for as long as
+  that takes. So the cap is set above what the receive path serves at once
+  (`WEB_MAX_CONCURRENT_REQUESTS`, which it answers 503 + Retry-After past, at once) and is a
+  bound on memory, not a queue: each connection holds at most its head.
+- The body deadline, the per-process body bytes and the request's own deadline are the
+  receive path's (ingress/asgi.py). What a process holds is bounded in docs/architecture.md
+  ("Memory").
 
 Settings come from the environment: `PORT` (8000), `WEB_BIND` or `HOST` (127.0.0.1: binding
 every interface is a deployment decision, not a default), `WEB_CONCURRENCY` (processes, 2),
-`WEB_HEADER_READ_TIMEOUT_SECONDS` (5), `WEB_MAX_HEADER_BYTES` (64 KiB, never below 8 KiB; the
-receive path bounds each source lower, `max_header_bytes`), `WEB_MAX_CONCURRENT_REQUESTS`
-(64 per process), `WEB_STORE_CONNECTIONS` (4: the asyncio connections per process that write
-webhooks, ingress/store.py), `WEB_LOG_LEVEL` (info) and `ACK_ROLLUP_FLUSH_SECONDS` (60; 0 turns
-it off): how often each process adds what its ACK histogram counted to the database for the
-ops page's ACK p99 chart (console/ack_rollup.py).
+`WEB_HEADER_READ_TIMEOUT_SECONDS` (1), `WEB_MAX_HEADER_BYTES` (64 KiB, never below 8 KiB; the
+receive path bounds each source lower, `max_header_bytes`), `WEB_MAX_CONNECTIONS` (512 per
+process), `WEB_MAX_CONCURRENT_REQUESTS` (256 webhooks per process, below the connections),
+`WEB_MAX_BODY_BYTES_IN_FLIGHT` (16 MiB per process, at least the largest source
+`max_body_bytes`: ingress.E003), `WEB_STORE_CONNECTIONS` (4: the asyncio connections per
+process that write webhooks, ingress/store.py), `WEB_LOG_LEVEL` (info) and
+`ACK_ROLLUP_FLUSH_SECONDS` (60; 0 turns it off): how often each process adds what its ACK
+histogram counted to the database for the ops page's ACK p99 chart (console/ack_rollup.py).
 """
 
 import os
@@ -32,8 +38,7 @@ import shutil
 from dataclasses import dataclass
 
 # How long the server waits at shutdown for requests in flight, which end within their own
-# deadlines anyway (header read + body read + store: ingress.E003 holds them to the webhook's
-# budget).
+# deadlines anyway (each webhook within its source's budget: ingress.E003).
 GRACEFUL_SHUTDOWN_SECONDS = 30
 
 
@@ -44,7 +49,9 @@ class WebServerConfig:
     processes: int
     header_read_timeout_seconds: float
     max_header_bytes: int
-    max_concurrent_requests: int = 64
+    max_connections: int = 512
+    max_concurrent_requests: int = 256
+    max_body_bytes_in_flight: int = 16 * 1024 * 1024
     store_connections: int = 4
     ack_rollup_flush_seconds: float = 60
 
@@ -53,8 +60,14 @@ class WebServerConfig:
             raise ValueError("WEB_CONCURRENCY must be at least 1")
         if not 0 < self.header_read_timeout_seconds <= 60:
             raise ValueError("WEB_HEADER_READ_TIMEOUT_SECONDS must be above 0 and at most 60")
-        if self.max_concurrent_requests < 1:
-            raise ValueError("WEB_MAX_CONCURRENT_REQUESTS must be at least 1")
+        if not 1 <= self.max_concurrent_requests < self.max_connections:
+            raise ValueError(
+                "WEB_MAX_CONCURRENT_REQUESTS must be at least 1 and below WEB_MAX_CONNECTIONS "
+                "(past it a webhook is answered 503 at once, past the connections it waits "
+                "unanswered)"
+            )
+        if self.max_body_bytes_in_flight < 1:
+            raise ValueError("WEB_MAX_BODY_BYTES_IN_FLIGHT must be at least 1")
         if self.store_connections < 1:
             raise ValueError("WEB_STORE_CONNECTIONS must be at least 1")
         if self.ack_rollup_flush_seconds < 0:
@@ -67,11 +80,15 @@ class WebServerConfig:
             host=env.get("WEB_BIND") or env.get("HOST") or "127.0.0.1",
             port=int(env.get("PORT") or 8000),
             processes=int(env.get("WEB_CONCURRENCY") or 2),
-            header_read_timeout_seconds=float(env.get("WEB_HEADER_READ_TIMEOUT_SECONDS") or 5),
+            header_read_timeout_seconds=float(env.get("WEB_HEADER_READ_TIMEOUT_SECONDS") or 1),
             # The request line and headers; never below 8 KiB, which every provider's head
             # fits in (nginx's default buffer for one long header line), and granian's least.
             max_header_bytes=max(8192, int(env.get("WEB_MAX_HEADER_BYTES") or 64 * 1024)),
-            max_concurrent_requests=int(env.get("WEB_MAX_CONCURRENT_REQUESTS") or 64),
+            max_connections=int(env.get("WEB_MAX_CONNECTIONS") or 512),
+            max_concurrent_requests=int(env.get("WEB_MAX_CONCURRENT_REQUESTS") or 256),
+            max_body_bytes_in_flight=int(
+                env.get("WEB_MAX_BODY_BYTES_IN_FLIGHT") or 16 * 1024 * 1024
+            ),
             store_connections=int(env.get("WEB_STORE_CONNECTIONS") or 4),
             ack_rollup_flush_seconds=float(env.get("ACK_ROLLUP_FLUSH_SECONDS") or 60),
         )
@@ -104,7 +121,7 @@ def serve(config: WebServerConfig | None = None) -> None:
         loop=Loops.uvloop,
         http=HTTPModes.http1,
         websockets=False,
-        backpressure=config.max_concurrent_requests,
+        backpressure=config.max_connections,
         http1_settings=HTTP1Settings(
             header_read_timeout=round(config.header_read_timeout_seconds * 1000),
             max_buffer_size=config.max_header_bytes,

@@ -4,28 +4,41 @@ eventdrop/asgi.py mounts it beside Django's own handler. It translates an ASGI r
 the core (ingress/views.py) and the core's answer back, and adds what a server hands an
 application but not Django's request handling: the Host check (Django's own public
 functions over ALLOWED_HOSTS, as HttpRequest.get_host() applies them), the route
-(`/webhooks/<source>/` or without the slash) and the body, read within the source's limit and
-under one deadline for all of it (WEBHOOK_BODY_READ_TIMEOUT_SECONDS; 408 past it). No Django
+(`/webhooks/<source>/` or without the slash), the body, and the request's clock. No Django
 request object, middleware or request signal is involved.
 
-Memory: a request holds at most its source's `max_body_bytes` of body (past it, 413 and no
-more is read) beside its head; the server bounds the head (WEB_MAX_HEADER_BYTES) and how many
-connections a process serves at once (WEB_MAX_CONCURRENT_REQUESTS), so what bodies hold in a
-web process is at most WEB_MAX_CONCURRENT_REQUESTS x (WEB_MAX_HEADER_BYTES + the largest
-max_body_bytes) (eventdrop/web.py, docs/architecture.md).
+Time: a request's budget is its source's (its sender's own timeout: GitHub 10 s, Slack 3 s;
+eventdrop/budgets.py). The server has already spent up to its header read timeout on the
+head; what the budget leaves after it is one deadline for everything that follows: the body
+read (within WEBHOOK_BODY_READ_TIMEOUT_SECONDS too; 408 past either), the wait in the
+store's queue and the store (within WEBHOOK_STORE_TIMEOUT_SECONDS too; 503 + Retry-After past
+either). A request joins the store's queue only once its body is whole, so a client that
+sends slowly holds no place anybody ready to be stored waits for.
+
+Memory, per process: at most `max_requests` webhook requests past their head at once (the
+next one is answered 503 + Retry-After at once, its body unread), holding at most
+`max_body_bytes` of bodies between them, counted as they arrive (a chunk past it: 503 +
+Retry-After at once, nothing more read); a trickling client holds only what it has sent. A
+body is one `bytes` object from here to the INSERT's parameters (joined once when it came in
+several chunks). The server bounds connections and heads (eventdrop/web.py); the whole bound
+is in docs/architecture.md ("Memory").
 """
 
 import asyncio
+import logging
 import re
+import time
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
 from django.http.request import split_domain_port, validate_host
 
+from eventdrop.budgets import webhook_budget_seconds
 from ingress.services import raw_event_store_async
 from ingress.store import RawEventWriter
 from ingress.views import (
+    Answer,
     Head,
     Refused,
     acknowledged,
@@ -36,6 +49,8 @@ from ingress.views import (
     store_unavailable,
 )
 
+logger = logging.getLogger(__name__)
+
 PATH_PREFIX = "/webhooks/"
 # The routes of ingress/urls.py: a slug, with or without the trailing slash.
 _ROUTE = re.compile(r"/webhooks/([-a-zA-Z0-9_]+)/?")
@@ -44,24 +59,26 @@ _ROUTE = re.compile(r"/webhooks/([-a-zA-Z0-9_]+)/?")
 class WebhookApp:
     """The ASGI application of `/webhooks/` (HTTP scopes only)."""
 
-    def __init__(self, *, body_read_timeout_seconds: float, store_connections: int) -> None:
-        self.body_read_timeout_seconds = body_read_timeout_seconds
-        self.writer = RawEventWriter(max_connections=store_connections)
+    def __init__(
+        self,
+        *,
+        header_read_timeout_seconds: float,
+        max_requests: int,
+        max_body_bytes: int,
+        store_connections: int,
+    ) -> None:
+        self.header_read_timeout_seconds = header_read_timeout_seconds
+        self.max_requests = max_requests
+        self.max_body_bytes = max_body_bytes
+        self.writer = RawEventWriter(
+            max_connections=store_connections,
+            connect_seconds=settings.WEBHOOK_STORE_TIMEOUT_SECONDS,
+        )
+        self.requests = 0  # past their head, not yet answered
+        self.body_bytes = 0  # held by those requests' bodies
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        try:
-            head = self._head(scope)
-            admitted = admit_body(head, await self._body(head, receive))
-        except Refused as refused:
-            answer = refused.answer
-        else:
-            try:
-                event_id = await raw_event_store_async(self.writer, **admitted.row)
-            except DatabaseError:
-                answer = store_unavailable(admitted)
-            else:
-                answer = acknowledged(admitted, event_id)
-        status, headers, body = answer
+        status, headers, body = await self._answer(scope, receive)
         try:
             await send(
                 {
@@ -76,6 +93,35 @@ class WebhookApp:
             await send({"type": "http.response.body", "body": body})
         except OSError:
             pass  # the client left (what was stored stays stored)
+
+    async def _answer(self, scope: dict[str, Any], receive: Any) -> Answer:
+        started = time.monotonic()
+        try:
+            head = self._head(scope)
+        except Refused as refused:
+            return refused.answer
+        if self.requests >= self.max_requests:
+            return _busy(head, "requests").answer
+        # The one deadline of everything after the head (the module docstring).
+        budget = webhook_budget_seconds(head.source.timeout_seconds)
+        deadline = started + budget - self.header_read_timeout_seconds
+        self.requests += 1
+        held = _BodyBytes(self)
+        try:
+            admitted = admit_body(head, await self._body(head, receive, held, deadline))
+            seconds = min(settings.WEBHOOK_STORE_TIMEOUT_SECONDS, deadline - time.monotonic())
+            try:
+                event_id = await raw_event_store_async(
+                    self.writer, seconds=max(seconds, 0.0), **admitted.row
+                )
+            except DatabaseError:
+                return store_unavailable(admitted)
+            return acknowledged(admitted, event_id)
+        except Refused as refused:
+            return refused.answer
+        finally:
+            self.requests -= 1
+            held.release()
 
     def _head(self, scope: dict[str, Any]) -> Head:
         fields = [
@@ -97,13 +143,15 @@ class WebhookApp:
             dechunked=True,  # the server hands every body over de-chunked
         )
 
-    async def _body(self, head: Head, receive: Any) -> bytes:
-        """The whole body, read within the source's limit and the body read deadline."""
+    async def _body(self, head: Head, receive: Any, held: "_BodyBytes", deadline: float) -> bytes:
+        """The whole body, read within the source's limit, the process's body bytes, the body
+        read deadline and the request's own deadline."""
         limit = head.source.max_body_bytes
+        seconds = min(settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS, deadline - time.monotonic())
         chunks: list[bytes] = []
         size = 0
         try:
-            async with asyncio.timeout(self.body_read_timeout_seconds):
+            async with asyncio.timeout(max(seconds, 0.0)):
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
@@ -114,6 +162,7 @@ class WebhookApp:
                     size += len(chunk)
                     if size > limit:
                         raise body_too_large(head)
+                    held.take(len(chunk), head)
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
@@ -121,9 +170,40 @@ class WebhookApp:
             raise Refused(
                 408,
                 "body_read_timeout",
-                f"The request body did not arrive within {self.body_read_timeout_seconds:g} s.",
+                f"The request body did not arrive within {max(seconds, 0.0):g} s.",
             ) from None
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class _BodyBytes:
+    """What one request's body holds of its process's `max_body_bytes`, given back when it is
+    answered. One event loop per process: plain counters, no lock."""
+
+    def __init__(self, app: WebhookApp) -> None:
+        self.app = app
+        self.held = 0
+
+    def take(self, size: int, head: Head) -> None:
+        if self.app.body_bytes + size > self.app.max_body_bytes:
+            raise _busy(head, "body bytes")
+        self.app.body_bytes += size
+        self.held += size
+
+    def release(self) -> None:
+        self.app.body_bytes -= self.held
+        self.held = 0
+
+
+def _busy(head: Head, limit: str) -> Refused:
+    """This process is at one of its limits: the provider is to retry, as for a store that is
+    unavailable (nothing stored, nothing acknowledged)."""
+    logger.warning("ingress.receive.busy", extra={"source": head.source.name, "limit": limit})
+    return Refused(
+        503,
+        "busy",
+        "This server is at its limit of webhooks in progress; retry later.",
+        ("Retry-After", str(settings.INGRESS_UNAVAILABLE_RETRY_AFTER)),
+    )
 
 
 def _check_host(fields: list[tuple[str, str]], scope: dict[str, Any]) -> None:

@@ -85,6 +85,7 @@ def raw_event_store(
 async def raw_event_store_async(
     writer: RawEventWriter,
     *,
+    seconds: float,
     source: Source,
     method: str,
     path: str,
@@ -94,9 +95,10 @@ async def raw_event_store_async(
     remote_addr: str | None,
 ) -> int:
     """raw_event_store on the production server's event loop (ingress/asgi.py): the same
-    row and the same promises, written on `writer`'s asyncio connections; its id."""
+    row and the same promises, written on `writer`'s asyncio connections, within `seconds`
+    (WEBHOOK_STORE_TIMEOUT_SECONDS, or less: what the request's budget leaves); its id."""
     fields = _raw_event_fields(source, method, path, query_string, headers, body, remote_addr)
-    return await writer.insert(fields, seconds=settings.WEBHOOK_STORE_TIMEOUT_SECONDS)
+    return await writer.insert(fields, seconds=seconds)
 
 
 def _raw_event_fields(

@@ -9,6 +9,9 @@ Per-source options (all optional except `provider`):
     max_body_bytes      default WEBHOOK_MAX_BODY_BYTES (1 MiB)
     max_header_bytes    total size of the request's header fields, default 32 KiB (431 past it)
     tolerance_seconds   signature timestamp tolerance, default WEBHOOK_TOLERANCE_SECONDS (300)
+    timeout_seconds     how long the sender waits for our answer, default its provider's
+                        (ingress/providers.py; none known: WEBHOOK_REQUEST_BUDGET_SECONDS): the
+                        request's budget, header read included (eventdrop/budgets.py)
     signature_header    `hmac` only: the header carrying the signature (named providers use theirs,
                         from the provider table in ingress/providers.py)
     signature_prefix    `hmac` only: text before the hex digest, e.g. "sha256="
@@ -43,6 +46,7 @@ class Source:
     # Providers send a few hundred bytes to a few KiB of headers; every byte is stored.
     max_header_bytes: int = 32 * 1024
     tolerance_seconds: int = 300
+    timeout_seconds: int | None = None
     signature_header: str = ""
     signature_prefix: str = ""
     delivery_id_header: str = ""
@@ -53,7 +57,7 @@ class Source:
 
 
 _BOOL_OPTIONS = {"enabled"}
-_INT_OPTIONS = {"max_body_bytes", "max_header_bytes", "tolerance_seconds"}
+_INT_OPTIONS = {"max_body_bytes", "max_header_bytes", "tolerance_seconds", "timeout_seconds"}
 _STR_OPTIONS = {
     "provider",
     "secrets_env",
@@ -109,6 +113,7 @@ def _build_source(name: str, declared: dict) -> Source:
     options.setdefault("secrets_env", f"WEBHOOK_{name.upper()}_SECRET")
     options.setdefault("signature_header", spec.signature_header)
     options.setdefault("delivery_id_header", spec.delivery_id_header)
+    options.setdefault("timeout_seconds", spec.timeout_seconds)
     options["signature_header"] = str(options["signature_header"]).lower()
     options["delivery_id_header"] = str(options["delivery_id_header"]).lower()
     raw_secrets = os.environ.get(str(options["secrets_env"]), "")

@@ -14,20 +14,29 @@ How a batch forms, without a timer: a request queues its row and, while fewer th
 MAX_ROWS_PER_BATCH), writes it, and goes on while rows are queued. So a lone request is
 written at once, and under load a batch is whatever arrived during the previous commit.
 
-Every wait is bounded by the request's own store deadline (WEBHOOK_STORE_TIMEOUT_SECONDS): a
+Every wait of a request is bounded by its own store deadline (at most
+WEBHOOK_STORE_TIMEOUT_SECONDS, less when its source's budget leaves less: ingress/asgi.py): a
 batch is written under the earliest deadline of its rows (eventdrop.db's `database_deadline`:
-connecting, the INSERT and one reconnect after a connection the server dropped, all inside
-it), and a request whose deadline passes first fails (StoreTimeout) and its row, if still
-queued, is never written. A failed batch fails every request in it (each answers 503 and its
-provider retries); a batch the database refuses for a value (not for being unavailable) is
-written again row by row, so one bad row fails alone. Errors are Django's (DatabaseError and
-its subclasses), as from the ORM.
+the INSERT and one reconnect after a connection the server dropped, both inside it), and a
+request whose deadline passes first fails (StoreTimeout); its row leaves the queue, body and
+all, and is never written. A writer without a connection opens one before it takes a batch,
+within WEBHOOK_STORE_TIMEOUT_SECONDS of its own (`connect_seconds`), while the rows wait in the
+queue on their own deadlines: a source with a short budget (Slack's 3 s) never leaves a writer
+too little time to connect. A failed batch fails every request in it (each answers 503 and
+its provider retries); a batch the database refuses for a value (not for being unavailable)
+is written again row by row, so one bad row fails alone. Errors are Django's (DatabaseError
+and its subclasses), as from the ORM.
+
+Memory: a row holds its body by reference, from the request's buffer to the INSERT's
+parameters (psycopg dumps a batch's bodies into one array parameter, which libpq copies into
+its send buffer: two copies, for the time of the INSERT).
 
 Row ids: the rows of one INSERT … SELECT FROM unnest(…) are inserted, and take their ids from
 the sequence, in the order of the arrays, so the ids sorted ascending are the rows in order.
 """
 
 import asyncio
+import contextlib
 import select
 import time
 from collections import deque
@@ -68,11 +77,14 @@ class _Row:
 class RawEventWriter:
     """A web process's queue of rows and its asyncio connections (see the module docstring)."""
 
-    def __init__(self, *, max_connections: int, alias: str = "default") -> None:
+    def __init__(
+        self, *, max_connections: int, connect_seconds: float, alias: str = "default"
+    ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         self.alias = alias
         self.max_connections = max_connections
+        self.connect_seconds = connect_seconds
         self._queue: deque[_Row] = deque()
         self._writers: set[asyncio.Task] = set()
         self._idle: list[BoundedAsyncConnection] = []
@@ -96,6 +108,8 @@ class RawEventWriter:
                 pk, error = await asyncio.shield(row.outcome)
         except TimeoutError:
             row.abandoned = True
+            with contextlib.suppress(ValueError):
+                self._queue.remove(row)  # still queued: its body goes now, not at a writer's turn
             raise StoreTimeout(
                 f"the row was not committed within the store deadline ({seconds:g} s)"
             ) from None
@@ -113,14 +127,10 @@ class RawEventWriter:
         held = None
         try:
             while self._queue:
-                now = time.monotonic()
-                batch: list[_Row] = []
-                while self._queue and len(batch) < MAX_ROWS_PER_BATCH:
-                    if batch and self._queue[0].names != batch[0].names:
-                        break  # another statement: the next batch
-                    row = self._queue.popleft()
-                    if not row.abandoned and row.deadline > now:
-                        batch.append(row)
+                if held is None:
+                    held = await self._connect_or_fail_a_batch()
+                    continue
+                batch = self._take_batch()
                 if batch:
                     held = await self._write(batch, held)
         finally:
@@ -131,19 +141,44 @@ class RawEventWriter:
             if held is not None and not held.closed:
                 self._idle.append(held)
 
+    def _take_batch(self) -> list[_Row]:
+        """The rows at the head of the queue that one statement writes, whose requests still
+        wait for them."""
+        now = time.monotonic()
+        batch: list[_Row] = []
+        while self._queue and len(batch) < MAX_ROWS_PER_BATCH:
+            if batch and self._queue[0].names != batch[0].names:
+                break  # another statement: the next batch
+            row = self._queue.popleft()
+            if not row.abandoned and row.deadline > now:
+                batch.append(row)
+        return batch
+
+    async def _connect_or_fail_a_batch(self) -> BoundedAsyncConnection | None:
+        """A connection for this writer, within `connect_seconds`; if none can be had, the
+        batch it would have written fails with the reason (its requests answer 503 at once)."""
+        try:
+            with database_deadline(self.connect_seconds):
+                return await self._connection()
+        except BaseException as error:
+            for row in self._take_batch():
+                _finish(row, error=error)
+            if not isinstance(error, Exception):
+                raise
+            return None
+
     async def _write(
-        self, batch: list[_Row], held: BoundedAsyncConnection | None
+        self, batch: list[_Row], held: BoundedAsyncConnection
     ) -> BoundedAsyncConnection | None:
         """Write one batch and answer its rows; the connection to keep, or None."""
         try:
             with database_deadline(min(row.deadline for row in batch) - time.monotonic()):
                 try:
-                    held = held or await self._connection()
                     held, pks = await self._insert(held, batch)
                 except (OperationalError, InterfaceError):
                     raise
                 except DatabaseError:
-                    if len(batch) == 1 or held is None:
+                    if len(batch) == 1:
                         raise
                     # A value the database refused: each row alone, so that row alone fails.
                     for row in batch:
@@ -158,7 +193,7 @@ class RawEventWriter:
                 _finish(row, error=error)
             if not isinstance(error, Exception):
                 raise
-            return None if held is None or held.closed else held
+            return None if held.closed else held
         for row, pk in zip(batch, pks, strict=True):
             _finish(row, pk=pk)
         return held

@@ -80,8 +80,11 @@ def asgi_scope(path: str, headers: dict[str, str], method: str = "POST") -> dict
     }
 
 
-def webhook_app() -> WebhookApp:
-    return WebhookApp(body_read_timeout_seconds=5, store_connections=1)
+def webhook_app(**limits: Any) -> WebhookApp:
+    return WebhookApp(
+        **{"header_read_timeout_seconds": 1, "max_requests": 8, "max_body_bytes": 4 * 2**20,
+           "store_connections": 1, **limits}
+    )
 
 
 def via_asgi(path: str, headers: dict[str, str], body: bytes, method: str = "POST") -> Reply:
@@ -236,14 +239,14 @@ def test_a_client_gone_before_the_end_of_its_body_is_never_stored():
     assert status == 400 and not RawEvent.objects.exists()
 
 
-def test_a_body_that_never_comes_is_408():
+def test_a_body_that_never_comes_is_408(settings):
     async def receive() -> dict:
         await asyncio.Event().wait()  # the client sends nothing more
         raise AssertionError("unreachable")
 
-    app = WebhookApp(body_read_timeout_seconds=0.2, store_connections=1)
+    settings.WEBHOOK_BODY_READ_TIMEOUT_SECONDS = 0.2
     scope = asgi_scope("/webhooks/stripe/", {**SIGNED, "Content-Length": "2"})
-    status, _, answer = call_asgi(app, scope, receive)
+    status, _, answer = call_asgi(webhook_app(), scope, receive)
 
     assert (status, json.loads(answer)["error"]) == (408, "body_read_timeout")
 
@@ -254,3 +257,127 @@ def test_paths_under_webhooks_that_name_no_route_are_404():
         assert status == 404, (path, answer)
     status, _, _ = via_asgi("/webhooks/stripe", SIGNED, b"{}")  # no slash: stored too
     assert status == 202
+
+
+# --- the request's clock and the process's caps (ingress/asgi.py) ---------------------------
+
+
+@pytest.fixture
+def database_silent(transactional_db):
+    """The connection settings point at a listener that accepts and never answers (a frozen
+    server: the kernel completes the handshake, nobody reads)."""
+    saved = {key: connection.settings_dict[key] for key in ("HOST", "PORT")}
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        connection.close()
+        connection.settings_dict.update(HOST="127.0.0.1", PORT=str(silent.getsockname()[1]))
+        try:
+            yield
+        finally:
+            connection.close()
+            connection.settings_dict.update(saved)
+
+
+def test_a_store_that_does_not_answer_is_503_within_the_sources_budget(database_silent):
+    # Slack's budget is 3 s; the server's header read may have taken 1 s of it: 2 s are left
+    # for the body and the store, less than the store's own 5 s and the writer's connect.
+    body = json.dumps({"type": "event_callback", "event_id": "Ev1"}).encode()
+    signed = slack_headers(body, os.environ["SLACK_SIGNING_SECRET"], int(time.time()))
+    started = time.monotonic()
+
+    status, headers, answer = call_asgi(
+        webhook_app(header_read_timeout_seconds=1),
+        asgi_scope("/webhooks/slack/", {**signed, "Content-Length": str(len(body))}),
+        _whole(body),
+    )
+
+    assert (status, json.loads(answer)["error"]) == (503, "store_unavailable")
+    assert "retry-after" in headers
+    assert time.monotonic() - started < 3.0
+
+
+def _whole(body: bytes) -> Callable[[], Any]:
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+def test_past_the_webhooks_in_progress_the_next_is_503_at_once_its_body_unread():
+    app = webhook_app(max_requests=1)
+    read: list[str] = []
+
+    async def trickle() -> dict:
+        read.append("trickler")
+        await asyncio.Event().wait()  # its body never comes
+        raise AssertionError("unreachable")
+
+    async def whole() -> dict:
+        read.append("second")
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def both() -> Reply:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = asgi_scope("/webhooks/stripe/", {**SIGNED, "Content-Length": "2"})
+        slow = asyncio.create_task(app(scope, trickle, send))
+        await asyncio.sleep(0)  # the trickler is past its head, waiting for its body
+        await app(scope, whole, send)
+        slow.cancel()
+        await app.writer.aclose()
+        start, answer = sent
+        fields = {name.decode(): value.decode() for name, value in start["headers"]}
+        return start["status"], fields, answer["body"]
+
+    status, headers, answer = asyncio.run(both())
+
+    assert (status, json.loads(answer)["error"]) == (503, "busy")
+    assert headers["retry-after"] == str(settings.INGRESS_UNAVAILABLE_RETRY_AFTER)
+    assert read == ["trickler"]  # the second one's body was never read
+    assert app.requests == 0 and app.body_bytes == 0
+    assert not RawEvent.objects.exists()
+
+
+def test_body_bytes_are_bounded_per_process_not_per_request():
+    # Two requests of 600 bytes each under a process cap of 1,000: the first holds its 600
+    # (its body incomplete), the second's chunk would pass the cap and is refused at once.
+    app = webhook_app(max_body_bytes=1000)
+    first_chunk = asyncio.Event()
+
+    async def first() -> dict:
+        if not first_chunk.is_set():
+            first_chunk.set()
+            return {"type": "http.request", "body": b"x" * 600, "more_body": True}
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def second() -> dict:
+        return {"type": "http.request", "body": b"y" * 600, "more_body": False}
+
+    async def both() -> tuple[list[dict], int]:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = asgi_scope("/webhooks/stripe/", {**SIGNED, "Content-Length": "600"})
+        slow = asyncio.create_task(app(scope, first, send))
+        await first_chunk.wait()
+        await asyncio.sleep(0)
+        held = app.body_bytes
+        await app(scope, second, send)
+        slow.cancel()
+        await asyncio.gather(slow, return_exceptions=True)
+        await app.writer.aclose()
+        return sent, held
+
+    sent, held = asyncio.run(both())
+
+    assert held == 600
+    assert sent[0]["status"] == 503 and json.loads(sent[1]["body"])["error"] == "busy"
+    assert app.body_bytes == 0 and app.requests == 0  # given back, the cancelled one's too
+    assert not RawEvent.objects.exists()

@@ -466,36 +466,56 @@ def test_a_malformed_request_line_is_a_400(server):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_requests_past_the_in_flight_cap_wait_unread_and_are_then_served(tmp_path):
-    """WEB_MAX_CONCURRENT_REQUESTS on the real server: with a cap of 1, a client trickling
-    its body holds the one place, so a whole webhook sent meanwhile waits (its body unread)
-    until the trickler is cut off at the body deadline, and is then stored and answered."""
+def test_past_the_webhooks_in_progress_503_at_once_past_the_connections_wait_unread(tmp_path):
+    """The two per-process caps on the real server (one process, 2 connections, 1 webhook in
+    progress). A client trickling its body holds the one webhook place: a whole webhook sent
+    meanwhile is answered 503 + Retry-After at once, before the trickler's 408. Then two
+    connections that send nothing hold both of granian's places (its backpressure): a third
+    waits in the listen queue, unread, until they are closed at the header deadline, and is
+    then served."""
     port = free_port()
     env = app_env(
         _database_url(),
         WEBHOOK_BODY_READ_TIMEOUT_SECONDS=str(BODY_READ_TIMEOUT_SECONDS),
-        WEB_CONCURRENCY="1", WEB_THREADS="1", WEB_MAX_CONCURRENT_REQUESTS="1",
+        WEB_HEADER_READ_TIMEOUT_SECONDS=str(HEADER_READ_TIMEOUT_SECONDS),
+        WEB_CONCURRENCY="1", WEB_MAX_CONNECTIONS="2", WEB_MAX_CONCURRENT_REQUESTS="1",
     )
+    body = b'{"id": "evt_waits_its_turn"}'
+    request = post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body))
+    request += b"\r\n" + body
     process = start_procfile("web", env, port=port, log=tmp_path / "web.log")
     try:
         process.wait_listening(port, timeout=30)
-        body = b'{"id": "evt_waits_its_turn"}'
         with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as slow:
             slow.sendall(post_head("/webhooks/stripe/", b"Content-Length: 50\r\n") + b"\r\nx")
-            sent = time.monotonic()
             _wait_read_by_server(port, slow)  # its request is in flight, its body incomplete
-            started = time.monotonic()
-            status, answer = exchange(
-                port, post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body)), body
-            )
-            waited = time.monotonic() - started
+            with socket.create_connection(
+                ("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS
+            ) as second:
+                second.sendall(request)
+                refused = _read_response(second)
+            slow.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                assert slow.recv(65536) == b"", "the trickler was answered first"
             slow.settimeout(SOCKET_TIMEOUT_SECONDS)
             assert _read_response(slow).startswith(b"HTTP/1.1 408")
+
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS)
+                for _ in range(2)]
+        opened = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as third:
+            third.sendall(request)
+            served = _read_response(third)
+        waited = time.monotonic() - opened
+        for sock in idle:
+            sock.close()
     finally:
         process.stop()
 
-    assert status == 202 and answer is not None, answer
-    assert started - sent + waited > BODY_READ_TIMEOUT_SECONDS - 0.2, waited  # held until the 408
+    assert refused.startswith(b"HTTP/1.1 503"), refused
+    assert b"retry-after: " in refused.lower() and b'"error": "busy"' in refused
+    assert served.startswith(b"HTTP/1.1 202"), served
+    assert waited > HEADER_READ_TIMEOUT_SECONDS - 0.5, waited  # until the idle ones closed
     assert [bytes(event.body) for event in RawEvent.objects.all()] == [body]
 
 
