@@ -44,6 +44,10 @@ BENCHES = {
         ["--deliveries", "200", "--keys", "10", "--passes", "2"],
         '"key_heads_claim"',
     ),
+    "receive_memory.py": (
+        ["--phases", "idle,all", "--connections", "16", "--requests", "8", "--bodies", "2"],
+        "growth over idle",
+    ),
     "store_path.py": (["--calls", "20", "--rounds", "1"], "after/before"),
 }
 # What a script needs beyond PostgreSQL (scripts/test-tools.txt says what installs each).
