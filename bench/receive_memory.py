@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the checkout's packages, bench/ included
 
 from bench.ingress_ack import bench_env, free_port, start_server, stop  # noqa: E402
+from tests.support.processes import PeakRSS  # noqa: E402
 
 DB_NAME = "eventdrop_bench_memory"
 SERVER_URL = "postgres://postgres@127.0.0.1:5432"
@@ -49,31 +50,6 @@ PATH = "/webhooks/stripe/"
 SIGNATURE = b"Stripe-Signature: t=1,v1=00\r\n"
 BODY_BYTES = 1024 * 1024  # a source's default max_body_bytes
 SETTLE_SECONDS = 1.5  # the samples taken once everything is sent
-
-
-class PeakRSS:
-    def __init__(self, pid: int):
-        self.pid, self.peak = pid, 0
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "PeakRSS":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stopping.set()
-        self.thread.join()
-
-    def sample(self) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
-
-    def _run(self) -> None:
-        while not self.stopping.wait(0.1):
-            self.peak = max(self.peak, self.sample())
 
 
 def prepare_database(env: dict[str, str]) -> str:
@@ -146,15 +122,15 @@ def run_phase(name: str, env: dict[str, str], url: str, args) -> dict:
     with open(args.log, "ab") as log:
         server = start_server({**env, "DATABASE_URL": url}, ROOT, port, server_args, phase_env, log)
     try:
-        worker = next(iter(subprocess.run(
+        worker = int(next(iter(subprocess.run(
             ["ps", "-o", "pid=", "--ppid", str(server.pid)], capture_output=True, text=True
-        ).stdout.split()), str(server.pid))
+        ).stdout.split()), server.pid))
         for n in range(200):
             post(port, b'{"id": "evt_warm_%d"}' % n)
         statuses: list[str] = []
         threads: list[threading.Thread] = []
-        with PeakRSS(int(worker)) as rss, ExitStack() as stack:
-            idle = rss.sample()
+        with PeakRSS(worker) as rss, ExitStack() as stack:
+            idle = PeakRSS.rss(worker) or 0
             bodies = args.bodies if name in ("bodies", "all") else 0
             tricklers = args.requests - bodies if name == "all" else args.requests
             if name in ("tricklers", "all"):
@@ -170,8 +146,8 @@ def run_phase(name: str, env: dict[str, str], url: str, args) -> dict:
             for thread in threads:
                 thread.join(timeout=60)
         return {"phase": name, "idle_mib": round(idle / 2**20, 1),
-                "peak_mib": round(rss.peak / 2**20, 1),
-                "growth_mib": round((rss.peak - idle) / 2**20, 1),
+                "peak_mib": round(rss.peak[worker] / 2**20, 1),
+                "growth_mib": round((rss.peak[worker] - idle) / 2**20, 1),
                 "statuses": {str(s): statuses.count(s) for s in sorted(set(statuses))}}
     finally:
         stop(server)

@@ -28,7 +28,14 @@ import pytest
 from django.db import connection
 
 from ingress.models import RawEvent
-from tests.support.processes import PYTHON, Managed, app_env, free_port, start_procfile
+from tests.support.processes import (
+    PYTHON,
+    Managed,
+    PeakRSS,
+    app_env,
+    free_port,
+    start_procfile,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -140,50 +147,6 @@ class SlowClients:
         return b"<sent it all>"
 
 
-class PeakRSS:
-    """The largest resident set each process of a tree had, sampled every 0.2 s until stopped
-    (Linux's /proc)."""
-
-    def __init__(self, root: int):
-        self.root = root
-        self.peak: dict[int, int] = {}
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "PeakRSS":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.2):
-            for pid in self._tree(self.root):
-                rss = self._rss(pid)
-                if rss is not None and rss > self.peak.get(pid, 0):
-                    self.peak[pid] = rss
-
-    def _tree(self, pid: int) -> list[int]:
-        children: list[int] = []
-        try:
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                children += map(int, (task / "children").read_text().split())
-        except OSError:
-            return [pid]
-        return [pid, *(p for child in children for p in self._tree(child))]
-
-    @staticmethod
-    def _rss(pid: int) -> int | None:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            return None
-        line = next((line for line in status.splitlines() if line.startswith("VmRSS:")), None)
-        return int(line.split()[1]) * 1024 if line else None
-
-
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))]
@@ -192,7 +155,7 @@ def percentile(values: list[float], p: float) -> float:
 def test_slow_clients_do_not_move_the_p99_of_normal_senders(web):
     port, workdir, server = web
     out = workdir / "normal.jsonl"
-    with PeakRSS(server) as memory, SlowClients(port, SLOW_CLIENTS) as slow:
+    with PeakRSS(server, interval=0.2) as memory, SlowClients(port, SLOW_CLIENTS) as slow:
         slow.wait_mid_body(30)
         load = Managed(
             [PYTHON, str(LOAD_SCRIPT), "--port", str(port), "--out", str(out),

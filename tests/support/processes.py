@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -218,3 +219,49 @@ def wait_until(
         time.sleep(0.1)
     logs = "\n".join(process.output()[-1500:] for process in processes)
     raise AssertionError(f"timed out waiting for {what}; saw {saw()}\n{logs}")
+
+
+class PeakRSS:
+    """The largest resident set (bytes) each process of the tree under `root` had, sampled
+    every `interval` seconds until the `with` block ends (Linux's /proc)."""
+
+    def __init__(self, root: int, interval: float = 0.1):
+        self.root, self.interval = root, interval
+        self.peak: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    @staticmethod
+    def rss(pid: int) -> int | None:
+        """One process's resident set now, or None once it is gone."""
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return None
+        line = next((line for line in status.splitlines() if line.startswith("VmRSS:")), None)
+        return int(line.split()[1]) * 1024 if line else None
+
+    @classmethod
+    def tree(cls, pid: int) -> list[int]:
+        children: list[int] = []
+        try:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                children += map(int, (task / "children").read_text().split())
+        except OSError:
+            return [pid]
+        return [pid, *(p for child in children for p in cls.tree(child))]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for pid in self.tree(self.root):
+                rss = self.rss(pid)
+                if rss is not None and rss > self.peak.get(pid, 0):
+                    self.peak[pid] = rss
