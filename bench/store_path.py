@@ -8,7 +8,7 @@ request_finished connection handling around it):
 
 - `before`: Django's stock PostgreSQL backend, no health check, the bare INSERT
   (`RawEvent.objects.create`), which is what the receive path did before issue 8;
-- `after`: our backend (eventdrop.db.postgresql: the bounded psycopg wait, the poll(2)
+- `after`: our backend (kernel.db.postgresql: the bounded psycopg wait, the poll(2)
   health check once per request) and `raw_event_store` (its deadline and the retry guard).
 
 It prints the median and p99 per call of every round and the ratio of the medians.

@@ -10,7 +10,7 @@ another.
 
 - Never on the request path: observing stays a few additions in memory (the view); the
   flush runs on a thread of its own, one flush at a time, its database waits bounded by
-  FLUSH_DEADLINE_SECONDS (eventdrop.db.database_deadline; 5 s, which leaves a new
+  FLUSH_DEADLINE_SECONDS (kernel.db.database_deadline; 5 s, which leaves a new
   connection libpq's 2 s minimum connect timeout).
 - A failed flush loses nothing: its deltas stay pending and are added to the next flush.
   Pending rows are bounded: one per (source, hour) of the last RETENTION, older ones are
@@ -33,7 +33,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from console.models import ACK_ROLLUP_BUCKETS, AckLatencyHour
-from eventdrop.db import database_deadline
+from kernel.db import database_deadline
 
 logger = logging.getLogger(__name__)
 

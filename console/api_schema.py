@@ -4,7 +4,7 @@ GET /api/schema/ serves it to staff; docs/openapi.json is the committed copy, an
 tests/console/test_api_schema.py fails when the two differ (regenerate it with
 `manage.py spectacular --file docs/openapi.json --format openapi-json`) and runs
 schemathesis against it. Every operation documents the problem-details answers
-(eventdrop/problems.py) it can give besides its own.
+(kernel/problems.py) it can give besides its own.
 """
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -15,11 +15,11 @@ from rest_framework.permissions import AllowAny, IsAdminUser
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from eventdrop.problems import PROBLEM_CONTENT_TYPE
+from kernel.problems import PROBLEM_CONTENT_TYPE
 
 PROBLEM_SCHEMA = {
     "type": "object",
-    "description": "RFC 9457 problem details (eventdrop/problems.py).",
+    "description": "RFC 9457 problem details (kernel/problems.py).",
     "properties": {
         "type": {"type": "string", "description": "urn:eventdrop:problem:<code>"},
         "title": {"type": "string"},

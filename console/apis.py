@@ -47,8 +47,6 @@ from console.services import (
     acting_user,
     payload_access_record,
 )
-from eventdrop.api_access import BoundedJSONParser, SameSiteWrites
-from eventdrop.problems import problem
 from ingress.encryption import BodyUndecryptable, bodies_may_be_encrypted
 from ingress.models import (
     Delivery,
@@ -60,6 +58,8 @@ from ingress.models import (
 )
 from ingress.payloads import raw_event_body, raw_event_headers
 from ingress.providers import is_content_hash_key
+from kernel.api_access import BoundedJSONParser, SameSiteWrites
+from kernel.problems import problem
 
 BODY_SEARCH_FORBIDDEN = "Searching body text needs the permission ingress.view_raw_payload."
 PAYLOAD_FORBIDDEN = "Including bodies and headers needs the permission ingress.view_raw_payload."

@@ -63,7 +63,6 @@ from console.models import (
     OperatorActionOutcome,
 )
 from console.presentation import EMPTY
-from eventdrop.errors import EventDropError
 from ingress.handlers import all_handlers
 from ingress.models import (
     Delivery,
@@ -74,6 +73,7 @@ from ingress.models import (
     SignatureStatus,
 )
 from ingress.services import deliveries_rearm_batch, raw_events_replay_batch
+from kernel.errors import EventDropError
 from outbox.models import RecapSideEffect, SideEffectStatus
 from outbox.services import side_effect_rearm
 
@@ -813,7 +813,7 @@ def bulk_jobs_measure_slo(*, now: datetime | None = None) -> int:
 
 
 def bulk_jobs_sweep() -> None:
-    """The minute schedule (eventdrop/schedules.py)."""
+    """The minute schedule (kernel/schedules.py)."""
     bulk_jobs_resume_stale()
     bulk_jobs_measure_slo()
 

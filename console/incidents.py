@@ -45,8 +45,8 @@ from console.models import (
 )
 from console.ops import SLOS
 from console.services import operator_action_one
-from eventdrop.errors import EventDropError
 from ingress.models import Delivery, DeliveryStatus, RawEvent, SignatureStatus
+from kernel.errors import EventDropError
 from outbox.models import RecapSideEffect, SideEffectStatus
 
 # Rejections older than this are history, not an incident (the list and the ops page's

@@ -20,12 +20,12 @@ from prometheus_client.registry import Collector
 from console.incidents import IncidentGroup, incident_groups
 from console.models import IncidentKind
 from console.ops import OpsSnapshot, ack_latency_collectors, ops_snapshot
-from eventdrop.routers import ReplicaStatus, replica_status
 from ingress.handlers import all_handlers
 from ingress.models import RejectionReason, SignatureStatus
 from ingress.providers import PROVIDERS
 from ingress.selectors import rejected_payloads_dropped
 from ingress.sources import all_sources
+from kernel.routers import ReplicaStatus, replica_status
 from outbox.breaker import RENDER_SERVICE_BREAKER
 from outbox.models import BreakerState, SideEffectStatus
 
@@ -80,7 +80,7 @@ def rejected_payloads_family(dropped: dict[str, int]) -> CounterMetricFamily:
 
 
 def replica_families(replica: ReplicaStatus) -> Iterator[GaugeMetricFamily]:
-    """The read replica as this process measured it for the scrape (eventdrop/routers.py). Without a
+    """The read replica as this process measured it for the scrape (kernel/routers.py). Without a
     replica configured the families are declared with no sample: an alert on them stays
     silent, and a dashboard shows "no data" rather than a made-up 0."""
     configured = replica.configured

@@ -20,11 +20,11 @@ from django.utils.text import smart_split, unescape_string_literal
 from knox.models import AuthToken
 
 from console.models import OperatorAction
-from eventdrop.errors import EventDropError
 from ingress.encryption import bodies_may_be_encrypted
 from ingress.models import Delivery, DeliveryAttempt, DeliveryStatus, RawEvent
 from ingress.providers import is_content_hash_key
 from ingress.selectors import deliveries_held_count, inbox_depths
+from kernel.errors import EventDropError
 from outbox.models import RecapSideEffect
 from outbox.selectors import side_effect_depths
 from recaps.models import RecapVideo

@@ -34,9 +34,9 @@ from console.models import (
     PayloadAccess,
 )
 from console.selectors import PAYLOAD_FIELDS
-from eventdrop.errors import EventDropError
 from ingress.models import RawEvent, SignatureStatus
 from ingress.services import raw_event_replay, raw_event_reverify
+from kernel.errors import EventDropError
 from outbox.models import RecapSideEffect
 from outbox.services import recap_retry_render, side_effect_mark_dead, side_effect_rearm
 from recaps.models import RecapVideo

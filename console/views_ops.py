@@ -40,9 +40,9 @@ from console.ops import (
     ops_snapshot,
 )
 from console.presentation import format_seconds
-from eventdrop.routers import replica_status
 from ingress.models import RejectionReason, SignatureStatus
 from ingress.sources import all_sources
+from kernel.routers import replica_status
 
 # The page reloads itself: left open on a screen, it never shows stale colours for long.
 REFRESH_SECONDS = 60

@@ -14,10 +14,10 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from eventdrop.budgets import webhook_budget_seconds, webhook_receive_worst_case
-from eventdrop.processes import KINDS
 from eventdrop.web import WebServerConfig
 from ingress.sources import Source, all_sources
+from kernel.budgets import webhook_budget_seconds, webhook_receive_worst_case
+from kernel.processes import KINDS
 
 
 @checks.register()
@@ -27,7 +27,7 @@ def check_web_server_limits(
     """The production server's own bounds (eventdrop/web.py) against each webhook source's
     budget and limits: a request may spend the header read timeout, then the body read, the
     queue wait and the store under one deadline, what its source's budget leaves
-    (eventdrop/budgets.py); a source the header leaves nothing of could never be answered."""
+    (kernel/budgets.py); a source the header leaves nothing of could never be answered."""
     try:
         server = WebServerConfig.from_environ()
     except ValueError as exc:
@@ -78,7 +78,7 @@ def check_web_server_limits(
 
 
 def _budget_origin(source: Source) -> str:
-    """Which setting the budget comes from (eventdrop.budgets.webhook_budget_seconds)."""
+    """Which setting the budget comes from (kernel.budgets.webhook_budget_seconds)."""
     timeout = source.timeout_seconds
     if timeout is not None and timeout < settings.WEBHOOK_REQUEST_BUDGET_SECONDS:
         return "its timeout_seconds, its sender's timeout"
@@ -90,7 +90,7 @@ def check_process_kind(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """A misspelt kind would otherwise go unnoticed: it connects with DATABASE_URL instead of
-    its role's URL, and eventdrop/processes.py checks everything for it."""
+    its role's URL, and kernel/processes.py checks everything for it."""
     kind = settings.PROCESS_KIND
     if not kind or kind in KINDS:
         return []

@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "knox",
     "django_q",
+    "kernel",
     "eventdrop",
     "ingress",
     "recaps",
@@ -101,8 +102,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    # Read-only screens read from the replica when there is one (eventdrop/routers.py).
-    "eventdrop.routers.ReplicaReadsMiddleware",
+    # Read-only screens read from the replica when there is one (kernel/routers.py).
+    "kernel.routers.ReplicaReadsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -130,7 +131,7 @@ TEMPLATES = [
 ]
 
 # Between the processes and PostgreSQL there may be PgBouncer in transaction pooling mode
-# (DATABASE_POOLER=pgbouncer; eventdrop/db/postgresql/base.py, docs/scaling.md). Then no
+# (DATABASE_POOLER=pgbouncer; kernel/db/postgresql/base.py, docs/scaling.md). Then no
 # session state survives a transaction: statement_timeout is the database's default (set by
 # `manage.py database_timeouts`, checked on every new connection), server-side cursors are
 # off, and every advisory lock is transaction-scoped (ingress/partitions.py).
@@ -157,12 +158,12 @@ def _database(url: str) -> dict[str, Any]:
         return database
     # A statement that hangs must not hold a web worker past the provider's patience:
     # connect fast or fail into a 503, and cap every statement. statement_timeout is the
-    # server's own cap; a frozen server enforces nothing, so eventdrop.db.postgresql also
+    # server's own cap; a frozen server enforces nothing, so kernel.db.postgresql also
     # bounds every wait on our side (client_wait_timeout: the server's cap plus a margin for
     # its cancel to arrive first). Keepalives and tcp_user_timeout end a connection across a
     # real network partition (they do not fire for a frozen server, whose kernel still ACKs).
     statement_timeout_ms = env_int("DATABASE_STATEMENT_TIMEOUT_MS", 15000)
-    database["ENGINE"] = "eventdrop.db.postgresql"
+    database["ENGINE"] = "kernel.db.postgresql"
     database.setdefault("OPTIONS", {}).update(
         {
             "connect_timeout": env_int("DATABASE_CONNECT_TIMEOUT", 3),
@@ -199,7 +200,7 @@ def _database(url: str) -> dict[str, Any]:
 
 # A process may connect as its kind's own role (`manage.py db_roles`, docs/security.md):
 # EVENTDROP_PROCESS=web reads DATABASE_URL_WEB, and so on; without one, DATABASE_URL. The
-# kind also decides which checks of outbound configuration stop it (eventdrop/processes.py).
+# kind also decides which checks of outbound configuration stop it (kernel/processes.py).
 PROCESS_KIND = os.environ.get("EVENTDROP_PROCESS", "").strip().lower()
 PROCESS_DATABASE_URL = (
     os.environ.get(f"DATABASE_URL_{PROCESS_KIND.upper()}", "") if PROCESS_KIND else ""
@@ -214,7 +215,7 @@ DATABASES = {
         PROCESS_DATABASE_URL or os.environ.get("DATABASE_URL") or LOCAL_DATABASE_URL
     )
 }
-# A streaming replica for what only reads (eventdrop/routers.py decides what may): the
+# A streaming replica for what only reads (kernel/routers.py decides what may): the
 # console's lists and searches, the ops page, /metrics, the API's list endpoints. It is
 # skipped for a read while it is unreachable or more than DATABASE_REPLICA_MAX_LAG_SECONDS
 # behind. Tests mirror it to the primary (one test database).
@@ -222,7 +223,7 @@ DATABASE_REPLICA_URL = os.environ.get("DATABASE_REPLICA_URL", "")
 DATABASE_REPLICA_MAX_LAG_SECONDS = env_float("DATABASE_REPLICA_MAX_LAG_SECONDS", 30.0)
 if DATABASE_REPLICA_URL:
     DATABASES["replica"] = {**_database(DATABASE_REPLICA_URL), "TEST": {"MIRROR": "default"}}
-DATABASE_ROUTERS = ["eventdrop.routers.ReplicaRouter"]
+DATABASE_ROUTERS = ["kernel.routers.ReplicaRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -267,7 +268,7 @@ SILENCED_SYSTEM_CHECKS = [
     *([] if SECURE_HSTS_PRELOAD else ["security.W021"]),
     *([] if SECURE_SSL_REDIRECT else ["security.W008"]),
 ]
-# Database roles per process kind (`manage.py db_roles`, eventdrop/db_roles.py): named
+# Database roles per process kind (`manage.py db_roles`, kernel/db_roles.py): named
 # <prefix><kind>. Handlers run as the role of the process that runs them (inbox, worker),
 # which holds their writes; no role can switch to another.
 DATABASE_ROLE_PREFIX = os.environ.get("DATABASE_ROLE_PREFIX", "eventdrop_")
@@ -285,8 +286,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     # Every error as RFC 9457 problem details, 500s included; the database being down is a
-    # 503 with Retry-After (eventdrop/problems.py).
-    "EXCEPTION_HANDLER": "eventdrop.problems.problem_exception_handler",
+    # 503 with Retry-After (kernel/problems.py).
+    "EXCEPTION_HANDLER": "kernel.problems.problem_exception_handler",
     # The OpenAPI schema of the console API (GET /api/schema/, docs/openapi.json).
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
@@ -306,14 +307,14 @@ SPECTACULAR_SETTINGS = {
 # Days a token from `manage.py api_token issue` lives unless --ttl-days says otherwise.
 API_TOKEN_TTL_DAYS = env_int("API_TOKEN_TTL_DAYS", 90)
 
-# Every line goes through one handler and its two filters (eventdrop/logformat.py): search
+# Every line goes through one handler and its two filters (kernel/logformat.py): search
 # terms are redacted from URLs, and a repeated failure is one traceback, then one line per
 # LOG_REPEAT_INTERVAL_SECONDS with the count of the ones suppressed. Django's own loggers
 # (django.request's 4xx/5xx lines, runserver's request lines) are sent to it too, instead
 # of to the handlers Django installs by default, which would bypass both filters.
 LOG_REPEAT_INTERVAL_SECONDS = env_float("LOG_REPEAT_INTERVAL_SECONDS", 60.0)
 # LOG_FORMAT=json: one JSON object per line for a log shipper, the same fields as the
-# default key=value line (eventdrop.logformat.JsonFormatter); both pass the same filters.
+# default key=value line (kernel.logformat.JsonFormatter); both pass the same filters.
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").strip().lower() or "plain"
 if LOG_FORMAT not in ("plain", "json"):
     raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, got {LOG_FORMAT!r}")
@@ -322,18 +323,18 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {
-            "()": "eventdrop.logformat.KeyValueFormatter",
+            "()": "kernel.logformat.KeyValueFormatter",
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
         },
         "json": {
-            "()": "eventdrop.logformat.JsonFormatter",
+            "()": "kernel.logformat.JsonFormatter",
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
         },
     },
     "filters": {
-        "redact_search_terms": {"()": "eventdrop.logformat.RedactSearchTerms"},
+        "redact_search_terms": {"()": "kernel.logformat.RedactSearchTerms"},
         "repeated_incidents": {
-            "()": "eventdrop.logformat.RepeatedIncidentFilter",
+            "()": "kernel.logformat.RepeatedIncidentFilter",
             "interval_seconds": LOG_REPEAT_INTERVAL_SECONDS,
         },
     },
@@ -386,7 +387,7 @@ RAW_EVENT_ARCHIVE_PREFIX = os.environ.get("RAW_EVENT_ARCHIVE_PREFIX", "raw-event
 AWS_S3_ENDPOINT_URL = os.environ.get("AWS_S3_ENDPOINT_URL", "").strip() or None
 AWS_S3_REGION_NAME = os.environ.get("AWS_S3_REGION_NAME", "").strip() or None
 # Every S3 call: connect and read timeouts, and attempts in all (botocore's standard retry
-# mode); eventdrop/budgets.py holds their worst case against RAW_EVENT_PARTITIONS_BUDGET_SECONDS.
+# mode); kernel/budgets.py holds their worst case against RAW_EVENT_PARTITIONS_BUDGET_SECONDS.
 # Defaults: 2 x (2 s + 5 s) + 6 s = 20 s a call, 10 calls a day with four sources: 200 s.
 RAW_EVENT_ARCHIVE_CONNECT_TIMEOUT_SECONDS = env_float(
     "RAW_EVENT_ARCHIVE_CONNECT_TIMEOUT_SECONDS", 2.0
@@ -485,7 +486,7 @@ else:
     raise ImproperlyConfigured(f"Q_BROKER must be orm or redis, got {Q_BROKER!r}")
 
 # --- Recaps, render service and outbox (see recaps/ and outbox/) ---------------------------
-# Every duration below is in seconds. eventdrop/budgets.py turns them into worst cases, and the
+# Every duration below is in seconds. kernel/budgets.py turns them into worst cases, and the
 # `outbox.E001` system check refuses to start when one exceeds the budget of a caller.
 
 # Stripe (recap purchase). The SDK's HTTP client gets explicit (connect, read) timeouts and

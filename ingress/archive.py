@@ -27,7 +27,7 @@ operator, and skipped when its id is still in the store, so a second restore add
 Rows keep their ids, so duplicate_of and audit trails still point at them.
 
 Every S3 call runs with botocore's connect and read timeouts and a bounded number of
-attempts (RAW_EVENT_ARCHIVE_*); eventdrop/budgets.py computes the worst case of archiving one
+attempts (RAW_EVENT_ARCHIVE_*); kernel/budgets.py computes the worst case of archiving one
 day from them and the system check holds it against RAW_EVENT_PARTITIONS_BUDGET_SECONDS.
 """
 
@@ -51,8 +51,8 @@ from django.db import connection, models, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from eventdrop.errors import EventDropError
 from ingress.models import RawEvent, RawEventOrigin
+from kernel.errors import EventDropError
 
 if TYPE_CHECKING:  # botocore is imported only when the archive is used
     from botocore.config import Config

@@ -8,7 +8,7 @@ functions over ALLOWED_HOSTS, as HttpRequest.get_host() applies them), the route
 request object, middleware or request signal is involved.
 
 Time: a request's budget is its source's (its sender's own timeout: GitHub 10 s, Slack 3 s;
-eventdrop/budgets.py). The server has already spent up to its header read timeout on the
+kernel/budgets.py). The server has already spent up to its header read timeout on the
 head; what the budget leaves after it is one deadline for everything that follows: the body
 read (within WEBHOOK_BODY_READ_TIMEOUT_SECONDS too; 408 past either), the wait in the
 store's queue and the store (within WEBHOOK_STORE_TIMEOUT_SECONDS too; 503 + Retry-After past
@@ -34,7 +34,6 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.http.request import split_domain_port, validate_host
 
-from eventdrop.budgets import webhook_budget_seconds
 from ingress.services import raw_event_store_async
 from ingress.store import RawEventWriter
 from ingress.views import (
@@ -48,6 +47,7 @@ from ingress.views import (
     body_too_large,
     store_unavailable,
 )
+from kernel.budgets import webhook_budget_seconds
 
 logger = logging.getLogger(__name__)
 

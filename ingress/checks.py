@@ -9,11 +9,11 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from eventdrop.budgets import (
+from ingress.sources import all_sources
+from kernel.budgets import (
     RECONCILE_CALL_WORST_CASES,
     reconcile_budget_problem,
 )
-from ingress.sources import all_sources
 
 
 @checks.register(checks.Tags.security)
@@ -78,7 +78,7 @@ def check_raw_event_archive(
 ) -> list[checks.CheckMessage]:
     """With RAW_EVENT_ARCHIVE_ENABLED, partitions are dropped only after their archive is
     verified: settings that cannot reach a bucket would keep every partition forever, and
-    unbounded S3 calls could outlast the maintenance task (its budget: eventdrop/budgets.py)."""
+    unbounded S3 calls could outlast the maintenance task (its budget: kernel/budgets.py)."""
     if not settings.RAW_EVENT_ARCHIVE_ENABLED:
         return []
     problems = []
@@ -116,7 +116,7 @@ def check_raw_event_archive(
 def check_delivery_retries(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """The deliveries' give-up arithmetic (eventdrop/retry.py's finality rule, with the
+    """The deliveries' give-up arithmetic (kernel/retry.py's finality rule, with the
     DELIVERY_* settings), and the stale threshold against the longest a batch can run.
 
     - ingress.E010  the retry settings cannot work
@@ -128,8 +128,8 @@ def check_delivery_retries(
                     steps (its per-delivery fallback, recording its failures) a live
                     worker's rows could be re-armed and run again by another worker
     """
-    from eventdrop.budgets import delivery_batch_worst_case, give_up_arithmetic
     from ingress.deliveries import delivery_retry_strategy
+    from kernel.budgets import delivery_batch_worst_case, give_up_arithmetic
 
     messages: list[checks.CheckMessage] = []
     try:

@@ -9,7 +9,7 @@ worker meanwhile is not run, and a row this batch holds is never re-armed under 
 long the batch takes — so each handler's effect happens once. No savepoint per handler
 unless one raises: then the batch is rolled back and run again a savepoint each, so a
 failing handler rolls back only its own savepoint (`_run_claimed`). A failure is recorded
-on the row (`_record_failure`) as eventdrop/retry.py decides — the project's one finality
+on the row (`_record_failure`) as kernel/retry.py decides — the project's one finality
 rule: a handler's permanent domain error kills it at once; a failure that may be its own is
 charged and kills it only after DELIVERY_MAX_ATTEMPTS charged attempts AND
 DELIVERY_TRANSIENT_HORIZON_SECONDS; our own database failing (a statement or lock timeout, a
@@ -35,16 +35,6 @@ from django.db.models import Exists, F, OuterRef, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from eventdrop.db.json_rows import json_rows
-from eventdrop.retry import (
-    Action,
-    Disposition,
-    Failure,
-    RetryPolicy,
-    RetryStrategy,
-    classify,
-    fenced,
-)
 from ingress.encryption import keyring
 from ingress.handlers import (
     HandlerSpec,
@@ -62,6 +52,16 @@ from ingress.models import (
     RawEvent,
 )
 from ingress.payloads import parse_payload, raw_event_body, raw_event_headers, storable_text
+from kernel.db.json_rows import json_rows
+from kernel.retry import (
+    Action,
+    Disposition,
+    Failure,
+    RetryPolicy,
+    RetryStrategy,
+    classify,
+    fenced,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def delivery_retry_policy() -> RetryPolicy:
 
 
 def delivery_retry_strategy() -> RetryStrategy:
-    """The project's one retry decision (eventdrop/retry.py), with the delivery settings."""
+    """The project's one retry decision (kernel/retry.py), with the delivery settings."""
     return RetryStrategy(
         policy=delivery_retry_policy(),
         horizon_seconds=settings.DELIVERY_TRANSIENT_HORIZON_SECONDS,
@@ -460,7 +460,7 @@ class _Claimed:
 @dataclass(frozen=True)
 class _Failure:
     claimed: _Claimed
-    failure: Failure  # eventdrop.retry.classify: the one classification table
+    failure: Failure  # kernel.retry.classify: the one classification table
     error: str
     started: datetime
 
@@ -1040,7 +1040,7 @@ def _run_claimed_batch(
                 if not isolated:
                     # Out of the batch's atomic(): the batch rolls back, _run_claimed reruns it.
                     raise _HandlerRaised(failure, exc) from exc
-                # eventdrop.retry.classify, the table the outbox uses too: PermanentHandlerError
+                # kernel.retry.classify, the table the outbox uses too: PermanentHandlerError
                 # and an unparseable body are verdicts; our database's errors are never
                 # charged; anything unclassified is retried, charged (a handler only sees
                 # verified events, and a bug fixed by the next deploy should not have

@@ -32,7 +32,7 @@ from functools import lru_cache
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 
-from eventdrop.errors import EventDropError
+from kernel.errors import EventDropError
 
 FERNET_PREFIX = "fernet:"
 PLAINTEXT = ""

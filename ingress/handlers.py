@@ -13,7 +13,7 @@ PermanentHandlerError for input that will never succeed: the one verdict that en
 delivery at once. Our own database failing under it (any DatabaseError: a lock or statement
 timeout, a deadlock, a restart) is never charged to the delivery; any other exception may be
 the handler's own bug on this event, and is retried with backoff, charged, until
-DELIVERY_MAX_ATTEMPTS *and* DELIVERY_TRANSIENT_HORIZON_SECONDS (eventdrop/retry.py).
+DELIVERY_MAX_ATTEMPTS *and* DELIVERY_TRANSIENT_HORIZON_SECONDS (kernel/retry.py).
 
 A handler may return a note, one line the console shows on the event's delivery, when what
 it did is not the obvious (it ignored the event as stale, say); `None` otherwise.
@@ -42,8 +42,8 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from eventdrop.errors import PermanentError
 from ingress.payloads import storable_text
+from kernel.errors import PermanentError
 
 HandlerFunc = Callable[..., str | None]
 # A handler's note is stored with its attempt (DeliveryAttempt.note), cut to this length.

@@ -40,9 +40,6 @@ from django.db.models import F, Q
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
-from eventdrop.db.json_rows import json_rows
-from eventdrop.logformat import raised_at
-from eventdrop.retry import RetryPolicy
 from ingress.deliveries import (
     DATABASE_UNAVAILABLE,
     SettleRunRaised,
@@ -75,6 +72,9 @@ from ingress.rejected_payloads import rejected_payloads_cap
 from ingress.replays import signature_replay_verdicts
 from ingress.sources import all_sources
 from ingress.verifiers import StoredRequest, Verdict
+from kernel.db.json_rows import json_rows
+from kernel.logformat import raised_at
+from kernel.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +293,7 @@ def _row_set(fields, values: list[list]) -> list[tuple[str, list]]:
     prepares its own for the database). A column whose rows all share one value is sent
     once, as a typed parameter: most of a batch's columns are the same for every row (now,
     statuses, defaults). The others travel as one JSON document that `json_to_recordset`
-    turns into typed columns, rows in their order (eventdrop/db/json_rows.py): as arrays
+    turns into typed columns, rows in their order (kernel/db/json_rows.py): as arrays
     for `unnest()`, psycopg adapted them element by element in Python, a seventh of the
     inbox worker's CPU (docs/benchmarks.md, "The drain's handler and statements").
     """

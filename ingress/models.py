@@ -268,7 +268,7 @@ class Delivery(models.Model):
     claimed_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     # The first charged failure since the delivery was armed: DELIVERY_TRANSIENT_HORIZON_SECONDS
-    # counts from it (eventdrop/retry.py). Since when it has waited on failures that were not
+    # counts from it (kernel/retry.py). Since when it has waited on failures that were not
     # its own (our database), none charged: its release backoff grows with that wait.
     first_failed_at = models.DateTimeField(null=True, blank=True)
     waiting_since = models.DateTimeField(null=True, blank=True)

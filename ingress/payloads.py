@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from eventdrop.errors import PermanentError
 from ingress.encryption import decrypt_body, decrypt_headers
 from ingress.verifiers.base import StoredRequest
 from ingress.verifiers.common import (
@@ -22,6 +21,7 @@ from ingress.verifiers.common import (
     is_form_encoded,
     json_object,
 )
+from kernel.errors import PermanentError
 
 if TYPE_CHECKING:
     # The model is needed for the type checker only: this module stays importable before

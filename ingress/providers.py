@@ -17,7 +17,7 @@ One row per provider says all the project knows about it:
   (ingress/replays.py). The others bound replays themselves (a signed timestamp or id);
 - `timeout_seconds` — how long the provider waits for our answer before it counts the delivery
   as failed (its own documentation): a source's request budget, overridable per source
-  (ingress/sources.py; the arithmetic in eventdrop/budgets.py). None: it publishes none, and
+  (ingress/sources.py; the arithmetic in kernel/budgets.py). None: it publishes none, and
   the route's WEBHOOK_REQUEST_BUDGET_SECONDS applies.
 
 Look a provider up by name with `PROVIDERS[name]`; `verify` and `dedup_key_for` below are the

@@ -18,8 +18,6 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from eventdrop.db import database_deadline
-from eventdrop.errors import EventDropError
 from ingress.deliveries import (
     deliveries_arm_for_replay,
     deliveries_hold,
@@ -32,6 +30,8 @@ from ingress.inbox import raw_events_settle
 from ingress.models import Delivery, DispatchStatus, HandlerPause, RawEvent, SignatureStatus
 from ingress.sources import Source, all_sources
 from ingress.store import RawEventWriter
+from kernel.db import database_deadline
+from kernel.errors import EventDropError
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def raw_event_store(
     """Persist one received request, exactly as received, and return it once committed:
     one ORM INSERT on this thread's connection (the Django view; tests, commands).
 
-    Everything here ends within WEBHOOK_STORE_TIMEOUT_SECONDS (eventdrop.db): opening a
+    Everything here ends within WEBHOOK_STORE_TIMEOUT_SECONDS (kernel.db): opening a
     connection if this thread has none, the INSERT, and one retry when the server dropped the
     connection under it. Past it, or on any other database error, DatabaseError propagates
     and nothing may be acknowledged.

@@ -11,7 +11,7 @@ Per-source options (all optional except `provider`):
     tolerance_seconds   signature timestamp tolerance, default WEBHOOK_TOLERANCE_SECONDS (300)
     timeout_seconds     how long the sender waits for our answer, default its provider's
                         (ingress/providers.py; none known: WEBHOOK_REQUEST_BUDGET_SECONDS): the
-                        request's budget, header read included (eventdrop/budgets.py)
+                        request's budget, header read included (kernel/budgets.py)
     signature_header    `hmac` only: the header carrying the signature (named providers use theirs,
                         from the provider table in ingress/providers.py)
     signature_prefix    `hmac` only: text before the hex digest, e.g. "sha256="

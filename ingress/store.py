@@ -3,7 +3,7 @@
 The rows of a web process's requests that wait to be stored at the same moment are written
 as one INSERT, committed once (autocommit: the statement is its own transaction), on one of
 the process's asyncio connections (psycopg's public async API, opened by
-eventdrop.db.postgresql's `open_async_connection`: the parameters, role and client-side
+kernel.db.postgresql's `open_async_connection`: the parameters, role and client-side
 bounds of the process's own Django connection); each request is answered once that commit
 returns, with its own row's id. One INSERT and one commit per request cost the web process
 more than everything else a webhook does, most of it the round trip itself
@@ -16,7 +16,7 @@ written at once, and under load a batch is whatever arrived during the previous 
 
 Every wait of a request is bounded by its own store deadline (at most
 WEBHOOK_STORE_TIMEOUT_SECONDS, less when its source's budget leaves less: ingress/asgi.py): a
-batch is written under the earliest deadline of its rows (eventdrop.db's `database_deadline`:
+batch is written under the earliest deadline of its rows (kernel.db's `database_deadline`:
 the INSERT and one reconnect after a connection the server dropped, both inside it), and a
 request whose deadline passes first fails (StoreTimeout); its row leaves the queue, body and
 all, and is never written. A writer without a connection opens one before it takes a batch,
@@ -48,9 +48,9 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.models import Field
 from psycopg.types.json import Jsonb
 
-from eventdrop.db import database_deadline
-from eventdrop.db.postgresql.base import BoundedAsyncConnection, open_async_connection
 from ingress.models import RawEvent
+from kernel.db import database_deadline
+from kernel.db.postgresql.base import BoundedAsyncConnection, open_async_connection
 
 # A bound on one statement's size (its arrays), far above a batch at any rate measured.
 MAX_ROWS_PER_BATCH = 64
@@ -238,7 +238,7 @@ def _finish(row: _Row, *, pk: int | None = None, error: BaseException | None = N
 
 def _hung_up(fileno: int) -> bool:
     """An idle connection's socket is readable only when the server hung up (as Django's
-    is_usable() in eventdrop.db.postgresql)."""
+    is_usable() in kernel.db.postgresql)."""
     poller = select.poll()
     poller.register(fileno, select.POLLIN)
     return bool(poller.poll(0))

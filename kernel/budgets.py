@@ -4,14 +4,14 @@ A budget is a contract (the seed's first lesson): a retry loop inside a function
 30-second budget has to be *calculated*, not estimated. Every worst case below is computed
 from the very settings (or client configuration) its call runs with and carries its
 arithmetic as text (`WorstCase`, one formatter), so a system check can show *why* something
-does not fit. Next to eventdrop/retry.py because the pauses between attempts are that
+does not fit. Next to kernel/retry.py because the pauses between attempts are that
 module's RetryPolicy ceilings: full jitter, so a pause's worst case *is* its ceiling.
 
 What is here, by name:
 
 - the render service (outbox/render_client.py): `render_dispatch_worst_case`,
   `render_status_worst_case`;
-- Stripe (eventdrop/stripe_api.py): `stripe_call_worst_case`;
+- Stripe (kernel/stripe_api.py): `stripe_call_worst_case`;
 - the database: `database_statement_worst_case`; the webhook's store:
   `raw_event_store_worst_case`; a webhook from its connection to its answer, against its
   source's budget: `webhook_budget_seconds`, `webhook_receive_worst_case`; archiving a day
@@ -48,8 +48,8 @@ from typing import Any, Protocol
 import stripe
 from django.conf import settings
 
-from eventdrop.errors import EventDropError
-from eventdrop.retry import RetryPolicy, RetryStrategy
+from kernel.errors import EventDropError
+from kernel.retry import RetryPolicy, RetryStrategy
 
 RECONCILE_BUDGET_UNFIT = (
     "{operation} worst case {arithmetic} does not fit the run budget of {budget:.1f} s "
@@ -153,7 +153,7 @@ def render_status_worst_case(limits: RenderLimits) -> WorstCase:
 
 
 def stripe_call_worst_case() -> WorstCase:
-    """Any one call through eventdrop.stripe_api.stripe_client (checkout, reconciliation).
+    """Any one call through kernel.stripe_api.stripe_client (checkout, reconciliation).
 
     Per try: connect + read timeout (`requests` buffers Stripe's small JSON answer; its read
     timeout is the silence allowed between bytes, which Stripe's API never drips). The SDK
@@ -194,7 +194,7 @@ def database_statement_worst_case(database: Mapping[str, Any] | None = None) -> 
 def raw_event_store_worst_case() -> WorstCase:
     """The webhook's store (ingress.services): one deadline bounds every database wait in it,
     and a connect, or the one reconnect, only starts with a timeout that fits what is left of
-    it (eventdrop/db). So the deadline is the whole worst case."""
+    it (kernel/db). So the deadline is the whole worst case."""
     seconds = settings.WEBHOOK_STORE_TIMEOUT_SECONDS
     return WorstCase.of(
         [
@@ -333,7 +333,7 @@ def q_task_timeout() -> float | None:
 
 @dataclass(frozen=True)
 class GiveUp:
-    """When a row gives up on its own failures (eventdrop.retry.RetryStrategy): after
+    """When a row gives up on its own failures (kernel.retry.RetryStrategy): after
     `attempts` charged attempts AND once `horizon_seconds` have passed since its first
     charged failure; the pause before the last attempt is stretched to reach the horizon.
     Failures that are not about the row (the service, its deploy, our database) are never

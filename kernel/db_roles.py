@@ -17,7 +17,7 @@ Privileges are granted on the partitioned parent `ingress_rawevent` only: Postgr
 the parent's privileges for every access through it, and no role but the owner touches a
 partition directly (partition maintenance is DDL, the owner's job).
 
-The kinds (eventdrop/processes.py; `release` migrates, so it is the owner and has no role):
+The kinds (kernel/processes.py; `release` migrates, so it is the owner and has no role):
 - web — the receive path: one INSERT into the raw store, reading back the new id and nothing
   else (not a body, not a recap, not a user); and its own ACK latency roll-up.
 - inbox — verify, dedup, write deliveries, and the handlers' writes: a recap's status, its

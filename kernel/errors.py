@@ -5,10 +5,10 @@ on free text.
 
 The error contract: an error that a retry machine (deliveries, side effects) may meet says
 itself how it is to be treated, by deriving from one of the classified bases below.
-`eventdrop.retry.classify` reads that (and our own database's errors) in its one table; so
+`kernel.retry.classify` reads that (and our own database's errors) in its one table; so
 the kernel names no error of an app above it, and an app adds an error without touching
 the kernel. The finality rule those dispositions serve is written once, in
-eventdrop/retry.py and docs/outbox.md ("The finality rule").
+kernel/retry.py and docs/outbox.md ("The finality rule").
 """
 
 from enum import StrEnum
@@ -30,7 +30,7 @@ class Disposition(StrEnum):
 
 
 class ClassifiedError(EventDropError):
-    """An error that carries its own retry verdict (read by `eventdrop.retry.classify`).
+    """An error that carries its own retry verdict (read by `kernel.retry.classify`).
 
     `error_class` is the short machine-readable reason stored on the row (last_error_class)
     and in its history. `service_failure` says the answer is about the remote service as a

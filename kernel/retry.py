@@ -20,7 +20,7 @@ Three pieces, in the spirit of procrastinate's RetryStrategy / RetryDecision:
 
 - `classify(exc) -> Failure`: the ONE classification table (`CLASSIFICATION`, first match
   wins). A domain error declares its own verdict by its base class (the error contract in
-  eventdrop/errors.py: PermanentError, DeferredError, ServiceFailure); the table reads that,
+  kernel/errors.py: PermanentError, DeferredError, ServiceFailure); the table reads that,
   so this kernel module imports no app. Our own database's errors, whatever their class,
   are deferred. Anything the table does not name is transient, and charged: a new error
   source is retried a bounded number of times and then ends `dead`, visibly, with its
@@ -43,7 +43,7 @@ import psycopg
 from django.db import Error as DjangoDatabaseError
 from django.db.models import Model, QuerySet
 
-from eventdrop.errors import ClassifiedError, Disposition
+from kernel.errors import ClassifiedError, Disposition
 
 _Row = TypeVar("_Row", bound=Model)
 
@@ -97,7 +97,7 @@ def _database(exc: BaseException) -> Failure:
 # The table: (exception type, verdict). First match wins.
 CLASSIFICATION: tuple = (
     # Every domain error a retry machine can meet says its own verdict by deriving from a
-    # classified base in eventdrop/errors.py (the render errors: outbox/errors.py; a
+    # classified base in kernel/errors.py (the render errors: outbox/errors.py; a
     # handler's PermanentHandlerError: ingress/handlers.py), so this kernel names no app.
     (ClassifiedError, _as_declared),
     # Our own database, in every class Django knows (DatabaseError and its DataError,

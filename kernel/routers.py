@@ -36,7 +36,7 @@ from django.db.models import Model
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from eventdrop.db import database_deadline
+from kernel.db import database_deadline
 
 logger = logging.getLogger(__name__)
 

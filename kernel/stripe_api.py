@@ -1,7 +1,7 @@
 """The one way this project builds a Stripe SDK client.
 
 Explicit (connect, read) timeouts and a bounded number of SDK retries — the SDK's own default
-is an 80 s timeout — so that eventdrop.budgets.stripe_call_worst_case, which adds exactly these
+is an 80 s timeout — so that kernel.budgets.stripe_call_worst_case, which adds exactly these
 settings up, holds for every Stripe call we make (checkout, reconciliation). Callers check
 their own configuration first; each reports a missing key in its own words.
 """

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from django.db import close_old_connections
 
-from eventdrop.logformat import raised_at
+from kernel.logformat import raised_at
 
 logger = logging.getLogger(__name__)
 

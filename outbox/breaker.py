@@ -36,7 +36,7 @@ about the row (422) says nothing about the service either way. The breaker opens
 The half-open probe is one real dispatch of one row, not a health check: a health check
 answers 200 while /renders answers 500, and closing on it burned every row (issue 9).
 
-None of this charges a row: under the finality rule (eventdrop/retry.py) an answer about
+None of this charges a row: under the finality rule (kernel/retry.py) an answer about
 the service is never the row's cost. The breaker only says when a waiting row may be tried
 again (`record_failure` returns the end of the cool-down while it is open).
 """
@@ -53,7 +53,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from eventdrop.budgets import render_dispatch_worst_case
+from kernel.budgets import render_dispatch_worst_case
 from outbox.models import BreakerState, CircuitBreaker
 from outbox.render_client import RenderClientConfig
 

@@ -1,12 +1,12 @@
 """System checks of the outbox. `manage.py check` fails on every Error here.
 
 - outbox.E001  a worst case exceeds the budget of a caller (the table below, `CALLERS`; the
-  arithmetic is eventdrop/budgets.py)
+  arithmetic is kernel/budgets.py)
 - outbox.E002  django-q2's task timeout does not cover one scheduled run
 - outbox.E003  the stale threshold would re-arm a live dispatch
 - outbox.E004  the dispatcher's configuration is incomplete (a deployment: DEBUG off);
   outbox.W001  the same in development (DEBUG on), where the dispatcher still refuses to run.
-  Checked for the process kinds that call the render service (eventdrop/processes.py),
+  Checked for the process kinds that call the render service (kernel/processes.py),
   and for every kind by `check --deploy`; never by `migrate`.
 - outbox.E005  the rendering deadline settings are not sane or contradict each other
 - outbox.E006  the side effects' retry settings cannot work; outbox.W002  their horizon is
@@ -18,7 +18,9 @@ from collections.abc import Callable
 from django.conf import settings
 from django.core import checks
 
-from eventdrop.budgets import (
+from ingress.archive import ArchiveClientConfig, archive_enabled, calls_per_day
+from ingress.sources import all_sources
+from kernel.budgets import (
     BudgetViolation,
     Caller,
     GiveUp,
@@ -33,9 +35,7 @@ from eventdrop.budgets import (
     render_status_worst_case,
     stripe_call_worst_case,
 )
-from eventdrop.processes import RENDER_SERVICE, kinds_needing, register_configuration_check
-from ingress.archive import ArchiveClientConfig, archive_enabled, calls_per_day
-from ingress.sources import all_sources
+from kernel.processes import RENDER_SERVICE, kinds_needing, register_configuration_check
 from outbox.configuration import dispatch_configuration_problems
 from outbox.render_client import RenderClientConfig
 from outbox.services import outbox_retry_strategy

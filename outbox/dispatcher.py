@@ -1,7 +1,7 @@
 """The dispatcher: claims due render rows and asks the render service, within a budget.
 
 One run (`dispatch_run`) has a budget, OUTBOX_DISPATCH_BUDGET_SECONDS (60 s), and keeps
-claiming while what is left still covers one worst-case dispatch (eventdrop/budgets.py): not
+claiming while what is left still covers one worst-case dispatch (kernel/budgets.py): not
 one recap per run, as in the seed, but never a dispatch that could outlive the run either.
 At most RENDER_MAX_CONCURRENCY render calls are in flight at once (a bulkhead: a slow render
 service ties up that many threads and connections, not all of them).
@@ -14,7 +14,7 @@ the same time.
 
 The circuit breaker (outbox/breaker.py) is consulted through the run's in-process view: no
 lock and, while it is closed and clean, no query per row. Whatever goes wrong, including our
-own database, a row's outcome is decided by eventdrop.retry (the finality rule): only a
+own database, a row's outcome is decided by kernel.retry (the finality rule): only a
 verdict about the row (422) or N charged failures of its own and the horizon end it; an
 answer about the service, its deploy or our database, an ambiguous one, the breaker open or
 a missing configuration release it uncharged.
@@ -34,8 +34,8 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from eventdrop.budgets import BudgetClock, render_dispatch_worst_case
-from eventdrop.retry import classify
+from kernel.budgets import BudgetClock, render_dispatch_worst_case
+from kernel.retry import classify
 from outbox.breaker import RENDER_SERVICE_BREAKER, Breaker, BreakerConfig
 from outbox.errors import EventNotFound, RenderCircuitOpen, TooFewPhotos
 from outbox.models import AttemptOutcome, BreakerState

@@ -1,13 +1,13 @@
 """Errors of the outbox: why a render could not be requested, and operator actions refused.
 
 Each render error says how a retry machine treats it by its base class (the error contract,
-eventdrop/errors.py): DeferredError (nothing asked, nothing charged), ServiceFailure (the
+kernel/errors.py): DeferredError (nothing asked, nothing charged), ServiceFailure (the
 service or its deploy answered about itself: never charged, the breaker's input) or
 PermanentError (a verdict about this recap); the one table that reads it is
-`eventdrop.retry.classify` (docs/outbox.md, "The finality rule").
+`kernel.retry.classify` (docs/outbox.md, "The finality rule").
 """
 
-from eventdrop.errors import (
+from kernel.errors import (
     ClassifiedError,
     DeferredError,
     Disposition,
@@ -44,11 +44,11 @@ class OutboxError(EventDropError):
     """An operator action on the outbox that cannot be done (refused, nothing changed)."""
 
 
-# --- why a render could not be requested (classified in eventdrop/retry.py) ------------------
+# --- why a render could not be requested (classified in kernel/retry.py) ------------------
 
 
 class RenderError(EventDropError):
-    """Requesting a render failed; see eventdrop/retry.py for transient vs permanent."""
+    """Requesting a render failed; see kernel/retry.py for transient vs permanent."""
 
 
 class EventNotFound(RenderError, PermanentError):

@@ -19,7 +19,7 @@ GET /renders/<render_id> — a read — and:
     cannot read)
 
 Budget: one run has RENDER_CHECK_BUDGET_SECONDS and starts a check only while what is left
-covers one check's worst case (eventdrop/budgets.py, `render.status`; `manage.py check` holds
+covers one check's worst case (kernel/budgets.py, `render.status`; `manage.py check` holds
 it against the budget, outbox.E001). The scheduled dispatcher task runs one after each
 dispatch run, the nightly recovery one more (outbox/tasks.py). After the first failure that
 speaks about the service as a whole (refused, timed out, 5xx, 429) the run stops: the others
@@ -36,8 +36,8 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
-from eventdrop.budgets import BudgetClock, render_status_worst_case
-from eventdrop.retry import classify
+from kernel.budgets import BudgetClock, render_status_worst_case
+from kernel.retry import classify
 from outbox.errors import RenderError, RenderHTTPError
 from outbox.render_client import RenderClient, RenderClientConfig
 from outbox.services import render_lost_resend, render_status_record

@@ -17,7 +17,7 @@ The render request carries
 - `X-Request-Deadline-Ms`: what is left of this call's deadline, so the service can stop
   working on a request whose caller has already given up (gRPC-style deadline propagation).
 
-The worst case of one dispatch is computed from these limits in eventdrop/budgets.py, and a
+The worst case of one dispatch is computed from these limits in kernel/budgets.py, and a
 system check holds it against the budget of every caller.
 """
 
@@ -37,8 +37,8 @@ from django.conf import settings
 from urllib3 import exceptions as urllib3_exceptions
 from urllib3.util import Timeout
 
-from eventdrop.errors import Disposition
-from eventdrop.retry import RetryPolicy, classify
+from kernel.errors import Disposition
+from kernel.retry import RetryPolicy, classify
 from outbox.errors import (
     RenderBadResponse,
     RenderConnectionFailed,

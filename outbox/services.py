@@ -13,7 +13,7 @@ The row is the state machine (the seed's third lesson, "accepted ≠ done"):
        │                                                          dead ─▶ recap failed
        └──── re-arm (stale processing, operator; a lost render, same key) ─┘
 
-That is the finality rule (eventdrop/retry.py, docs/outbox.md). `attempts` counts
+That is the finality rule (kernel/retry.py, docs/outbox.md). `attempts` counts
 *charged* attempts: how often a failure that can be this row's was seen. The claim charges
 one before the call; an uncharged outcome, and a re-arm after the worker died, give it back.
 
@@ -35,8 +35,8 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from eventdrop.errors import Disposition
-from eventdrop.retry import Action, Failure, RetryDecision, RetryPolicy, RetryStrategy, fenced
+from kernel.errors import Disposition
+from kernel.retry import Action, Failure, RetryDecision, RetryPolicy, RetryStrategy, fenced
 from outbox.errors import (
     SIDE_EFFECT_ALREADY_DEAD,
     SIDE_EFFECT_ALREADY_DONE,
@@ -311,7 +311,7 @@ def side_effect_fail(
     now: datetime | None = None,
     release_at: datetime | None = None,
 ) -> str:
-    """Record a failed attempt as eventdrop.retry.RetryStrategy decides it (the finality
+    """Record a failed attempt as kernel.retry.RetryStrategy decides it (the finality
     rule): a failure that is not about the row is released, the attempt given back, and
     the row waits until `release_at` (the breaker's cool-down) or its release backoff; a
     verdict kills it; a failure that may be about it is charged, and kills it only after

@@ -4,7 +4,7 @@ Messages are constants (tests assert on them) and never quote payloads or secret
 service's errors are the outbox's (outbox/errors.py): only the outbox calls that service.
 """
 
-from eventdrop.errors import EventDropError
+from kernel.errors import EventDropError
 
 RECAP_NOT_FOUND = "Recap not found."
 RECAP_NOT_YOURS = "This recap belongs to another user."

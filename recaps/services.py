@@ -36,7 +36,7 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.utils import timezone
 
-from eventdrop.stripe_api import stripe_client
+from kernel.stripe_api import stripe_client
 from recaps.errors import (
     RECAP_IS_FREE,
     RECAP_NOT_FREE,

@@ -22,7 +22,7 @@ def pytest_report_header(config):
 
 
 def pytest_sessionstart(session):
-    if settings.DATABASES["default"]["ENGINE"] != "eventdrop.db.postgresql":
+    if settings.DATABASES["default"]["ENGINE"] != "kernel.db.postgresql":
         raise pytest.UsageError(
             f"the suite runs on PostgreSQL only, not {_database()}: unset DATABASE_URL (make "
             "test then finds or starts one) or point it at a PostgreSQL database"

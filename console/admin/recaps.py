@@ -36,7 +36,7 @@ from console.admin_actions import (
 from console.models import OperatorActionKind
 from console.presentation import EMPTY
 from console.selectors import recaps_by_status
-from eventdrop.errors import EventDropError
+from kernel.errors import EventDropError
 from outbox.models import EffectType, RecapSideEffect
 from recaps.models import Event, Photo, RecapVideo
 from recaps.services import recap_create, recap_redeem_free

@@ -13,7 +13,7 @@ their side:
 Each run is a ReconciliationRun row (runs.py, services.py); `manage.py reconcile_stripe` /
 `reconcile_github` and the nightly django-q2 schedules (tasks.py) start them. Every call a
 run makes has explicit timeouts and bounded retries, and the run stops within its time
-budget (eventdrop/budgets.py: BudgetClock). See docs/reconciliation.md.
+budget (kernel/budgets.py: BudgetClock). See docs/reconciliation.md.
 
 This module imports nothing: the inbox imports verdict.py, and the rest must not load with it.
 """

@@ -13,7 +13,7 @@ Three kinds, because the run record needs to know which one happened:
 Messages are constants so tests assert on them. None of them ever contains a key or token.
 """
 
-from eventdrop.errors import EventDropError
+from kernel.errors import EventDropError
 
 WINDOW_EMPTY = "The window is empty: --since {since} is not before --until {until}."
 WINDOW_NOT_ISO = "{option} must be an ISO 8601 datetime with a zone, got {value!r}."

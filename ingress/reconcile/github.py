@@ -33,12 +33,6 @@ import requests
 from django.conf import settings
 from django.utils import timezone
 
-from eventdrop.budgets import (
-    BudgetClock,
-    github_retry_policy,
-    reconcile_budget_problem,
-    reconcile_call_worst_case,
-)
 from ingress.reconcile.config import reconcile_source, require_tls
 from ingress.reconcile.errors import (
     AUTH_REFUSED,
@@ -58,6 +52,12 @@ from ingress.reconcile.runs import ReconcileOutcome, RunState, reconcile_run
 from ingress.reconcile.selectors import pending_delivery_ids, provider_ids_classify
 from ingress.reconcile.window import Window, iso, window_clamp
 from ingress.sources import Source
+from kernel.budgets import (
+    BudgetClock,
+    github_retry_policy,
+    reconcile_budget_problem,
+    reconcile_call_worst_case,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -35,8 +35,6 @@ from django.utils import timezone
 if TYPE_CHECKING:  # the SDK's parameter types (stripe.params exists at runtime from v13)
     from stripe.params import EventListParams
 
-from eventdrop.budgets import BudgetClock, reconcile_budget_problem, reconcile_call_worst_case
-from eventdrop.stripe_api import stripe_client
 from ingress.handlers import all_handlers
 from ingress.reconcile.config import reconcile_source, require_tls
 from ingress.reconcile.errors import (
@@ -57,6 +55,8 @@ from ingress.reconcile.selectors import pending_body_ids, provider_ids_classify
 from ingress.reconcile.services import FetchedEvent, raw_events_backfill
 from ingress.reconcile.window import Window, iso, window_clamp
 from ingress.sources import Source
+from kernel.budgets import BudgetClock, reconcile_budget_problem, reconcile_call_worst_case
+from kernel.stripe_api import stripe_client
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 disk, a hung VM) enforces nothing, while its kernel still ACKs our packets and keepalives.
 So every wait for PostgreSQL also has a bound on our side:
 
-- `eventdrop.db.postgresql` (the ENGINE on PostgreSQL) opens `BoundedConnection`s: psycopg's
+- `kernel.db.postgresql` (the ENGINE on PostgreSQL) opens `BoundedConnection`s: psycopg's
   one wait loop gets a timeout, so no query, commit or rollback waits longer than the
   connection's `client_wait_timeout` (statement_timeout + a margin, in OPTIONS), and never
   past a deadline set with `database_deadline()` in the same thread/context.
@@ -16,6 +16,6 @@ So every wait for PostgreSQL also has a bound on our side:
   round trip.
 """
 
-from eventdrop.db.bounds import database_deadline, deadline_seconds_left
+from kernel.db.bounds import database_deadline, deadline_seconds_left
 
 __all__ = ["database_deadline", "deadline_seconds_left"]

@@ -1,4 +1,4 @@
-"""The deadline that bounds database waits within one operation (see eventdrop/db/__init__)."""
+"""The deadline that bounds database waits within one operation (see kernel/db/__init__)."""
 
 import time
 from collections.abc import Iterator

@@ -1,10 +1,10 @@
 """System checks for the webhook store's database bounds (eventdrop.E001); the arithmetic
-against the request budget is outbox.E001 (eventdrop/budgets.py, `ingress.raw_event_store`)."""
+against the request budget is outbox.E001 (kernel/budgets.py, `ingress.raw_event_store`)."""
 
 from django.conf import settings
 from django.core import checks
 
-from eventdrop.db.postgresql.base import LIBPQ_MIN_CONNECT_TIMEOUT_SECONDS
+from kernel.db.postgresql.base import LIBPQ_MIN_CONNECT_TIMEOUT_SECONDS
 
 
 @checks.register()

@@ -8,13 +8,13 @@ domain errors to clear 4xx/5xx JSON — a refusal is never a 500.
 
 Every POST takes a JSON body (`{}` for checkout and redeem): anything else is a 415.
 
-Who may call it, as the console's API (eventdrop/api_access.py, docs/security.md): a browser
+Who may call it, as the console's API (kernel/api_access.py, docs/security.md): a browser
 with its session, whose writes need Django's CSRF token; a script with a token
 (`Authorization: Token …`); never HTTP Basic, which a browser caches and replays on another
 site's requests. A write another site's page started (its `Origin` or `Sec-Fetch-Site`) is a
 403 whatever it carries.
 
-Errors are RFC 9457 problems like the console API's (eventdrop/problems.py): `type` ends in
+Errors are RFC 9457 problems like the console API's (kernel/problems.py): `type` ends in
 the code (`urn:eventdrop:problem:recap_not_found`), `detail` is the constant text; 401 (not
 signed in, `WWW-Authenticate: Token`), 403 (not yours / not free / cross-site), 404 (unknown),
 409 (already redeemed or paid), 415 (not JSON), 503 (Stripe).
@@ -28,9 +28,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from eventdrop.api_access import BoundedJSONParser, SameSiteWrites, require_json
-from eventdrop.errors import EventDropError
-from eventdrop.problems import problem
+from kernel.api_access import BoundedJSONParser, SameSiteWrites, require_json
+from kernel.errors import EventDropError
+from kernel.problems import problem
 from recaps.errors import (
     RECAP_NOT_YOURS,
     CheckoutError,

@@ -246,7 +246,7 @@ def test_a_real_web_server_writes_the_roll_up_and_the_ops_page_charts_it(
 
 @pytest.mark.django_db
 def test_the_flusher_adds_and_prunes_as_the_web_role(settings):
-    from eventdrop.db_roles import db_roles_apply, role_name
+    from kernel.db_roles import db_roles_apply, role_name
 
     settings.DATABASE_ROLE_PREFIX = prefix = f"edtest_{uuid.uuid4().hex[:6]}_"
     db_roles_apply()

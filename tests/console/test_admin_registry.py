@@ -17,7 +17,7 @@ from tests.console.samples import SAMPLES
 
 pytestmark = pytest.mark.django_db
 
-PROJECT_APPS = {"eventdrop", "ingress", "recaps", "outbox", "console"}
+PROJECT_APPS = {"eventdrop", "kernel", "ingress", "recaps", "outbox", "console"}
 
 # Content staff curate by hand (the events and photos recaps are cut from): editable in the
 # admin. Every other model is pipeline state, written by services only.

@@ -481,7 +481,7 @@ def test_buyer_permission_table(endpoint, identity, status, buyer_objects, fake_
     api, headers = buyer_client(identity, buyer_objects["buyer"])
     response = buyer_call(endpoint, buyer_objects, api, headers)
     assert response.status_code == status, response.content
-    # One error shape for every JSON API: an RFC 9457 problem (eventdrop/problems.py).
+    # One error shape for every JSON API: an RFC 9457 problem (kernel/problems.py).
     expected = "application/problem+json" if status >= 400 else "application/json"
     assert response["Content-Type"] == expected
     if status == 401:

@@ -20,9 +20,9 @@ from django.utils import timezone
 
 from console.ack_rollup import COLUMNS, ack_rollup_add
 from console.models import OperatorAction
-from eventdrop.db_roles import ROLES, db_roles_apply, role_name
-from eventdrop.processes import KINDS
 from ingress.models import Delivery, RawEvent
+from kernel.db_roles import ROLES, db_roles_apply, role_name
+from kernel.processes import KINDS
 from outbox.models import RecapSideEffect
 from recaps.models import RecapStatus, RecapVideo
 from tests.console.conftest import github_signature

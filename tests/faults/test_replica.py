@@ -2,7 +2,7 @@
 
 A throw-away primary and a hot standby of it (`replica_of`, pg_basebackup -R). To see who
 answers, the replica is made to differ: its replay is paused, then events arrive on the
-primary only. Each request runs the whole middleware stack (eventdrop/routers.py) in a
+primary only. Each request runs the whole middleware stack (kernel/routers.py) in a
 separate process configured with DATABASE_URL and DATABASE_REPLICA_URL:
 
 - the API's list and the ops page are served by the replica (they do not see the new

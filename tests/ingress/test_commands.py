@@ -9,9 +9,9 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 from django_q.models import Schedule
 
-from eventdrop.schedules import SCHEDULES
 from ingress.models import RawEvent
 from ingress.tasks import inbox_pass
+from kernel.schedules import SCHEDULES
 from tests.support.signing import github_headers
 
 pytestmark = pytest.mark.django_db

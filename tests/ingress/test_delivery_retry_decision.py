@@ -1,7 +1,7 @@
-"""Deliveries on the project's one retry decision (eventdrop/retry.py, issue 9).
+"""Deliveries on the project's one retry decision (kernel/retry.py, issue 9).
 
 The inbox and the outbox used to be two retry state machines with different rules. Now both
-classify a failure with `eventdrop.retry.classify` (one table: our database's errors are
+classify a failure with `kernel.retry.classify` (one table: our database's errors are
 transient, PermanentHandlerError and an unparseable body permanent) and record the
 `RetryStrategy` decision fenced on (claimed_at, attempts).
 """
@@ -12,7 +12,6 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from eventdrop.retry import classify
 from ingress.deliveries import (
     _claim_due_deliveries,
     _Failure,
@@ -23,6 +22,7 @@ from ingress.deliveries import (
 from ingress.handlers import PermanentHandlerError, unregister, webhook_handler
 from ingress.inbox import raw_events_verify_batch
 from ingress.models import Delivery, DeliveryAttempt
+from kernel.retry import classify
 from tests.ingress import test_inbox
 from tests.ingress.test_inbox import receive_github
 
@@ -121,9 +121,9 @@ def test_a_late_worker_cannot_overwrite_a_rearmed_and_reclaimed_delivery(
 
 
 def test_check_reports_the_delivery_horizon_next_to_the_attempts(settings):
-    from eventdrop.budgets import give_up_arithmetic
     from ingress.checks import check_delivery_retries
     from ingress.deliveries import delivery_retry_strategy
+    from kernel.budgets import give_up_arithmetic
 
     assert check_delivery_retries() == []  # the defaults fit
     give_up = give_up_arithmetic(

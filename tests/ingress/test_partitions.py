@@ -13,7 +13,6 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils.module_loading import import_string
 
-from eventdrop.schedules import SCHEDULES
 from ingress.models import DedupKey, Delivery, DeliveryAttempt, RawEvent
 from ingress.partitions import (
     DEFAULT_PARTITION,
@@ -22,6 +21,7 @@ from ingress.partitions import (
     partition_name,
     raw_event_partitions_maintain,
 )
+from kernel.schedules import SCHEDULES
 
 NOW = datetime(2026, 6, 15, 10, 30, tzinfo=UTC)
 TODAY = NOW.date()

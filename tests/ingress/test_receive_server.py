@@ -3,9 +3,9 @@
 import pytest
 from django.core import checks
 
-from eventdrop.budgets import webhook_budget_seconds, webhook_receive_worst_case
 from eventdrop.web import WebServerConfig
 from ingress.sources import all_sources, reset_sources_cache
+from kernel.budgets import webhook_budget_seconds, webhook_receive_worst_case
 
 
 def server_messages() -> list[checks.CheckMessage]:

@@ -1,4 +1,4 @@
-"""Client-side bounds on database waits (eventdrop/db, issue 8 findings 5 and 6).
+"""Client-side bounds on database waits (kernel/db, issue 8 findings 5 and 6).
 
 The frozen-server tests run against a throw-away PostgreSQL cluster (tests/support/
 pg_cluster.py) whose processes are SIGSTOPped: the kernel still accepts and ACKs, nothing
@@ -15,11 +15,11 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import OperationalError, connection
 
-from eventdrop.db import database_deadline
-from eventdrop.db.postgresql.base import BoundedConnection, DatabaseWrapper
 from ingress.models import RawEvent
 from ingress.services import raw_event_store
 from ingress.sources import all_sources
+from kernel.db import database_deadline
+from kernel.db.postgresql.base import BoundedConnection, DatabaseWrapper
 from outbox.checks import time_budget_violations
 from tests.support.pg_cluster import throwaway_cluster
 
@@ -273,7 +273,7 @@ def test_every_process_on_postgresql_gets_the_bounded_backend():
     """The settings every process (web, inbox, qcluster, commands) starts from."""
     database = connection.settings_dict
     options = database["OPTIONS"]
-    assert database["ENGINE"] == "eventdrop.db.postgresql"
+    assert database["ENGINE"] == "kernel.db.postgresql"
     assert database["CONN_HEALTH_CHECKS"] is True  # the poll(2), not a SELECT 1
     assert options["client_wait_timeout"] == 15.0 + 5.0  # statement_timeout + margin
     assert options["options"] == "-c statement_timeout=15000"

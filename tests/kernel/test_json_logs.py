@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from eventdrop.logformat import (
+from kernel.logformat import (
     JsonFormatter,
     KeyValueFormatter,
     RedactSearchTerms,

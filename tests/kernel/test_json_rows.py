@@ -1,4 +1,4 @@
-"""eventdrop/db/json_rows.py: a batch's rows as one JSON document that PostgreSQL's
+"""kernel/db/json_rows.py: a batch's rows as one JSON document that PostgreSQL's
 json_to_recordset turns back into typed columns, exactly and in order."""
 
 from datetime import UTC, datetime, timedelta, timezone
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from django.db import connection
 
-from eventdrop.db.json_rows import json_rows
+from kernel.db.json_rows import json_rows
 
 PLUS_FIVE = timezone(timedelta(hours=5))
 ROWS = [

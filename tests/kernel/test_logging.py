@@ -1,6 +1,6 @@
 """Logs: search terms never reach them, and one incident is a bounded number of lines.
 
-The unit tests drive eventdrop.logformat's filters through a real logger, handler and
+The unit tests drive kernel.logformat's filters through a real logger, handler and
 formatter. The last test greps the log of a real run: the Procfile's web process and the
 inbox worker against a throw-away PostgreSQL cluster, requests carrying markers in bodies,
 headers, secrets, tokens and search terms, and a database outage in the middle.
@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from eventdrop.logformat import (
+from kernel.logformat import (
     MAX_INCIDENT_KINDS,
     KeyValueFormatter,
     RedactSearchTerms,

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from django.db import connection
 
-from eventdrop.db.postgresql.base import open_async_connection
 from ingress.models import RawEvent, SignatureStatus
+from kernel.db.postgresql.base import open_async_connection
 from tests.support.processes import PYTHON, ROOT, app_env
 
 _SERVER_PREPARED = "SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql"

@@ -8,7 +8,7 @@ import time
 import pytest
 from django.db import OperationalError
 
-from eventdrop.worker_loop import error_backoff, run_until_stopped
+from kernel.worker_loop import error_backoff, run_until_stopped
 
 # close_old_connections() between passes touches the connection.
 pytestmark = pytest.mark.django_db
@@ -66,7 +66,7 @@ def test_survives_any_exception_logs_one_line_per_kind_and_recovers(caplog):
         return len(passes)
 
     lines: list[str] = []
-    with caplog.at_level(logging.WARNING, logger="eventdrop.worker_loop"):
+    with caplog.at_level(logging.WARNING, logger="kernel.worker_loop"):
         run_until_stopped(
             name="worker",
             run_pass=run_pass,

@@ -7,7 +7,7 @@ from django.core.checks import Error
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from eventdrop.budgets import (
+from kernel.budgets import (
     Caller,
     WorstCase,
     database_statement_worst_case,

@@ -234,7 +234,7 @@ def test_each_row_is_tried_once_per_run_even_with_a_zero_backoff(
         def request_render(self, **kwargs):
             raise ValueError("our bug on this row")
 
-    monkeypatch.setattr("eventdrop.retry.random.uniform", lambda a, b: 0.0)
+    monkeypatch.setattr("kernel.retry.random.uniform", lambda a, b: 0.0)
     _, side_effect = paid_recap()
     run(client_factory=Exploding)
     side_effect.refresh_from_db()

@@ -1,4 +1,4 @@
-"""The finality rule as a table: ONE classification (eventdrop.retry.classify) and ONE decision
+"""The finality rule as a table: ONE classification (kernel.retry.classify) and ONE decision
 (RetryStrategy.decide) for deliveries and side effects alike (issue 27).
 
 A row ends only on a verdict about it (a 422 for this request, a handler's permanent domain
@@ -18,10 +18,10 @@ from django.db import connection
 from django.db import utils as django_db
 from django.db.utils import DatabaseErrorWrapper
 
-from eventdrop.retry import Action, Disposition, classify
 from ingress.deliveries import delivery_retry_strategy
 from ingress.handlers import PermanentHandlerError
 from ingress.payloads import UnparseablePayload
+from kernel.retry import Action, Disposition, classify
 from outbox.errors import (
     EventNotFound,
     RenderBadResponse,

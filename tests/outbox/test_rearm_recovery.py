@@ -59,7 +59,7 @@ def test_staleness_is_judged_by_claimed_at_alone(paid_recap):
 
 
 def test_a_late_worker_cannot_overwrite_a_rearmed_and_reclaimed_row(paid_recap):
-    from eventdrop.retry import Disposition, Failure
+    from kernel.retry import Disposition, Failure
     from outbox.services import side_effect_fail
 
     _, side_effect = paid_recap()

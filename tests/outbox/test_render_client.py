@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from eventdrop.retry import RetryPolicy
+from kernel.retry import RetryPolicy
 from outbox.errors import (
     RenderConnectionFailed,
     RenderDeadlineExceeded,

@@ -1,4 +1,4 @@
-"""The outbox's retry policy (eventdrop.retry.RetryPolicy with the outbox settings), as a table.
+"""The outbox's retry policy (kernel.retry.RetryPolicy with the outbox settings), as a table.
 
 ceiling(n) = min(cap, base * 2 ** (n - 1)); delay(n) = uniform(0, ceiling(n)),
 at least min(Retry-After, cap); give up (dead) after max_attempts attempts.
@@ -67,7 +67,7 @@ def test_the_policy_follows_settings(settings):
 
 from datetime import UTC, datetime, timedelta  # noqa: E402
 
-from eventdrop.retry import Action, Disposition, Failure, RetryPolicy, RetryStrategy  # noqa: E402
+from kernel.retry import Action, Disposition, Failure, RetryPolicy, RetryStrategy  # noqa: E402
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)

@@ -30,7 +30,7 @@ def api():
 
 
 def problem_of(response) -> tuple[str, str]:
-    """The code and text of an RFC 9457 problem answer (eventdrop/problems.py)."""
+    """The code and text of an RFC 9457 problem answer (kernel/problems.py)."""
     body = response.json()
     assert response["Content-Type"] == "application/problem+json"
     return body["type"].removeprefix("urn:eventdrop:problem:"), body["detail"]

@@ -9,14 +9,14 @@ from django.db import connections, router
 from django.http import HttpResponse
 from django.test import RequestFactory
 
-from eventdrop import routers
-from eventdrop.routers import (
+from ingress.models import RawEvent
+from kernel import routers
+from kernel.routers import (
     PRIMARY_PIN_COOKIE,
     ReplicaReadsMiddleware,
     ReplicaStatus,
     replica_reads,
 )
-from ingress.models import RawEvent
 
 FIT = ReplicaStatus(True, True, 0.4, 30.0, time.monotonic())
 BEHIND = ReplicaStatus(True, True, 45.0, 30.0, time.monotonic())

@@ -6,14 +6,14 @@
 Run it as the owner of the tables, after every `migrate`. Passwords (for managed
 PostgreSQL) come from DATABASE_ROLE_PASSWORD_<KIND> (WEB, INBOX, DISPATCHER, WORKER,
 CONSOLE); a role without one keeps its password. The kinds and their grants:
-eventdrop/db_roles.py and docs/security.md.
+kernel/db_roles.py and docs/security.md.
 """
 
 import os
 
 from django.core.management.base import BaseCommand
 
-from eventdrop.db_roles import ROLES, db_roles_apply, db_roles_dry_run, role_name
+from kernel.db_roles import ROLES, db_roles_apply, db_roles_dry_run, role_name
 
 
 class Command(BaseCommand):

@@ -1,9 +1,9 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from eventdrop.worker_loop import run_until_stopped
 from ingress.deliveries import delivery_retry_policy
 from ingress.inbox import InboxPass, inbox_run_once, raw_event_retry_policy
+from kernel.worker_loop import run_until_stopped
 
 
 def _summary(result: InboxPass) -> str:

@@ -1,6 +1,6 @@
 """Django's PostgreSQL backend, with a client-side bound on every wait for the server.
 
-ENGINE `eventdrop.db.postgresql`. It differs from `django.db.backends.postgresql` in three
+ENGINE `kernel.db.postgresql`. It differs from `django.db.backends.postgresql` in three
 places, all for a server that stops answering or restarts (issue 8, findings 5 and 6):
 
 1. Connections are `BoundedConnection`s. psycopg funnels every wait on an open connection
@@ -56,7 +56,7 @@ import psycopg.sql
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.postgresql import base
 
-from eventdrop.db.bounds import deadline_seconds_left
+from kernel.db.bounds import deadline_seconds_left
 
 # libpq (and psycopg after it) treats any connect_timeout below 2 s as 2 s.
 LIBPQ_MIN_CONNECT_TIMEOUT_SECONDS = 2

@@ -8,7 +8,7 @@ is needed. On the database rather than on a role so that it covers every role th
 processes log in as (`manage.py db_roles`) without naming them. Run it in the release
 phase, as the database's owner (first when the release phase itself goes through PgBouncer;
 it needs no tables); every connection through the pooler checks it
-(eventdrop/db/postgresql/base.py) and is refused until it has run. A changed value applies
+(kernel/db/postgresql/base.py) and is refused until it has run. A changed value applies
 to server sessions opened after it: RECONNECT on PgBouncer's admin console, or wait for its
 server_lifetime.
 """
@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 from psycopg import sql
 
-from eventdrop.db.postgresql.base import pooled_statement_timeout_ms
+from kernel.db.postgresql.base import pooled_statement_timeout_ms
 
 
 class Command(BaseCommand):

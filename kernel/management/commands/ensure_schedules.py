@@ -6,7 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_q.models import Schedule
 
-from eventdrop.schedules import SCHEDULES, Recurring
+from kernel.schedules import SCHEDULES, Recurring
 
 
 def next_daily_run(recurring: Recurring, now: datetime) -> datetime:
@@ -17,7 +17,7 @@ def next_daily_run(recurring: Recurring, now: datetime) -> datetime:
 
 
 class Command(BaseCommand):
-    help = "Create or update the django-q2 schedules declared in eventdrop/schedules.py."
+    help = "Create or update the django-q2 schedules declared in kernel/schedules.py."
 
     @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:

@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from eventdrop.worker_loop import run_until_stopped
+from kernel.worker_loop import run_until_stopped
 from outbox.configuration import dispatch_command_start
 from outbox.dispatcher import DispatchReport, dispatch_run
 from outbox.render_checks import RenderCheckReport, render_checks_run

@@ -7,16 +7,6 @@ from django.core.management import CommandError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from eventdrop.budgets import (
-    BUDGET_USED,
-    RECONCILE_BUDGET_OVER_Q_TIMEOUT,
-    RECONCILE_BUDGET_UNFIT,
-    BudgetClock,
-    github_call_worst_case,
-    reconcile_budget_problem,
-    reconcile_call_worst_case,
-)
-from eventdrop.schedules import SCHEDULES
 from ingress.models import ReconciliationRun
 from ingress.reconcile.config import require_tls
 from ingress.reconcile.errors import (
@@ -32,6 +22,16 @@ from ingress.reconcile.tasks import (
     reconcile_stripe_nightly,
 )
 from ingress.reconcile.window import Window, iso
+from kernel.budgets import (
+    BUDGET_USED,
+    RECONCILE_BUDGET_OVER_Q_TIMEOUT,
+    RECONCILE_BUDGET_UNFIT,
+    BudgetClock,
+    github_call_worst_case,
+    reconcile_budget_problem,
+    reconcile_call_worst_case,
+)
+from kernel.schedules import SCHEDULES
 from tests.ingress.reconcile.conftest import STRIPE_TYPE, run
 
 pytestmark = pytest.mark.django_db

@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+
+
+class KernelConfig(AppConfig):
+    # An app so that its management commands (database_timeouts, ensure_schedules) are found
+    # and the database backend's check is registered.
+    name = "kernel"
+    verbose_name = "EventDrop kernel"
+
+    def ready(self) -> None:
+        from kernel.db import checks as db_checks  # noqa: F401 (registers the check)
