@@ -2,7 +2,7 @@
 
 Not a test. It needs PostgreSQL on 127.0.0.1:5432 and uses its own database
 (`eventdrop_bench_dispatch`), which it recreates. The fake render service
-(recaps/fake_renderer.py, callbacks off) runs as a separate process, so its request handling
+(fakes/renderer.py, callbacks off) runs as a separate process, so its request handling
 does not share our interpreter. For each concurrency it stores a backlog of paid recaps (one
 render row each, through the real payment service), runs ONE production dispatcher run
 (`dispatch_run`, as `dispatch_side_effects --once` does) over it, and reports rows per second

@@ -98,6 +98,7 @@ INSTALLED_APPS = [
     "recaps",
     "outbox",
     "console",
+    "fakes",
 ]
 
 MIDDLEWARE = [

@@ -109,7 +109,7 @@ def receive_github(
 @pytest.fixture
 def fake_renderer(settings):
     """The project's fake render service on an ephemeral port, with short client limits."""
-    from recaps.fake_renderer import FakeRenderer
+    from fakes.renderer import FakeRenderer
 
     fake = FakeRenderer(secret=os.environ["RENDERER_WEBHOOK_SECRET"], callbacks=False)
     settings.RENDER_SERVICE_URL = fake.url

@@ -211,7 +211,7 @@ def test_a_held_event_says_which_pause_holds_it_who_paused_and_how_to_resume(
     client, admin_user, push_handler
 ):
     from console.pauses import handlers_pause
-    from recaps.management.commands.demo import held_hint
+    from fakes.management.commands.demo import held_hint
     from recaps.models import RecapStatus, RecapVideo
 
     handler = "tests.console.conftest.push_handler.<locals>.console_test_on_push"

@@ -25,10 +25,10 @@ import psycopg
 import pytest
 from django.utils import timezone
 
+from fakes.renderer import FakeRenderer
 from ingress.deliveries import deliveries_rearm_stale
 from ingress.models import Delivery, DeliveryAttempt
 from outbox.models import RecapSideEffect
-from recaps.fake_renderer import FakeRenderer
 from recaps.models import RecapStatus, RecapVideo
 from tests.recaps.factories import EventFactory, RecapFactory
 from tests.support.pg_cluster import throwaway_cluster

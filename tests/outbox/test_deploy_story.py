@@ -30,9 +30,9 @@ from datetime import UTC, datetime
 import pytest
 import requests
 
+from fakes.renderer import FakeRenderer
 from ingress.models import Delivery, DeliveryAttempt, RawEvent
 from outbox.models import RecapSideEffect
-from recaps.fake_renderer import FakeRenderer
 from recaps.models import RecapStatus, RecapVideo
 from tests.recaps.factories import EventFactory, RecapFactory
 from tests.support.processes import (
@@ -254,7 +254,7 @@ def test_a_422_still_fails_the_recap_at_once_with_the_reason(stack):
 
 def _callback(stack: Stack, outcome: str, *, recap: RecapVideo, render_id: str, key: str):
     """The render service's signed callback about (render_id, key), through the web server."""
-    from recaps.fake_renderer import FakeRender
+    from fakes.renderer import FakeRender
 
     render = FakeRender(
         render_id=render_id,

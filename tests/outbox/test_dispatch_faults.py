@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from recaps.fake_renderer import FakeRenderer
+from fakes.renderer import FakeRenderer
 from tests.support.pg_cluster import throwaway_cluster
 from tests.support.processes import app_env, manage, migrate, start_manage
 

@@ -145,8 +145,8 @@ def test_a_row_the_service_fails_alone_waits_visibly_and_is_never_charged(
     figure) grows while the others render once each."""
     import os
 
+    from fakes.renderer import FakeRenderer, _Handler
     from outbox.selectors import side_effect_depths
-    from recaps.fake_renderer import FakeRenderer, _Handler
 
     doomed_ids: set[str] = set()
 

@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from fakes.renderer import FakeRenderer
 from outbox.models import RecapSideEffect
-from recaps.fake_renderer import FakeRenderer
 from recaps.services import recap_mark_paid
 from tests.recaps.factories import EventFactory, RecapFactory
 
@@ -56,7 +56,7 @@ def paid_recap():
 
 @pytest.fixture
 def fake_stripe(settings):
-    from recaps.fake_stripe import FakeStripe
+    from fakes.stripe import FakeStripe
 
     with FakeStripe(webhook_secret=os.environ["STRIPE_WEBHOOK_SECRET"]) as fake:
         settings.STRIPE_API_BASE = fake.url

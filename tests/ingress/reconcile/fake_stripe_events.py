@@ -1,4 +1,4 @@
-"""The recaps' fake Stripe (recaps/fake_stripe.py, which lists Events) with the API key
+"""The local fake Stripe (fakes/stripe.py, which lists Events) with the API key
 checked and failure switches for the reconciliation tests.
 
     GET /v1/events   created[gte] / created[lt], types[n], limit, starting_after; newest
@@ -10,7 +10,7 @@ request on, counting from 1), `list_delay` (seconds before each list answer).
 
 from urllib.parse import parse_qsl, urlsplit
 
-from recaps.fake_stripe import FakeStripe, _Handler
+from fakes.stripe import FakeStripe, _Handler
 
 
 class FakeStripeEvents(FakeStripe):

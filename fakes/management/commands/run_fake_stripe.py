@@ -3,8 +3,8 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from recaps.fake_stripe import FakeStripe
-from recaps.local_service import sender_secret
+from fakes.local_service import sender_secret
+from fakes.stripe import FakeStripe
 
 
 class Command(BaseCommand):

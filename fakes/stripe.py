@@ -37,7 +37,7 @@ from urllib.parse import parse_qsl, urlsplit
 import requests
 import stripe
 
-from recaps.local_service import LocalHTTPService
+from fakes.local_service import LocalHTTPService
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""What the local fakes share (recaps/fake_stripe.py, fake_renderer.py): the HTTP server
+"""What the local fakes share (fakes/stripe.py, fake_renderer.py): the HTTP server
 lifecycle, and the secret a fake signs its webhooks with.
 
 A real server on 127.0.0.1: on a daemon thread for tests (`start`/`stop`, or `with`), or in

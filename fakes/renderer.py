@@ -56,7 +56,7 @@ from typing import Any
 import requests
 from standardwebhooks.webhooks import Webhook
 
-from recaps.local_service import LocalHTTPService
+from fakes.local_service import LocalHTTPService
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from fakes.demo import DEMO_BUYER
 from ingress.inbox import inbox_run_once
 from ingress.models import RawEvent
 from outbox.dispatcher import dispatch_run
-from recaps.demo import DEMO_BUYER
 from recaps.models import Event, RecapStatus, RecapVideo
 
 pytestmark = pytest.mark.django_db(transaction=True)

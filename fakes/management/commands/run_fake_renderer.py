@@ -1,8 +1,8 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from recaps.fake_renderer import MODES, FakeRenderer
-from recaps.local_service import sender_secret
+from fakes.local_service import sender_secret
+from fakes.renderer import MODES, FakeRenderer
 
 
 class Command(BaseCommand):

@@ -7,10 +7,10 @@ import pytest
 import requests
 from django.conf import settings
 
+from fakes.stripe import FakeStripe
 from ingress.inbox import inbox_run_once
 from ingress.models import RawEvent
 from ingress.sources import reset_sources_cache
-from recaps.fake_stripe import FakeStripe
 from recaps.models import RecapStatus
 from recaps.services import recap_checkout_create
 from tests.recaps.factories import RecapFactory

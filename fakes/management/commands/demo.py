@@ -4,11 +4,11 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.urls import reverse
 
+from fakes.demo import FINAL, DemoUnavailable, demo_hint, demo_preflight, demo_run, demo_wait
 from ingress.handlers import all_handlers
 from ingress.selectors import handler_pauses_active
 from ingress.sources import all_sources
 from kernel.errors import EventDropError
-from recaps.demo import FINAL, DemoUnavailable, demo_hint, demo_preflight, demo_run, demo_wait
 from recaps.models import RecapStatus, RecapVideo
 
 

@@ -14,10 +14,10 @@ import requests
 from django.conf import settings
 from standardwebhooks.webhooks import Webhook
 
+from fakes.renderer import FakeRenderer
 from ingress.inbox import inbox_run_once
 from ingress.models import RawEvent
 from ingress.sources import reset_sources_cache
-from recaps.fake_renderer import FakeRenderer
 from recaps.models import RecapStatus
 from recaps.services import recap_mark_rendering
 from tests.recaps.factories import RecapFactory
