@@ -29,25 +29,19 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ingress.models import RawEvent, RejectionReason
 from ingress.payloads import raw_event_body, raw_event_headers
 from ingress.verifiers import github, hmac, slack, standard, stripe
-from ingress.verifiers.base import StoredRequest, Verdict
+from ingress.verifiers.base import Source, StoredRequest, Verdict
 from ingress.verifiers.common import scheme_hex_signature, sha256_hex
-
-if TYPE_CHECKING:
-    # ingress.sources builds each Source from this table, so it imports this module; the
-    # verifiers' signature names Source for the type checker only.
-    from ingress.sources import Source
 
 logger = logging.getLogger(__name__)
 
-Verifier = Callable[["Source", StoredRequest], Verdict]
+Verifier = Callable[[Source, StoredRequest], Verdict]
 DedupRule = Callable[[RawEvent, Verdict], str]
 # (source, the stored headers) -> the signature, lower-case hex, of a request that verified.
-BodySignature = Callable[["Source", Mapping[str, str]], str]
+BodySignature = Callable[[Source, Mapping[str, str]], str]
 
 # Headers that identify *what* was sent rather than *this attempt* at sending it; signature
 # and timestamp headers change on every provider retry and would defeat the fallback key.
@@ -81,11 +75,11 @@ def provider_event_id_or_content_hash(event: RawEvent, verdict: Verdict) -> str:
     return f"{CONTENT_HASH_KEY_PREFIX}{digest.hexdigest()}"
 
 
-def github_body_signature(source: "Source", headers: Mapping[str, str]) -> str:
+def github_body_signature(source: Source, headers: Mapping[str, str]) -> str:
     return scheme_hex_signature(headers[source.signature_header], github.SCHEME)
 
 
-def hmac_body_signature(source: "Source", headers: Mapping[str, str]) -> str:
+def hmac_body_signature(source: Source, headers: Mapping[str, str]) -> str:
     return sha256_hex(headers[source.signature_header].removeprefix(source.signature_prefix))
 
 
@@ -144,7 +138,7 @@ PROVIDERS: dict[str, Provider] = {
 }
 
 
-def verify(source: "Source", request: StoredRequest) -> Verdict:
+def verify(source: Source, request: StoredRequest) -> Verdict:
     """Verify one stored request with its source's provider verifier.
 
     Verifiers return reasons for every bad input they know of; the catch-all below exists so
@@ -166,7 +160,7 @@ def dedup_key_for(event: RawEvent, verdict: Verdict) -> str:
     return PROVIDERS[event.provider].dedup_key(event, verdict)
 
 
-def body_only_signature(source: "Source", headers: Mapping[str, str]) -> str:
+def body_only_signature(source: Source, headers: Mapping[str, str]) -> str:
     """The verified signature of a request whose provider signs the body only, else ""."""
     rule = PROVIDERS[source.provider].body_signature
     return rule(source, headers) if rule else ""

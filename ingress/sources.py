@@ -24,7 +24,6 @@ WEBHOOK_STRIPE_MAX_BODY_BYTES=262144 or WEBHOOK_SLACK_ENABLED=false.
 
 import json
 import os
-from dataclasses import dataclass, field
 from functools import cache
 
 from django.conf import settings
@@ -33,27 +32,10 @@ from django.core.signals import setting_changed
 
 from ingress.providers import PROVIDERS, Provider
 
+# Source is the verifiers' (ingress/verifiers/base.py): they take one, and this module builds it.
+from ingress.verifiers.base import Source
 
-@dataclass(frozen=True)
-class Source:
-    name: str
-    provider: str
-    secrets_env: str
-    # repr=False keeps secrets out of tracebacks, logs and admin output.
-    secrets: tuple[str, ...] = field(repr=False, default=())
-    enabled: bool = True
-    max_body_bytes: int = 1024 * 1024
-    # Providers send a few hundred bytes to a few KiB of headers; every byte is stored.
-    max_header_bytes: int = 32 * 1024
-    tolerance_seconds: int = 300
-    timeout_seconds: int | None = None
-    signature_header: str = ""
-    signature_prefix: str = ""
-    delivery_id_header: str = ""
-
-    @property
-    def has_secret(self) -> bool:
-        return bool(self.secrets)
+__all__ = ["Source", "all_sources", "get_source", "reset_sources_cache"]
 
 
 _BOOL_OPTIONS = {"enabled"}

@@ -8,8 +8,33 @@ a backlog or a re-verification after a secret fix gives the same answer as at ar
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Source:
+    """A configured webhook source (built by ingress/sources.py from settings and the
+    environment): what a verifier checks a request against."""
+
+    name: str
+    provider: str
+    secrets_env: str
+    # repr=False keeps secrets out of tracebacks, logs and admin output.
+    secrets: tuple[str, ...] = field(repr=False, default=())
+    enabled: bool = True
+    max_body_bytes: int = 1024 * 1024
+    # Providers send a few hundred bytes to a few KiB of headers; every byte is stored.
+    max_header_bytes: int = 32 * 1024
+    tolerance_seconds: int = 300
+    timeout_seconds: int | None = None
+    signature_header: str = ""
+    signature_prefix: str = ""
+    delivery_id_header: str = ""
+
+    @property
+    def has_secret(self) -> bool:
+        return bool(self.secrets)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,6 @@ Every helper either returns what it was asked for or raises `Reject(reason)`. Ea
 verifier reads as the provider's rules in order and still never raises for bad input.
 """
 
-from __future__ import annotations
-
 import hashlib
 import hmac
 import json
@@ -15,14 +13,11 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from functools import wraps
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 from ingress.models import RejectionReason
-from ingress.verifiers.base import StoredRequest, Verdict
-
-if TYPE_CHECKING:  # at run time a circular import (ingress/verifiers/__init__.py)
-    from ingress.sources import Source
+from ingress.verifiers.base import Source, StoredRequest, Verdict
 
 logger = logging.getLogger(__name__)
 

@@ -6,11 +6,8 @@ delivery id is what stops an identical redelivery from running twice. The legacy
 `X-Hub-Signature` header is deliberately ignored.
 """
 
-from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ingress.verifiers.base import StoredRequest, Verdict
+from ingress.verifiers.base import Source, StoredRequest, Verdict
 from ingress.verifiers.common import (
     body_text,
     form_fields,
@@ -24,9 +21,6 @@ from ingress.verifiers.common import (
     usable_secrets,
     utf8_secret,
 )
-
-if TYPE_CHECKING:  # at run time a circular import (ingress/verifiers/__init__.py)
-    from ingress.sources import Source
 
 SCHEME = "sha256"
 

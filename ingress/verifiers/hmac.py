@@ -5,12 +5,9 @@ a replay in time; dedup on the delivery id or the body is the only guard). The h
 prefix come from the source's configuration.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from ingress.models import RejectionReason
-from ingress.verifiers.base import StoredRequest, Verdict
+from ingress.verifiers.base import Source, StoredRequest, Verdict
 from ingress.verifiers.common import (
     Reject,
     body_text,
@@ -23,9 +20,6 @@ from ingress.verifiers.common import (
     usable_secrets,
     utf8_secret,
 )
-
-if TYPE_CHECKING:  # at run time a circular import (ingress/verifiers/__init__.py)
-    from ingress.sources import Source
 
 
 @returns_verdict

@@ -7,14 +7,12 @@ in `payload=`. Slack retries an Events API delivery it thinks failed and says so
 (dedup on `event_id` does that job).
 """
 
-from __future__ import annotations
-
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ingress.models import RejectionReason
-from ingress.verifiers.base import StoredRequest, Verdict
+from ingress.verifiers.base import Source, StoredRequest, Verdict
 from ingress.verifiers.common import (
     Reject,
     body_text,
@@ -33,9 +31,6 @@ from ingress.verifiers.common import (
     usable_secrets,
     utf8_secret,
 )
-
-if TYPE_CHECKING:  # at run time a circular import (ingress/verifiers/__init__.py)
-    from ingress.sources import Source
 
 TIMESTAMP_HEADER = "x-slack-request-timestamp"
 VERSION = "v0"

@@ -10,17 +10,14 @@ Several `v1` entries are allowed (the sender rolling its secret); other schemes,
 asymmetric `v1a`, are not checked.
 """
 
-from __future__ import annotations
-
 import base64
 import hmac
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from standardwebhooks.webhooks import Webhook
 
 from ingress.models import RejectionReason
-from ingress.verifiers.base import StoredRequest, Verdict
+from ingress.verifiers.base import Source, StoredRequest, Verdict
 from ingress.verifiers.common import (
     Reject,
     body_text,
@@ -33,9 +30,6 @@ from ingress.verifiers.common import (
     unix_timestamp,
     usable_secrets,
 )
-
-if TYPE_CHECKING:  # at run time a circular import (ingress/verifiers/__init__.py)
-    from ingress.sources import Source
 
 TIMESTAMP_HEADER = "webhook-timestamp"
 SCHEME = "v1"

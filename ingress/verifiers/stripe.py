@@ -15,15 +15,12 @@ on Stripe's side arrives with an SDK upgrade. Its quirks, and what we do about t
 - `whsec_…` secrets are HMAC keys as they stand (unlike Standard Webhooks, not base64).
 """
 
-from __future__ import annotations
-
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import stripe
 
 from ingress.models import RejectionReason
-from ingress.verifiers.base import StoredRequest, Verdict
+from ingress.verifiers.base import Source, StoredRequest, Verdict
 from ingress.verifiers.common import (
     Reject,
     body_text,
@@ -37,9 +34,6 @@ from ingress.verifiers.common import (
     usable_secrets,
     utf8_secret,
 )
-
-if TYPE_CHECKING:  # at run time a circular import (ingress/verifiers/__init__.py)
-    from ingress.sources import Source
 
 
 @returns_verdict
