@@ -27,17 +27,20 @@ run: $(STAMP)
 # mypy (config and strictness: pyproject.toml [tool.mypy]) runs between ruff and pytest, so
 # `make test` (and CI, which runs it) fails on a type error; `make typecheck` runs it alone.
 TYPECHECK := $(PY) -m mypy
+# The layers' contracts (pyproject.toml [tool.importlinter], docs/architecture.md): an import
+# that points up fails the lint, like a type error.
+LINT_IMPORTS := $(VENV)/bin/lint-imports --no-logo
 
-# The system packages the suite needs first (installed as root, else named), then lint and
-# types, then pytest on PostgreSQL.
+# The system packages the suite needs first (installed as root, else named), then lint, types
+# and the layers, then pytest on PostgreSQL.
 test: $(STAMP)
 	@bash scripts/install-test-deps.sh
-	$(PY) -m ruff check . && $(TYPECHECK)
+	$(PY) -m ruff check . && $(TYPECHECK) && $(LINT_IMPORTS)
 	@DJANGO_SETTINGS_MODULE=eventdrop.settings_test $(PY) scripts/localdb.py run -- \
 		$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check . && $(TYPECHECK)
+	$(PY) -m ruff check . && $(TYPECHECK) && $(LINT_IMPORTS)
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
