@@ -10,10 +10,10 @@ committed exactly once each and a duplicate's never. How many are registered is 
 The write is one statement on the delivery's connection, as a handler on a hot path would
 issue it. Until issue 15's last measurements the handler instead rewrote the raw event's
 row through the ORM (`filter(...).update(query_string=Concat(...))`): compiling that UPDATE
-cost the worker 0.6-0.8 ms of CPU per call, and rewriting the 1.6 KiB row with its five
-index entries cost PostgreSQL 0.15 ms, more than everything the pipeline does per event, so
-the drain measured those rather than verify, dedup and deliver (docs/benchmarks.md, "The
-drain's handler"). `--baseline` runs this handler with the other revision's pipeline.
+in the worker and rewriting the whole raw event row with its index entries in PostgreSQL
+cost more than everything the pipeline does per event, so the drain measured those rather
+than verify, dedup and deliver (the history of docs/benchmarks.md in git). `--baseline` runs
+this handler with the other revision's pipeline.
 """
 
 import os

@@ -43,7 +43,8 @@ may be rows without an answer counted (wrk stops on a clock). Otherwise it exits
 `--baseline REV` also runs the server from `git archive REV` (the code before a change; REV may
 also be a directory holding a tree),
 alternating baseline and current `--rounds` times in the same run, and prints each pair's
-ratio: absolute figures here move by +-40 % within an hour, ratios within one run do not.
+ratio: absolute figures here move by tens of per cent within an hour, ratios within one run
+do not.
 `--server-env NAME=VALUE` sets an environment variable for the current server only (to
 measure a setting; `--baseline-env` for the baseline: `--baseline .` with two environments
 compares two settings of one tree). `--slow-clients N` repeats the 16-connection webhook

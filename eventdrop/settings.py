@@ -438,8 +438,8 @@ DELIVERY_STALE_AFTER_SECONDS = env_int("DELIVERY_STALE_AFTER_SECONDS", 9000)
 # Time a scheduled (django-q2) inbox pass may use before it yields; below Q_TIMEOUT.
 INBOX_SCHEDULED_PASS_BUDGET_SECONDS = env_float("INBOX_SCHEDULED_PASS_BUDGET_SECONDS", 50.0)
 # Resuming a paused handler releases its held deliveries at this rate, in received order
-# (ingress.deliveries.deliveries_release): a fifth of what one inbox worker drains
-# (docs/benchmarks.md, ~500 events/s), so a resumed backlog runs beside the live traffic
+# (ingress.deliveries.deliveries_release): well under what one inbox worker drains
+# (docs/benchmarks.md, "Inbox drain"), so a resumed backlog runs beside the live traffic
 # instead of ahead of it, and the downstream that was the reason for the pause is not hit
 # with the whole backlog at once. 10,000 held deliveries take 100 s.
 INBOX_RESUME_RELEASE_PER_SECOND = env_float("INBOX_RESUME_RELEASE_PER_SECOND", 100.0)

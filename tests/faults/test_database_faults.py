@@ -54,11 +54,11 @@ from tests.support.processes import (
 pytestmark = pytest.mark.faults
 
 LOAD_SCRIPT = Path(__file__).with_name("load.py")
-WEB_PROCESSES, WEB_THREADS = 2, 4
-# No more senders than one process has threads: even if every connection lands on the same
-# process, no request queues for a thread, so its answer time is the store's own (what the
-# deadline promises), not a queue's.
-CONCURRENCY = WEB_THREADS
+WEB_PROCESSES, WEB_STORE_CONNECTIONS = 2, 4
+# No more senders than one process has store connections: even if every connection lands on
+# the same process, no webhook waits in the store's queue behind another, so its answer time
+# is the store's own (what the deadline promises).
+CONCURRENCY = WEB_STORE_CONNECTIONS
 STORE_DEADLINE_SECONDS = 2.5
 # What an answer may take beyond the store deadline: the server, the client and a busy
 # 2-core CI machine. A hang (the old behaviour) lasts the whole freeze.
@@ -98,7 +98,7 @@ def stack(tmp_path_factory):
             database_url,
             WEBHOOK_STORE_TIMEOUT_SECONDS=str(STORE_DEADLINE_SECONDS),
             WEB_CONCURRENCY=str(WEB_PROCESSES),
-            WEB_THREADS=str(WEB_THREADS),
+            WEB_STORE_CONNECTIONS=str(WEB_STORE_CONNECTIONS),
             WEB_BIND="127.0.0.1",  # loopback only (eventdrop/web.py's default, made explicit)
         )
         migrate(env)
@@ -160,10 +160,10 @@ def started_after(moment: float, count: int = 1):
 
 
 def burst(stack: Stack, name: str) -> list[dict]:
-    """Enough back-to-back requests that every server thread takes some."""
+    """Enough back-to-back requests that every store connection takes some."""
     load, out = start_load(
-        stack, name, requests=6 * WEB_PROCESSES * WEB_THREADS,
-        concurrency=WEB_PROCESSES * WEB_THREADS, pause=0,
+        stack, name, requests=6 * WEB_PROCESSES * WEB_STORE_CONNECTIONS,
+        concurrency=WEB_PROCESSES * WEB_STORE_CONNECTIONS, pause=0,
     )
     return finish_load(load, out)
 
@@ -245,7 +245,7 @@ def test_restart_during_load(stack, mode):
 
 @pytest.mark.parametrize("mode", ["immediate", "fast"])
 def test_no_webhook_fails_on_a_connection_that_went_stale_while_idle(stack, mode):
-    burst(stack, f"warm_{mode}")  # every server thread holds a persistent connection
+    burst(stack, f"warm_{mode}")  # every store connection of every process is open
     stack.cluster.restart(mode)  # ... that the server ends while nothing is sent
     time.sleep(RECOVERY_SECONDS)
 

@@ -160,7 +160,7 @@ def test_webhooks_and_the_inbox_run_through_pgbouncer(stack):
     _, direct, bouncer, workdir = stack
     set_database_default(bouncer, 15000)
     log_start = len(bouncer.output())
-    env = pooled_env(bouncer, WEB_CONCURRENCY="2", WEB_THREADS="4")
+    env = pooled_env(bouncer, WEB_CONCURRENCY="2")
     port = free_port()
     requests = [make(n) for n in range(30) for make in (github_request, stripe_request,
                                                        slack_request)]

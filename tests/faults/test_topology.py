@@ -144,7 +144,6 @@ def run_topology(tmp_path, direct, replica, bouncer, replica_bouncer, redis, rec
         REDIS_URL=redis.url,
         Q_WORKERS="1",
         WEB_CONCURRENCY="1",
-        WEB_THREADS="4",
         METRICS_BEARER_TOKEN=METRICS_TOKEN,
         RENDER_SERVICE_URL=f"http://127.0.0.1:{renderer_port}",
         RENDER_CALLBACK_URL=f"http://127.0.0.1:{web_ports[1]}/webhooks/renderer/",
