@@ -5,13 +5,17 @@ forbids, shown on a copy of the tree with that one import added."""
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-PACKAGES = ("eventdrop", "fakes", "console", "outbox", "recaps", "ingress", "kernel")
+# Every package the contracts read, as pyproject.toml names them.
+PACKAGES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
+    "root_packages"
+]
 
 
 def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
