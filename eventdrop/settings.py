@@ -99,6 +99,7 @@ INSTALLED_APPS = [
     "outbox",
     "console",
     "fakes",
+    "regions",
 ]
 
 MIDDLEWARE = [
@@ -437,6 +438,17 @@ DELIVERY_TRANSIENT_HORIZON_SECONDS = env_float("DELIVERY_TRANSIENT_HORIZON_SECON
 DELIVERY_STALE_AFTER_SECONDS = env_int("DELIVERY_STALE_AFTER_SECONDS", 9000)
 # Time a scheduled (django-q2) inbox pass may use before it yields; below Q_TIMEOUT.
 INBOX_SCHEDULED_PASS_BUDGET_SECONDS = env_float("INBOX_SCHEDULED_PASS_BUDGET_SECONDS", 50.0)
+
+# Two or more regions, active-active on PostgreSQL logical replication (docs/multi-region.md).
+# Empty EVENTDROP_REGION: one region, nothing replicated. The number is the high bits of every
+# id this region hands out; it differs between regions. Peers: `name=postgres://…` with `;`
+# between several, the URL each subscription connects with.
+EVENTDROP_REGION = os.environ.get("EVENTDROP_REGION", "").strip()
+EVENTDROP_REGION_NUMBER = env_int("EVENTDROP_REGION_NUMBER", 0)
+EVENTDROP_REGION_PEERS = os.environ.get("EVENTDROP_REGION_PEERS", "").strip()
+EVENTDROP_REGION_PEER_FRESH_SECONDS = env_float("EVENTDROP_REGION_PEER_FRESH_SECONDS", 30.0)
+EVENTDROP_REGION_LEASE_SECONDS = env_float("EVENTDROP_REGION_LEASE_SECONDS", 30.0)
+
 # Resuming a paused handler releases its held deliveries at this rate, in received order
 # (ingress.deliveries.deliveries_release): well under what one inbox worker drains
 # (docs/benchmarks.md, "Inbox drain"), so a resumed backlog runs beside the live traffic

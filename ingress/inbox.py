@@ -74,6 +74,7 @@ from ingress.sources import all_sources
 from ingress.verifiers import StoredRequest, Verdict
 from kernel.db.json_rows import json_rows
 from kernel.logformat import raised_at
+from kernel.processing import processing_pass
 from kernel.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
@@ -504,8 +505,12 @@ class InboxPass:
 
 def inbox_run_once(*, limit: int | None = None) -> InboxPass:
     """One pass of the worker: re-arm stale, verify a batch (running the deliveries that
-    need no claim right there), run a batch of claimed deliveries."""
-    rearmed = deliveries_rearm_stale()
-    verified, ran = _verify_and_run_batch(limit)
-    delivered = deliveries_run_due(limit=limit)
+    need no claim right there), run a batch of claimed deliveries. With several regions, only
+    in the processing region, and fenced for the pass (kernel/processing.py)."""
+    with processing_pass() as here:
+        if not here:
+            return InboxPass(verified=0, delivered=0, rearmed=0)
+        rearmed = deliveries_rearm_stale()
+        verified, ran = _verify_and_run_batch(limit)
+        delivered = deliveries_run_due(limit=limit)
     return InboxPass(verified=verified, delivered=ran + delivered, rearmed=rearmed)

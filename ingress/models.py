@@ -8,6 +8,7 @@ For the same reason foreign keys *into* the raw store are declared with
 `db_constraint=False`: PostgreSQL cannot point a foreign key at `id` alone.
 """
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -65,6 +66,10 @@ class RawEventOrigin(models.TextChoices):
     # Read back from an archive after its partition was dropped (ingress/archive.py): for
     # search and an operator's replay, never settled or delivered on its own.
     RESTORED = "restored", "restored (from an archive past retention)"
+
+
+def current_region() -> str:
+    return settings.EVENTDROP_REGION
 
 
 class RawEvent(models.Model):
@@ -147,6 +152,11 @@ class RawEvent(models.Model):
     # how many bytes they were (0: kept). The row's other columns stay. db_default and not
     # Positive…, as `processing_failures` above.
     payload_dropped_bytes = models.IntegerField(default=0, db_default=0)
+    # The region that received the request (EVENTDROP_REGION; empty with one region). Each
+    # region publishes the rows it received, filtered on this column (docs/multi-region.md);
+    # db_default keeps the column catalog-only on the partitioned table, and INSERTs from
+    # code that predates it working during a rolling deploy.
+    region = models.CharField(max_length=32, default=current_region, db_default="")
 
     class Meta:
         indexes = [

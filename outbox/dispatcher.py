@@ -35,10 +35,12 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from kernel.budgets import BudgetClock, render_dispatch_worst_case
+from kernel.processing import processing_pass
 from kernel.retry import classify
 from outbox.breaker import RENDER_SERVICE_BREAKER, Breaker, BreakerConfig
 from outbox.errors import EventNotFound, RenderCircuitOpen, TooFewPhotos
 from outbox.models import AttemptOutcome, BreakerState
+from outbox.render_checks import RenderCheckReport, render_checks_run
 from outbox.render_client import RenderClient, RenderClientConfig
 from outbox.services import (
     Claim,
@@ -349,3 +351,20 @@ def dispatch_run(
         },
     )
     return report
+
+
+def dispatch_pass_here() -> tuple[DispatchReport, RenderCheckReport]:
+    """A dispatcher run, then a render-check run — in the processing region only (with one
+    region, always): the outbox follows the processing region, and the pass is fenced like
+    the inbox's, so a region that stops processing sends nothing once the other starts
+    (kernel/processing.py, docs/multi-region.md "The recap outbox")."""
+    with processing_pass() as here:
+        if not here:
+            worst = render_dispatch_worst_case(RenderClientConfig.from_settings()).seconds
+            idle = DispatchReport(
+                budget_seconds=settings.OUTBOX_DISPATCH_BUDGET_SECONDS, worst_case_seconds=worst
+            )
+            return idle, RenderCheckReport(
+                budget_seconds=settings.RENDER_CHECK_BUDGET_SECONDS, worst_case_seconds=0.0
+            )
+        return dispatch_run(), render_checks_run()

@@ -6,7 +6,7 @@ one-line reason, and no row is touched.
 """
 
 from outbox.configuration import require_dispatch_configuration
-from outbox.dispatcher import dispatch_run
+from outbox.dispatcher import dispatch_pass_here
 from outbox.render_checks import render_checks_run
 from outbox.services import outbox_recover
 
@@ -15,7 +15,8 @@ def dispatch_side_effects() -> str:
     """Every two minutes: one budgeted dispatcher run (OUTBOX_DISPATCH_BUDGET_SECONDS), then
     one budgeted render-check run (RENDER_CHECK_BUDGET_SECONDS) for lost callbacks."""
     require_dispatch_configuration(who="outbox.tasks.dispatch_side_effects")
-    return f"{dispatch_run().summary()}; {render_checks_run().summary()}"
+    dispatched, checked = dispatch_pass_here()
+    return f"{dispatched.summary()}; {checked.summary()}"
 
 
 def recover_recaps() -> str:

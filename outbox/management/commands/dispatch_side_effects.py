@@ -3,13 +3,14 @@ from django.core.management.base import BaseCommand
 
 from kernel.worker_loop import run_until_stopped
 from outbox.configuration import dispatch_command_start
-from outbox.dispatcher import DispatchReport, dispatch_run
-from outbox.render_checks import RenderCheckReport, render_checks_run
+from outbox.dispatcher import DispatchReport, dispatch_pass_here
+from outbox.render_checks import RenderCheckReport
 
 
 def _dispatch_pass() -> tuple[DispatchReport, RenderCheckReport]:
-    """One dispatcher run, then one render-check run (the scheduled task's pass)."""
-    return dispatch_run(), render_checks_run()
+    """One dispatcher run, then one render-check run (the scheduled task's pass); with several
+    regions only in the processing region, fenced for the pass (kernel/processing.py)."""
+    return dispatch_pass_here()
 
 
 class Command(BaseCommand):

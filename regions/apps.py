@@ -1,0 +1,13 @@
+from django.apps import AppConfig
+
+
+class RegionsConfig(AppConfig):
+    name = "regions"
+    verbose_name = "Regions"
+
+    def ready(self) -> None:
+        from kernel.processing import install_processing_gate
+        from regions import checks  # noqa: F401  (registers the region checks)
+        from regions.services import region_processing_pass
+
+        install_processing_gate(region_processing_pass)

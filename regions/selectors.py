@@ -1,0 +1,99 @@
+"""Reads about regions: the effective processing decision, whether this region may process,
+and the replication lag per direction (docs/multi-region.md)."""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection
+
+from regions.configuration import multi_region, region_name
+from regions.models import ProcessingDecision, RegionState
+
+
+def effective_decision() -> ProcessingDecision | None:
+    """The decision with the highest epoch this region can see (ties: the deciding region's
+    name), or None before any."""
+    return ProcessingDecision.objects.order_by("-epoch", "-decided_in").first()
+
+
+@dataclass(frozen=True)
+class ProcessingVerdict:
+    may_process: bool
+    why: str
+    epoch: int = 0
+
+
+def processing_verdict(
+    *,
+    me: RegionState,
+    others: list[RegionState],
+    decision: ProcessingDecision | None,
+    now: datetime,
+) -> ProcessingVerdict:
+    """The rule, written once (docs/multi-region.md, "Processing in exactly one place").
+
+    The decision must name this region, and one of: every other region acknowledges it
+    freshly (its seen_epoch is at least the decision's, its heartbeat, as replicated here,
+    younger than EVENTDROP_REGION_PEER_FRESH_SECONDS); this region's lease, taken under this
+    very epoch, is running; or the decision was made here declaring the others lost, less
+    than a lease ago."""
+    if decision is None:
+        return ProcessingVerdict(False, "no processing decision yet")
+    if decision.processing_region != me.name:
+        return ProcessingVerdict(
+            False, f"epoch {decision.epoch} names {decision.processing_region}", decision.epoch
+        )
+    fresh = timedelta(seconds=settings.EVENTDROP_REGION_PEER_FRESH_SECONDS)
+    lease = timedelta(seconds=settings.EVENTDROP_REGION_LEASE_SECONDS)
+    if others and all(
+        other.seen_epoch >= decision.epoch
+        and other.heartbeat_at is not None
+        and other.heartbeat_at >= now - fresh
+        for other in others
+    ):
+        return ProcessingVerdict(True, "acknowledged by every other region", decision.epoch)
+    if me.lease_epoch == decision.epoch and me.lease_until and me.lease_until > now:
+        return ProcessingVerdict(True, "lease running", decision.epoch)
+    if decision.peer_lost and decision.decided_in == me.name and decision.decided_at > now - lease:
+        return ProcessingVerdict(True, "takeover, others declared lost", decision.epoch)
+    return ProcessingVerdict(
+        False, f"epoch {decision.epoch} not yet acknowledged by the other regions", decision.epoch
+    )
+
+
+@dataclass(frozen=True)
+class ReplicationLag:
+    """The stream from `source` into `target` (this region), as seen here."""
+
+    source: str
+    target: str
+    # now - the source's heartbeat as replicated here: an upper bound of the lag while the
+    # source's inbox beats (about once a second), None before its first beat arrived.
+    seconds: float | None
+    connected: bool
+    received_lsn: str | None
+
+
+def replication_lags(now: datetime) -> list[ReplicationLag]:
+    if not multi_region():
+        return []
+    me = region_name()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT subname, pid IS NOT NULL, received_lsn::text FROM pg_stat_subscription "
+            "WHERE relid IS NULL AND subname LIKE %s",
+            [f"eventdrop_{me}_from_%"],
+        )
+        streams = {
+            name.removeprefix(f"eventdrop_{me}_from_"): (connected, lsn)
+            for name, connected, lsn in cursor.fetchall()
+        }
+    beats = {row.name: row.heartbeat_at for row in RegionState.objects.exclude(name=me)}
+    lags = []
+    for source in sorted(set(streams) | set(beats)):
+        connected, lsn = streams.get(source, (False, None))
+        beat = beats.get(source)
+        seconds = max(0.0, (now - beat).total_seconds()) if beat else None
+        lags.append(ReplicationLag(source, me, seconds, connected, lsn))
+    return lags

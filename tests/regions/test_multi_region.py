@@ -1,0 +1,335 @@
+"""Two regions on real processes (issue 32): two throw-away PostgreSQL 15 clusters with
+`wal_level = logical`, each migrated as its own region, `region_setup` both ways, each with
+its own web server (the Procfile's `web`) and inbox worker (`inbox`).
+
+Signed Stripe events are split between the regions, every tenth sent to both (a provider
+retry re-routed by the load balancer). Afterwards, in both regions' databases: every event
+stored once per copy sent, with the region that received it; each provider event settled
+once, the other copy `duplicate` of it; every event's handler run exactly once (in the
+processing region, bench/handlers.py's row per run), and the deliveries and verdicts the
+processing region wrote present in the other region too. The replication lag is measured
+both ways. Then processing is moved to the other region (the operator's decision): the old
+region stops before the new one starts, and what arrives afterwards is handled there, once.
+
+Size: MULTI_REGION_EVENTS (default 1,000 in the suite; the issue's 20,000 is run by hand,
+figures in docs/multi-region.md). Settings: bench/settings_inbox.py, whose app registers
+the counting handler.
+"""
+
+import hashlib
+import hmac
+import os
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psycopg
+import pytest
+import requests
+
+from tests.support.pg_cluster import Cluster, throwaway_cluster
+from tests.support.processes import (
+    TEST_SECRETS,
+    Managed,
+    app_env,
+    free_port,
+    manage,
+    migrate,
+    start_procfile,
+    wait_until,
+)
+from tests.support.signing import stripe_event
+
+pytestmark = pytest.mark.faults
+
+EVENTS = int(os.environ.get("MULTI_REGION_EVENTS", "1000"))
+BOTH_EVERY = 10  # every tenth event goes to both regions
+EVENT_TYPE = "payment_intent.succeeded"  # bench/handlers.py's handler
+HANDLER = "count_bench_delivery_0"
+DRAIN_SECONDS = 60 + EVENTS / 50
+
+
+def logical(cluster: Cluster) -> None:
+    with (cluster.config_dir / "postgresql.conf").open("a") as conf:
+        conf.write("wal_level = logical\n")
+    cluster.restart()
+
+
+def query(url: str, sql: str, params: tuple = ()) -> list[tuple]:
+    with psycopg.connect(url, connect_timeout=10) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def scalar(url: str, sql: str, params: tuple = ()):
+    return query(url, sql, params)[0][0]
+
+
+def region_env(name: str, number: int, url: str, peer: str, peer_url: str) -> dict[str, str]:
+    return app_env(
+        url,
+        DJANGO_SETTINGS_MODULE="bench.settings_inbox",
+        EVENTDROP_REGION=name,
+        EVENTDROP_REGION_NUMBER=str(number),
+        EVENTDROP_REGION_PEERS=f"{peer}={peer_url}",
+        EVENTDROP_REGION_LEASE_SECONDS="10",
+        EVENTDROP_REGION_PEER_FRESH_SECONDS="10",
+        WEB_CONCURRENCY="1",
+        INBOX_IDLE_SLEEP_SECONDS="0.2",
+    )
+
+
+def region_setup(env: dict[str, str], *args: str) -> str:
+    return manage("region_setup", *args, env=env).stdout
+
+
+def post(port: int, event_id: str) -> int:
+    body = stripe_event(event_id, EVENT_TYPE, {"id": f"pi_{event_id}"})
+    timestamp = int(time.time())
+    secret = TEST_SECRETS["STRIPE_WEBHOOK_SECRET"].encode()
+    digest = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    answer = requests.post(
+        f"http://127.0.0.1:{port}/webhooks/stripe/",
+        data=body,
+        headers={
+            "Stripe-Signature": f"t={timestamp},v1={digest}",
+            "Content-Type": "application/json",
+        },
+        timeout=(2, 15),
+    )
+    return answer.status_code
+
+
+def send_all(ports: dict[str, int], names: list[str], prefix: str, count: int) -> dict:
+    """Event n goes to one region (alternating), every BOTH_EVERY-th to both; returns what
+    was sent where and every answer that was not 202."""
+    plan = []
+    for n in range(count):
+        event_id = f"evt_{prefix}_{n}"
+        targets = names if n % BOTH_EVERY == 0 else [names[n % 2]]
+        plan += [(target, event_id) for target in targets]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(lambda item: (item, post(ports[item[0]], item[1])), plan))
+    return {
+        "copies": len(plan),
+        "per_region": {name: sum(1 for target, _ in plan if target == name) for name in names},
+        "not_202": [(item, status) for item, status in answers if status != 202],
+    }
+
+
+def replication_lag(urls: dict[str, str], ports: dict[str, int], source: str, target: str):
+    """Seconds from a 202 in `source` until the row is visible in `target`."""
+    event_id = f"evt_lag_{source}_{uuid.uuid4().hex[:8]}"
+    assert post(ports[source], event_id) == 202
+    acked = time.monotonic()
+    # The body is bytea: its id is looked up in its hex encoding.
+    hex_id = event_id.encode().hex()
+    sql = "SELECT count(*) FROM ingress_rawevent WHERE encode(body, 'hex') LIKE %s"
+    deadline = acked + 60
+    while time.monotonic() < deadline:
+        if scalar(urls[target], sql, (f"%{hex_id}%",)):
+            return time.monotonic() - acked
+        time.sleep(0.02)
+    raise AssertionError(f"{event_id} from {source} never reached {target}")
+
+
+def settled_summary(url: str) -> dict:
+    return dict(
+        query(
+            url,
+            "SELECT signature_status || '/' || dispatch_status, count(*) FROM ingress_rawevent "
+            "GROUP BY 1",
+        )
+    )
+
+
+def test_two_regions_store_everything_see_everything_and_handle_each_event_once(tmp_path: Path):
+    with throwaway_cluster(prefix="edeu") as eu_db, throwaway_cluster(prefix="edus") as us_db:
+        for cluster in (eu_db, us_db):
+            logical(cluster)
+        urls = {"eu": eu_db.createdb("eventdrop"), "us": us_db.createdb("eventdrop")}
+        envs = {
+            "eu": region_env("eu", 1, urls["eu"], "us", urls["us"]),
+            "us": region_env("us", 2, urls["us"], "eu", urls["eu"]),
+        }
+        for env in envs.values():
+            migrate(env)
+        run_two_regions(tmp_path, urls, envs)
+
+
+def run_two_regions(tmp_path: Path, urls: dict[str, str], envs: dict[str, dict]) -> None:
+    # The first region set up cannot subscribe yet: its peer has no publications. It says so
+    # and exits non-zero; once the peer is set up, running it again completes. Then both
+    # again: nothing left to do.
+    with pytest.raises(RuntimeError, match="run region_setup there"):
+        region_setup(envs["eu"], "--processing-region", "eu")
+    region_setup(envs["us"])
+    region_setup(envs["eu"])
+    again = region_setup(envs["us"]) + region_setup(envs["eu"])
+    assert "created" not in again and "now takes" not in again, again
+    assert scalar(urls["us"], "SELECT count(*) FROM pg_subscription") == 1
+
+    ports = {"eu": free_port(), "us": free_port()}
+    processes: list[Managed] = []
+    try:
+        for name in ("eu", "us"):
+            processes.append(
+                start_procfile(
+                    "web", envs[name], port=ports[name], log=tmp_path / f"web-{name}.log"
+                )
+            )
+            processes.append(
+                start_procfile("inbox", envs[name], log=tmp_path / f"inbox-{name}.log")
+            )
+        for process, port in zip(processes[::2], ports.values(), strict=True):
+            process.wait_listening(port, timeout=60)
+
+        started = time.monotonic()
+        sent = send_all(ports, ["eu", "us"], "mr", EVENTS)
+        send_seconds = time.monotonic() - started
+        assert sent["not_202"] == []
+        copies = sent["copies"]
+
+        def settled(url: str) -> bool:
+            return (
+                scalar(
+                    url,
+                    "SELECT count(*) FROM ingress_rawevent WHERE signature_status = 'verified' "
+                    "AND dispatch_status IN ('dispatched', 'duplicate')",
+                )
+                == copies
+            )
+
+        def handled() -> bool:
+            return scalar(urls["eu"], "SELECT count(*) FROM bench_handlerrun") >= EVENTS
+
+        wait_until(
+            lambda: settled(urls["eu"]) and settled(urls["us"]) and handled(),
+            "every copy stored and settled in both regions, every event handled",
+            lambda: {name: settled_summary(url) for name, url in urls.items()},
+            processes,
+            timeout=DRAIN_SECONDS,
+        )
+        drained_seconds = time.monotonic() - started
+
+        for name, url in urls.items():
+            # Every copy, with the region that received it, in both databases.
+            per_region = dict(
+                query(url, "SELECT region, count(*) FROM ingress_rawevent GROUP BY 1")
+            )
+            assert per_region == sent["per_region"], (name, per_region)
+            # One winner per provider event; the other copy a duplicate of it, visibly.
+            winners = query(
+                url,
+                "SELECT dedup_key, count(*) FILTER (WHERE dispatch_status = 'dispatched'), "
+                "count(*) FILTER (WHERE dispatch_status = 'duplicate'), "
+                "count(DISTINCT region) FROM ingress_rawevent GROUP BY dedup_key",
+            )
+            assert len(winners) == EVENTS
+            assert all(first == 1 for _, first, _, _ in winners), name
+            assert sum(dups for _, _, dups, _ in winners) == EVENTS // BOTH_EVERY + (
+                1 if EVENTS % BOTH_EVERY else 0
+            )
+            assert scalar(
+                url,
+                "SELECT count(*) FROM ingress_rawevent d JOIN ingress_rawevent w "
+                "ON w.id = d.duplicate_of_id AND w.dispatch_status = 'dispatched' "
+                "WHERE d.dispatch_status = 'duplicate'",
+            ) == sum(dups for _, _, dups, _ in winners)
+            # The deliveries the processing region wrote, done, in both regions.
+            assert dict(query(url, "SELECT status, count(*) FROM ingress_delivery GROUP BY 1")) == {
+                "done": EVENTS
+            }, name
+        # Handled exactly once: one handler run per provider event, never for a duplicate,
+        # and only in the processing region.
+        runs = query(
+            urls["eu"],
+            "SELECT r.dedup_key, count(*) FROM bench_handlerrun h JOIN ingress_rawevent r "
+            "ON r.id = h.raw_event_id GROUP BY 1",
+        )
+        assert len(runs) == EVENTS and all(count == 1 for _, count in runs)
+        assert scalar(urls["us"], "SELECT count(*) FROM bench_handlerrun") == 0
+        # Ids never collide: each region's rows carry its own id block.
+        for name, url in urls.items():
+            assert (
+                scalar(
+                    url,
+                    "SELECT count(*) FROM ingress_rawevent "
+                    "WHERE (region = 'eu') <> (id < 2::bigint << 48)",
+                )
+                == 0
+            ), name
+
+        lags = {
+            "eu->us": [replication_lag(urls, ports, "eu", "us") for _ in range(5)],
+            "us->eu": [replication_lag(urls, ports, "us", "eu") for _ in range(5)],
+        }
+        print(
+            f"\nmulti-region: {EVENTS} events, {copies} copies sent in {send_seconds:.1f} s, "
+            f"stored, replicated, settled and handled after {drained_seconds:.1f} s; "
+            f"lag max eu->us {max(lags['eu->us']):.3f} s, us->eu {max(lags['us->eu']):.3f} s"
+        )
+        assert max(max(lag) for lag in lags.values()) < 10
+        # The lag probes are events too: handled in eu, before the switch.
+        handled_before = EVENTS + sum(len(lag) for lag in lags.values())
+        wait_until(
+            lambda: scalar(urls["eu"], "SELECT count(*) FROM bench_handlerrun") == handled_before,
+            "the lag probes handled",
+            lambda: settled_summary(urls["eu"]),
+            processes,
+            timeout=60,
+        )
+
+        # --- the operator moves processing to us: eu stops before us starts ---------------
+        manage(
+            "shell",
+            "-c",
+            "from regions.services import processing_region_set; "
+            "processing_region_set(region='us', reason='planned switch')",
+            env=envs["eu"],
+        )
+        wait_until(
+            lambda: (
+                scalar(urls["us"], "SELECT lease_epoch FROM regions_regionstate WHERE name = 'us'")
+                == 2
+            ),
+            "us holding the lease of epoch 2",
+            lambda: query(urls["us"], "SELECT * FROM regions_regionstate"),
+            processes,
+            timeout=60,
+        )
+        # eu acknowledged epoch 2 before us took its lease, and holds none of epoch 2.
+        eu_row = query(
+            urls["us"], "SELECT seen_epoch, lease_epoch FROM regions_regionstate WHERE name = 'eu'"
+        )
+        assert eu_row == [(2, 1)]
+        after = send_all(ports, ["eu", "us"], "after", 100)
+        assert after["not_202"] == []
+
+        def handled_in_us() -> bool:
+            return scalar(urls["us"], "SELECT count(*) FROM bench_handlerrun") >= 100
+
+        wait_until(
+            handled_in_us,
+            "the events after the switch handled in us",
+            lambda: settled_summary(urls["us"]),
+            processes,
+            timeout=60,
+        )
+        time.sleep(1)  # anything that would run twice has had its chance
+        assert scalar(urls["us"], "SELECT count(*) FROM bench_handlerrun") == 100
+        assert scalar(urls["eu"], "SELECT count(*) FROM bench_handlerrun") == handled_before
+        # eu sees us's work: the deliveries us wrote arrive in eu.
+        wait_until(
+            lambda: (
+                scalar(urls["eu"], "SELECT count(*) FROM ingress_delivery WHERE status = 'done'")
+                == handled_before + 100
+            ),
+            "us's deliveries replicated to eu",
+            lambda: query(urls["eu"], "SELECT status, count(*) FROM ingress_delivery GROUP BY 1"),
+            processes,
+            timeout=60,
+        )
+    finally:
+        for process in processes:
+            process.stop(grace=5)
