@@ -22,6 +22,7 @@ class OperatorActionKind(models.TextChoices):
     HANDLER_RESUME = "handler_resume", "resume handlers"
     INCIDENT_ACKNOWLEDGE = "incident_acknowledge", "acknowledge an incident"
     INCIDENT_RESOLVE = "incident_resolve", "resolve an incident"
+    PROCESSING_REGION = "processing_region", "switch the processing region"
 
 
 class OperatorActionVia(models.TextChoices):

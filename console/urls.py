@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from console import apis, apis_jobs, apis_reads
+from console import apis, apis_jobs, apis_reads, apis_regions
 from console.api_schema import ApiNotFound, SchemaApi
 
 app_name = "console"
@@ -56,6 +56,12 @@ urlpatterns = [
     path("jobs/<int:job_id>/start/", apis_jobs.BulkJobStartApi.as_view(), name="bulk-job-start"),
     path("pauses/", apis_jobs.PauseListApi.as_view(), name="pause-list"),
     path("pauses/resume/", apis_jobs.PauseResumeApi.as_view(), name="pause-resume"),
+    path("regions/", apis_regions.RegionListApi.as_view(), name="region-list"),
+    path(
+        "regions/processing/",
+        apis_regions.ProcessingRegionApi.as_view(),
+        name="processing-region",
+    ),
     path("jobs/<int:job_id>/cancel/", apis_jobs.BulkJobCancelApi.as_view(), name="bulk-job-cancel"),
     # Anything else under /api/ is a 404 in the API's own error shape, not an HTML page.
     re_path(r"^.*$", ApiNotFound.as_view(), name="not-found"),

@@ -211,3 +211,24 @@ def publish_state(on: bool) -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT eventdrop_region_publish_state(%s)", [on])
         return bool(cursor.fetchone()[0])
+
+
+def subscription_without_state(region: str, peer: str) -> bool:
+    """At a takeover: stop taking the lost peer's state at once, without reaching it (no
+    refresh: a refresh connects to the publisher). Its raw events and region row still come,
+    when it returns; its unsent tail of processing state does not (docs/multi-region.md).
+    False when this region has no subscription from the peer (not set up)."""
+    name = subscription_name(region, peer)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_subscription s JOIN pg_database d ON d.oid = s.subdbid "
+            "WHERE d.datname = current_database() AND s.subname = %s",
+            [name],
+        )
+        if cursor.fetchone() is None:
+            return False
+        pubs = ", ".join(_q(pub) for pub in without_state(peer))
+        cursor.execute(
+            f"ALTER SUBSCRIPTION {_q(name)} SET PUBLICATION {pubs} WITH (refresh = false)"
+        )
+    return True

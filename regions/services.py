@@ -31,6 +31,7 @@ PASS_LOCK_KEY = 0x7265_6769_6F6E_7061  # b"regionpa"
 # Beats closer together than this are skipped: every beat is a row change that crosses.
 HEARTBEAT_INTERVAL = timedelta(seconds=1)
 
+ONE_REGION = "This deployment runs one region (EVENTDROP_REGION_PEERS is empty): no switch."
 UNKNOWN_REGION = "Region {region!r} is neither this region nor one of its peers."
 TAKEOVER_ELSEWHERE = "A region can be declared lost only from the region taking over."
 LEASE_STILL_RUNNING = (
@@ -125,6 +126,8 @@ def processing_region_set(
     at once; refused unless it is this region, and while the current holder's lease (as
     replicated here) still runs."""
     me = region_name()
+    if not multi_region():
+        raise RegionError(ONE_REGION)
     if region not in {me, *(peer.name for peer in peers())}:
         raise RegionError(UNKNOWN_REGION.format(region=region))
     current = effective_decision()
@@ -149,6 +152,9 @@ def processing_region_set(
         actor_username=actor.get_username() if actor else "",
         reason=reason,
     )
+    if peer_lost:
+        for peer in peers():
+            publications.subscription_without_state(me, peer.name)
     logger.info(
         "regions.processing.decided",
         extra={"epoch": epoch, "region": region, "peer_lost": peer_lost},

@@ -162,13 +162,3 @@ def _wanted_publications(peer: Peer) -> list[str]:
         if state is None or state.seen_epoch < decision.epoch:
             return publications.without_state(peer.name)
     return publications.all_publications(peer.name)
-
-
-def subscription_without_state(peer: Peer) -> None:
-    """At a takeover: stop taking the lost peer's state at once, without reaching it (no
-    refresh: a refresh connects to the publisher)."""
-    name = publications.subscription_name(region_name(), peer.name)
-    pubs = sql.SQL(", ").join(sql.Identifier(p) for p in publications.without_state(peer.name))
-    with connection.cursor() as cursor:
-        statement = sql.SQL("ALTER SUBSCRIPTION {} SET PUBLICATION {} WITH (refresh = false)")
-        cursor.execute(statement.format(sql.Identifier(name), pubs).as_string(cursor.connection))

@@ -104,6 +104,15 @@ ENDPOINTS: dict[str, tuple[Any, ...]] = {
         201,
     ),
     "queue_depths": ("get", "/api/queues/", None, "console.view_ops"),
+    "region_list": ("get", "/api/regions/", None, "console.view_ops"),
+    # One region here: admitted, and told there is nothing to switch (400, nothing recorded).
+    "processing_region": (
+        "post",
+        "/api/regions/processing/",
+        {"region": "us", "reason": "drill"},
+        "console.operate",
+        400,
+    ),
     "operator_actions": ("get", "/api/operator-actions/", None, "console.view_operatoraction"),
     "replay": ("post", "/api/raw-events/replay/", {"ids": ["{event}"]}, "console.operate"),
     "reverify": ("post", "/api/raw-events/reverify/", {"ids": ["{event}"]}, "console.operate"),
