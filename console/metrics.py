@@ -13,6 +13,7 @@ the breaker's states. No payload, header, id or secret ever becomes a label.
 from collections import Counter
 from collections.abc import Iterator
 
+from django.utils import timezone
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -28,6 +29,7 @@ from ingress.sources import all_sources
 from kernel.routers import ReplicaStatus, replica_status
 from outbox.breaker import RENDER_SERVICE_BREAKER
 from outbox.models import BreakerState, SideEffectStatus
+from regions.selectors import ReplicationLag, replication_lags
 
 OTHER = "other"
 
@@ -57,6 +59,7 @@ class OpsCollector(Collector):
         yield incident_family(incident_groups())
         yield from replica_families(replica)
         yield rejected_payloads_family(rejected_payloads_dropped())
+        yield from region_families(replication_lags(timezone.now()))
 
 
 def rejected_payloads_family(dropped: dict[str, int]) -> CounterMetricFamily:
@@ -77,6 +80,28 @@ def rejected_payloads_family(dropped: dict[str, int]) -> CounterMetricFamily:
     for source, count in sorted(totals.items()):
         family.add_metric([source], count)
     return family
+
+
+def region_families(lags: list[ReplicationLag]) -> Iterator[GaugeMetricFamily]:
+    """Logical replication between regions (docs/multi-region.md), per direction as this
+    region sees it: the stream from each peer. With one region the families have no sample."""
+    lag = GaugeMetricFamily(
+        "eventdrop_region_replication_lag_seconds",
+        "Age of the peer region's last heartbeat as replicated into this region: an upper "
+        "bound of the replication lag from it (its inbox beats about once a second).",
+        labels=["source", "target"],
+    )
+    up = GaugeMetricFamily(
+        "eventdrop_region_subscription_up",
+        "1 while this region's subscription from the peer has a running apply worker.",
+        labels=["source", "target"],
+    )
+    for one in lags:
+        if one.seconds is not None:
+            lag.add_metric([one.source, one.target], one.seconds)
+        up.add_metric([one.source, one.target], int(one.connected))
+    yield lag
+    yield up
 
 
 def replica_families(replica: ReplicaStatus) -> Iterator[GaugeMetricFamily]:

@@ -43,6 +43,7 @@ from console.presentation import format_seconds
 from ingress.models import RejectionReason, SignatureStatus
 from ingress.sources import all_sources
 from kernel.routers import replica_status
+from regions.selectors import region_overview
 
 # The page reloads itself: left open on a screen, it never shows stale colours for long.
 REFRESH_SECONDS = 60
@@ -174,6 +175,7 @@ def ops_page(request: HttpRequest) -> TemplateResponse:
         "drain_window": format_seconds(DRAIN_WINDOW.total_seconds()),
         "disabled_sources": sorted(n for n, source in all_sources().items() if not source.enabled),
         "replica": replica,
+        "regions": region_overview(now=snapshot.taken_at),
         "raw_events_since_query": urlencode({"received_at__gte": _admin_filter_since(since)}),
         "oldest_pending": format_seconds(snapshot.inbox["raw_events_oldest_pending_age_seconds"]),
         "oldest_due_delivery": format_seconds(snapshot.inbox["deliveries_oldest_due_age_seconds"]),

@@ -97,3 +97,43 @@ def replication_lags(now: datetime) -> list[ReplicationLag]:
         seconds = max(0.0, (now - beat).total_seconds()) if beat else None
         lags.append(ReplicationLag(source, me, seconds, connected, lsn))
     return lags
+
+
+# The lag at which the ops page turns a direction yellow and red: the alert
+# (deploy/prometheus, EventDropRegionReplicationLagging) pages at a minute.
+LAG_YELLOW_SECONDS = 10.0
+LAG_RED_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class LagLine:
+    source: str
+    target: str
+    seconds: float | None
+    connected: bool
+
+    @property
+    def level(self) -> str:
+        if self.seconds is None or not self.connected or self.seconds >= LAG_RED_SECONDS:
+            return "red"
+        return "yellow" if self.seconds >= LAG_YELLOW_SECONDS else "green"
+
+    @property
+    def display(self) -> str:
+        return f"{self.seconds:.1f} s" if self.seconds is not None else "—"
+
+
+def region_overview(now: datetime) -> dict | None:
+    """What the ops page shows about regions; None with one region."""
+    if not multi_region():
+        return None
+    decision = effective_decision()
+    return {
+        "region": region_name(),
+        "processing_region": decision.processing_region if decision else "",
+        "epoch": decision.epoch if decision else 0,
+        "lags": [
+            LagLine(lag.source, lag.target, lag.seconds, lag.connected)
+            for lag in replication_lags(now)
+        ],
+    }

@@ -203,3 +203,40 @@ def test_a_takeover_waits_for_the_old_regions_lease(settings):
         processing_region_set(region="us", peer_lost=True)
     RegionState.objects.filter(name="eu").update(lease_until=timezone.now() - timedelta(seconds=1))
     assert processing_region_set(region="us", peer_lost=True).epoch == 2
+
+
+@pytest.mark.django_db
+def test_the_lag_per_direction_on_the_ops_page_and_in_metrics(settings, client, django_user_model):
+    from console.metrics import region_families
+    from regions.selectors import replication_lags
+
+    settings.EVENTDROP_REGION, settings.EVENTDROP_REGION_NUMBER = "eu", 1
+    settings.EVENTDROP_REGION_PEERS = f"us={PEER_URL}"
+    ProcessingDecision.objects.create(epoch=1, decided_in="eu", processing_region="eu")
+    RegionState.objects.create(name="us", number=2, heartbeat_at=timezone.now() - timedelta(90))
+    RegionState.objects.create(name="eu", number=1, heartbeat_at=timezone.now())
+
+    families = {family.name: family for family in region_families(replication_lags(timezone.now()))}
+    (lag,) = families["eventdrop_region_replication_lag_seconds"].samples
+    assert lag.labels == {"source": "us", "target": "eu"} and lag.value >= 90 * 86400
+    (up,) = families["eventdrop_region_subscription_up"].samples
+    assert up.value == 0  # no subscription in the test database
+
+    oncall = django_user_model.objects.create_user("oncall", password="pw", is_staff=True)
+    client.force_login(grant(oncall, "console.view_ops"))
+    page = client.get("/ops/").content.decode()
+    assert 'id="ops-regions"' in page and "processing: <strong>eu</strong>" in page
+    assert 'data-source="us" data-target="eu"' in page and "ops-level-red" in page
+    assert "(subscription not running)" in page
+
+
+@pytest.mark.django_db
+def test_one_region_shows_and_exports_no_region(client, django_user_model):
+    from console.metrics import region_families
+    from regions.selectors import replication_lags
+
+    families = list(region_families(replication_lags(timezone.now())))
+    assert all(not family.samples for family in families)
+    oncall = django_user_model.objects.create_user("oncall", password="pw", is_staff=True)
+    client.force_login(grant(oncall, "console.view_ops"))
+    assert 'id="ops-regions"' not in client.get("/ops/").content.decode()
