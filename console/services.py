@@ -57,6 +57,8 @@ REPLAY_QUEUED = "{count} deliveries queued"
 REPLAY_NOTHING_QUEUED = "nothing queued: no handler is registered for {provider} {event_type!r}"
 REVERIFY_VERIFIED = "verified with secret #{index}; {dispatch}"
 REVERIFY_STILL_REJECTED = "still rejected: {reason}"
+# A `worker_died` event is not settled in the console's process: the inbox worker takes it.
+REVERIFY_HANDED_BACK = "handed back to the inbox worker, to be settled alone (its worker died)"
 SIDE_EFFECT_REARMED = "re-armed: {status}, due now"
 SIDE_EFFECT_MARKED_DEAD = "marked {status}; the recap is failed with the reason"
 RECAP_RENDER_QUEUED = "render queued; recap is {status}"
@@ -267,6 +269,8 @@ def _reverify(raw_event: RawEvent, note: str) -> ItemResult:
         detail = REVERIFY_VERIFIED.format(
             index=event.matched_secret_index, dispatch=event.get_dispatch_status_display()
         )
+    elif event.signature_status == SignatureStatus.PENDING:
+        detail = REVERIFY_HANDED_BACK
     else:
         detail = REVERIFY_STILL_REJECTED.format(reason=event.rejection_reason)
     return ItemResult(

@@ -416,6 +416,20 @@ WEBHOOK_STORE_TIMEOUT_SECONDS = env_float("WEBHOOK_STORE_TIMEOUT_SECONDS", 5.0)
 # transaction, its row locks and the handlers run in it last about 2.5 x as long (~0.5 s).
 INBOX_BATCH_SIZE = env_int("INBOX_BATCH_SIZE", 500)
 INBOX_IDLE_SLEEP_SECONDS = env_float("INBOX_IDLE_SLEEP_SECONDS", 0.5)
+# A claim of raw events also stops at this many body bytes (always at least one row), so a
+# flood of large bodies cannot take the worker's memory: a batch holds at most the larger of
+# this and the largest source's max_body_bytes (ingress.W012; the figure in
+# docs/architecture.md).
+INBOX_BATCH_BYTES = env_int("INBOX_BATCH_BYTES", 32 * 1024 * 1024)
+# Claimed raw events are the claim's until settled or given back (a worker that is alive
+# gives back what it could not settle); those of a worker that died are claimed again after
+# this long. Longer than the worker's error backoff (30 s), so that a worker whose database
+# went away gets to give its claims back before another worker takes them (ingress.W012).
+INBOX_CLAIM_LEASE_SECONDS = env_float("INBOX_CLAIM_LEASE_SECONDS", 60.0)
+# A raw event or a delivery whose worker died this many times in a row with it — every time
+# but the first alone in its batch — is set aside `worker_died` (ingress/inbox.py,
+# ingress/deliveries.py). At least 2: one death in a batch says nothing about one row.
+INBOX_MAX_WORKER_DEATHS = env_int("INBOX_MAX_WORKER_DEATHS", 3)
 # A raw event whose settling raises is retried after 30 s, 60 s, 120 s, … and set aside
 # (rejected `processing_failed`, re-verifiable) after this many failures.
 INBOX_MAX_ROW_FAILURES = env_int("INBOX_MAX_ROW_FAILURES", 5)

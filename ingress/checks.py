@@ -165,3 +165,65 @@ def check_delivery_retries(
             )
         )
     return messages
+
+
+@checks.register()
+def check_inbox_claim(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """The inbox's claim (ingress/inbox.py): its byte budget, its lease, the deaths allowed.
+
+    - ingress.E012  a setting that cannot work: INBOX_BATCH_BYTES below 1,
+                    INBOX_CLAIM_LEASE_SECONDS not above 0, INBOX_MAX_WORKER_DEATHS below 2
+                    (one death in a batch says nothing about any one row of it)
+    - ingress.W012  INBOX_BATCH_BYTES below the largest source's max_body_bytes (each such
+                    body is a batch of its own: correct, but a flood of them drains one
+                    claim per body); or a lease shorter than the worker's longest error
+                    backoff, so that a worker whose database went away may not give its
+                    claims back before another worker takes them (one death counted, for
+                    nothing, on each of their rows)
+    """
+    from kernel.worker_loop import MAX_ERROR_SLEEP_SECONDS
+
+    problems = []
+    if int(settings.INBOX_BATCH_BYTES) < 1:
+        problems.append("INBOX_BATCH_BYTES must be at least 1 (a claim takes one row at least)")
+    if not float(settings.INBOX_CLAIM_LEASE_SECONDS) > 0:
+        problems.append("INBOX_CLAIM_LEASE_SECONDS must be above 0")
+    if int(settings.INBOX_MAX_WORKER_DEATHS) < 2:
+        problems.append(
+            "INBOX_MAX_WORKER_DEATHS must be at least 2: a death in a batch is no evidence "
+            "about any one row of it, only deaths with the row alone are"
+        )
+    messages: list[checks.CheckMessage] = [
+        checks.Error(f"Inbox claim: {problem}.", id="ingress.E012") for problem in problems
+    ]
+    try:
+        sources = all_sources()
+    except ImproperlyConfigured:
+        sources = {}  # ingress.E001 says why
+    largest = max(sources.values(), key=lambda source: source.max_body_bytes, default=None)
+    budget = int(settings.INBOX_BATCH_BYTES)
+    if largest is not None and 0 < budget < largest.max_body_bytes:
+        messages.append(
+            checks.Warning(
+                f"INBOX_BATCH_BYTES ({budget}) is below source {largest.name!r}'s "
+                f"max_body_bytes ({largest.max_body_bytes}): each body that large is claimed "
+                "alone, one claim and one commit per event.",
+                hint="Raise INBOX_BATCH_BYTES (default 32 MiB), or lower the source's limit.",
+                id="ingress.W012",
+            )
+        )
+    lease = float(settings.INBOX_CLAIM_LEASE_SECONDS)
+    if 0 < lease < MAX_ERROR_SLEEP_SECONDS:
+        messages.append(
+            checks.Warning(
+                f"INBOX_CLAIM_LEASE_SECONDS ({lease:g} s) is shorter than the worker's longest "
+                f"error backoff ({MAX_ERROR_SLEEP_SECONDS:g} s): a worker whose database went "
+                "away may not give its claims back before another worker takes them over, and "
+                "each such row is counted a worker death it did not cause.",
+                hint="Raise INBOX_CLAIM_LEASE_SECONDS (default 60 s).",
+                id="ingress.W012",
+            )
+        )
+    return messages

@@ -15,15 +15,23 @@ charged and kills it only after DELIVERY_MAX_ATTEMPTS charged attempts AND
 DELIVERY_TRANSIENT_HORIZON_SECONDS; our own database failing (a statement or lock timeout, a
 deadlock, a restart) is never charged, and the delivery waits.
 
-A worker that dies (killed, out of memory) records nothing: a delivery it had claimed stays
-`processing` and `deliveries_rearm_stale` re-arms it with the attempt given back — a worker's
-death is no verdict about the row.
+A worker that lives on records an outcome for every delivery it claimed, or gives the claim
+back (`processing` to `pending`, the attempt given back) when our database fails under its
+batch: at once if the connection still works, else first thing on its next pass. So a
+delivery left `processing` and unlocked past DELIVERY_STALE_AFTER_SECONDS belongs to a
+worker that died (killed, out of memory, a crash): `deliveries_rearm_stale` re-arms it with
+the attempt given back — a death charges no attempt — and counts the death
+(`worker_deaths`). A delivery with deaths is claimed alone; one whose worker died
+INBOX_MAX_WORKER_DEATHS times in a row with it is `dead` (`worker_died`), never an endless
+loop. The rule, and why a database restart or a deploy is never counted: docs/flows.md
+("A row that kills its worker").
 
 `deliveries_for_event` builds the rows the inbox inserts when it settles an event
 (ingress/inbox.py), so what a new delivery starts as is decided here, next to how it runs.
 Replay and re-arm by an operator are in ingress/services.py.
 """
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -267,9 +275,9 @@ _SETTLE_RUN_INSERT = (
     " handler text, started_at timestamptz, finished_at timestamptz, note text)),"
     " d AS (INSERT INTO {delivery} (raw_event_id, handler, status, attempts, total_attempts,"
     "  next_attempt_at, claimed_at, last_error, first_failed_at, waiting_since, created_at,"
-    "  finished_at, ordering_key, event_time, superseded_by_id, forced)"
+    "  finished_at, ordering_key, event_time, superseded_by_id, forced, worker_deaths)"
     "  SELECT r.raw_event_id, r.handler, %s, 1, 1, %s, %s, '', NULL, NULL, %s, %s, '', NULL,"
-    "  NULL, false FROM r ON CONFLICT DO NOTHING RETURNING id, raw_event_id, handler)"
+    "  NULL, false, 0 FROM r ON CONFLICT DO NOTHING RETURNING id, raw_event_id, handler)"
     " INSERT INTO {attempt} (delivery_id, number, started_at, finished_at, outcome, error, note)"
     " SELECT d.id, 1, r.started_at, r.finished_at, %s, '', r.note FROM d"
     " JOIN r ON r.raw_event_id = d.raw_event_id AND r.handler = d.handler"
@@ -327,6 +335,7 @@ def deliveries_release(
 # attempts, and neither its horizon nor an uncharged wait started.
 _ARMED_AFRESH = {
     "attempts": 0,
+    "worker_deaths": 0,
     "claimed_at": None,
     "finished_at": None,
     "first_failed_at": None,
@@ -474,13 +483,20 @@ _MARK_CLAIMED = (
     " UPDATE {table} AS d SET status = 'processing', claimed_at = %(now)s,"
     " attempts = d.attempts + 1, total_attempts = d.total_attempts + 1 FROM c WHERE d.id = c.id"
     " RETURNING d.id, d.raw_event_id, d.handler, d.attempts, d.total_attempts,"
-    " d.first_failed_at, d.waiting_since"
+    " d.first_failed_at, d.waiting_since, d.worker_deaths"
 )
 # The unordered queue's claim, one statement (as procrastinate's procrastinate_fetch_job).
+# `due`: the oldest due rows, locked. `c`: the claimed prefix — the first row always, then
+# rows while none of them (this one included) has worker deaths: such a suspect is claimed
+# alone, by itself first in line or in the next claim, so that a death is about one row.
 _CLAIM_UNORDERED = _delivery_sql(
-    "WITH c AS (SELECT id FROM {table} WHERE status = 'pending' AND next_attempt_at <= %(now)s"  # noqa: S608 (constants)
-    " AND ordering_key = '' ORDER BY next_attempt_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
-    + _MARK_CLAIMED
+    "WITH due AS (SELECT id, next_attempt_at, worker_deaths FROM {table}"  # noqa: S608 (constants)
+    " WHERE status = 'pending' AND next_attempt_at <= %(now)s AND ordering_key = ''"
+    " ORDER BY next_attempt_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+    " c AS (SELECT id FROM (SELECT id, row_number() OVER w AS n,"
+    " bool_or(worker_deaths > 0) OVER w AS suspect FROM due"
+    " WINDOW w AS (ORDER BY next_attempt_at, id ROWS UNBOUNDED PRECEDING)) AS w"
+    " WHERE n = 1 OR NOT suspect)" + _MARK_CLAIMED
 )
 # Ordering keys' heads, found and locked under their keys' locks by _claim_key_heads.
 _CLAIM_HEADS = _delivery_sql("WITH c AS (SELECT unnest(%(ids)s::bigint[]) AS id)" + _MARK_CLAIMED)
@@ -495,6 +511,7 @@ def _claim_due_deliveries(limit: int, now: datetime) -> list[_Claimed]:
         cursor.execute(_CLAIM_UNORDERED, {"now": now, "limit": limit})
         rows = _hold_claimed_paused(cursor.fetchall())
         heads, superseded = _claim_key_heads(limit, now)
+        heads = _suspects_alone(heads, beside=rows)
         if heads:
             cursor.execute(_CLAIM_HEADS, {"now": now, "ids": [row[0] for row in heads]})
             rows += cursor.fetchall()
@@ -504,8 +521,26 @@ def _claim_due_deliveries(limit: int, now: datetime) -> list[_Claimed]:
         _mark_events_handled(superseded, now)
     return [
         _Claimed(id, event_id, handler, attempts, total, now, first_failed_at, waiting_since)
-        for id, event_id, handler, attempts, total, first_failed_at, waiting_since in rows
+        for id, event_id, handler, attempts, total, first_failed_at, waiting_since, _ in rows
     ]
+
+
+def _suspects_alone(heads: list[tuple], *, beside: list[tuple]) -> list[tuple]:
+    """The key heads (…, worker deaths last) to claim beside the unordered rows just claimed
+    (worker deaths last too), so that a delivery with worker deaths is claimed alone, as the
+    unordered claim does: none beside a suspect; beside others, the heads up to the first
+    suspect; alone, a suspect first in line by itself. The heads left out wait for a later
+    pass (their keys' locks end with the claim's transaction)."""
+    if any(row[-1] > 0 for row in beside):
+        return []
+    if heads and heads[0][-1] > 0 and not beside:
+        return heads[:1]
+    prefix = []
+    for head in heads:
+        if head[-1] > 0:
+            break
+        prefix.append(head)
+    return prefix
 
 
 def _hold_claimed_paused(rows: list[tuple]) -> list[tuple]:
@@ -676,6 +711,7 @@ def _claim_key_heads(limit: int, now: datetime) -> tuple[list[tuple], set[int]]:
             "ordering_key",
             "event_time",
             "forced",
+            "worker_deaths",
         )
     )
     rows = _hold_paused(rows)
@@ -692,7 +728,7 @@ def _claim_key_heads(limit: int, now: datetime) -> tuple[list[tuple], set[int]]:
         state = {(h, k, status): (i, t, e) for h, k, status, i, t, e in cursor.fetchall()}
     claimed, superseded = [], []
     for row in locked:
-        delivery_id, raw_event_id, handler, _, _, key, event_time, forced = row
+        delivery_id, raw_event_id, handler, _, _, key, event_time, forced, _ = row
         if (handler, key, DeliveryStatus.PROCESSING) in state:
             continue  # one of the key's deliveries is running
         head = state.get((handler, key, DeliveryStatus.PENDING))
@@ -702,7 +738,7 @@ def _claim_key_heads(limit: int, now: datetime) -> tuple[list[tuple], set[int]]:
         if newest is not None and not forced and newest[1:] > (event_time, raw_event_id):
             superseded.append((delivery_id, raw_event_id, newest[0]))
             continue
-        claimed.append(row[:5])
+        claimed.append((*row[:5], row[8]))  # (id, event, handler, attempts, total, deaths)
     for delivery_id, raw_event_id, newer_id in superseded:
         # Finished without running, visibly: with the delivery it lost to.
         Delivery.objects.filter(id=delivery_id).update(
@@ -792,7 +828,7 @@ _LOCK_CLAIMS = _delivery_sql(
 # The success, fenced like every other outcome.
 _MARK_DONE = _delivery_sql(
     f"UPDATE {{table}} AS d SET status = 'done', finished_at = %(finished)s, last_error = '',"  # noqa: S608 (constants)
-    f" waiting_since = NULL FROM {_CLAIMS} WHERE {_FENCE}"
+    f" waiting_since = NULL, worker_deaths = 0 FROM {_CLAIMS} WHERE {_FENCE}"
 )
 
 
@@ -843,7 +879,9 @@ def _record_failure(failure: _Failure) -> None:
             outcome = (
                 DeliveryAttempt.Outcome.PERMANENT if permanent else DeliveryAttempt.Outcome.DEAD
             )
-            updated = row.update(status=DeliveryStatus.DEAD, finished_at=now, last_error=error)
+            updated = row.update(
+                status=DeliveryStatus.DEAD, finished_at=now, last_error=error, worker_deaths=0
+            )
             if updated:
                 _mark_events_handled({claimed.raw_event_id}, now)
         elif decision.action == Action.RETRY:
@@ -855,6 +893,7 @@ def _record_failure(failure: _Failure) -> None:
                 last_error=error,
                 first_failed_at=Coalesce("first_failed_at", Value(now)),
                 waiting_since=None,
+                worker_deaths=0,
             )
         else:
             # Not about the delivery (our database): the attempt is given back, and it waits
@@ -867,6 +906,7 @@ def _record_failure(failure: _Failure) -> None:
                 last_error=error,
                 attempts=F("attempts") - 1,
                 waiting_since=Coalesce("waiting_since", Value(now)),
+                worker_deaths=0,
             )
         if not updated:
             logger.warning("ingress.deliver.lost_claim", extra={"delivery_id": claimed.id})
@@ -901,14 +941,27 @@ def deliveries_run_due(*, limit: int | None = None, now: datetime | None = None)
     savepoint — a handler's write that only fails
     at COMMIT (PostgreSQL checks Django's foreign keys there), say — it is run again one
     delivery per transaction, and a delivery that fails on its own is charged like any
-    transient failure. Should our database fail, every delivery of the batch stays
-    `processing` and is re-armed by deliveries_rearm_stale — handlers are idempotent, so
-    running again is safe. Handlers must therefore be quick and touch only the database
-    (slow work goes through an outbox), or they would hold the batch's locks.
+    transient failure. Should our database fail, every delivery of the batch not finished
+    is given back (`pending`, the attempt given back, due at once): at once if the
+    connection still works, else first thing on the next pass — handlers are idempotent, so
+    running again is safe, and no worker death is counted for them. Handlers must
+    therefore be quick and touch only the database (slow work goes through an outbox), or
+    they would hold the batch's locks.
     """
+    deliveries_give_back_unreturned()
     claimed = _claim_due_deliveries(limit or settings.INBOX_BATCH_SIZE, now or timezone.now())
     if not claimed:
         return 0
+    try:
+        return _run_and_record(claimed)
+    except BaseException:
+        # Not finished, and this worker lives: given back (fenced: what was recorded stays).
+        _give_back(claimed)
+        raise
+
+
+def _run_and_record(claimed: list[_Claimed]) -> int:
+    """Run the claimed batch and record its failures; returns how many ran."""
     events = RawEvent.objects.in_bulk({item.raw_event_id for item in claimed})
     claimed = _release_unreadable(claimed, events)
     try:
@@ -935,12 +988,48 @@ def deliveries_run_due(*, limit: int | None = None, now: datetime | None = None)
         except DATABASE_UNAVAILABLE:
             raise
         except Exception as exc:
-            # The last net: the delivery stays `processing` until it is re-armed as stale.
+            # The last net: the claim is given back, uncharged, as for a database failure
+            # (the worker lives: nothing here is a death).
             logger.error(
                 "ingress.deliver.record_failed",
                 extra={"delivery_id": failure.claimed.id, "error": type(exc).__name__},
             )
+            _give_back([failure.claimed])
     return len(claimed)
+
+
+# A claim given back by the worker that made it (fenced on it): `pending`, due at once, the
+# attempt given back. The worker lived, so this is no death.
+_GIVE_BACK = _delivery_sql(
+    f"UPDATE {{table}} AS d SET status = 'pending', claimed_at = NULL,"  # noqa: S608 (constants)
+    f" next_attempt_at = %(now)s, attempts = d.attempts - 1 FROM {_CLAIMS} WHERE {_FENCE}"
+)
+
+# Claims this process made and could not finish while it lived on, not yet given back (our
+# database was unavailable): given back first thing on the next pass.
+_unreturned: list[_Claimed] = []
+
+
+def _give_back(claimed: list[_Claimed]) -> None:
+    _unreturned.extend(claimed)
+    # Still unavailable: the next pass tries again, before it claims anything.
+    with contextlib.suppress(*DATABASE_UNAVAILABLE):
+        deliveries_give_back_unreturned()
+
+
+def deliveries_give_back_unreturned() -> int:
+    """Give back the claims this process could not finish (see _GIVE_BACK), one statement.
+    Returns how many were still its own. Raises while our database is unavailable (the
+    claims stay owed)."""
+    if not _unreturned:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(_GIVE_BACK, {"claims": _claims_json(_unreturned), "now": timezone.now()})
+        given = cursor.rowcount
+    _unreturned.clear()
+    if given:
+        logger.warning("ingress.deliver.claims_given_back", extra={"deliveries": given})
+    return given
 
 
 # How long a delivery whose body we cannot decrypt waits before it is claimed again.
@@ -1086,31 +1175,79 @@ def _describe(exc: Exception) -> str:
 # Deliveries `processing` past the stale threshold whose rows no live batch holds (a batch
 # locks its claims for its whole run: _LOCK_CLAIMS), back to `pending`, the attempt given back.
 _REARM_STALE = _delivery_sql(
-    "WITH c AS (SELECT id FROM {table} WHERE status = 'processing' AND claimed_at < %(cutoff)s"
-    " FOR UPDATE SKIP LOCKED)"
-    " UPDATE {table} AS d SET status = 'pending', claimed_at = NULL, next_attempt_at = %(now)s,"
-    " attempts = GREATEST(d.attempts - 1, 0) FROM c WHERE d.id = c.id RETURNING d.id"
+    "WITH c AS (SELECT id, claimed_at FROM {table} WHERE status = 'processing'"
+    " AND claimed_at < %(cutoff)s FOR UPDATE SKIP LOCKED)"
+    " UPDATE {table} AS d SET"
+    " status = CASE WHEN d.worker_deaths + 1 >= %(deaths)s THEN 'dead' ELSE 'pending' END,"
+    " finished_at = CASE WHEN d.worker_deaths + 1 >= %(deaths)s THEN %(now)s END,"
+    " last_error = CASE WHEN d.worker_deaths + 1 >= %(deaths)s"
+    "  THEN format(%(error)s, d.worker_deaths + 1) ELSE d.last_error END,"
+    " claimed_at = NULL, next_attempt_at = %(now)s, attempts = GREATEST(d.attempts - 1, 0),"
+    " worker_deaths = d.worker_deaths + 1"
+    " FROM c WHERE d.id = c.id"
+    " RETURNING d.id, d.raw_event_id, d.handler, d.status, d.total_attempts, c.claimed_at,"
+    " d.last_error, d.worker_deaths"
+)
+# A delivery's last_error when it is set aside (PostgreSQL's format(): %s is the count).
+WORKER_DIED_ERROR = (
+    "worker_died: its worker died %s times in a row running it (killed, out of memory, a "
+    "crash); re-arm it once the cause is fixed"
 )
 
 
 def deliveries_rearm_stale(*, now: datetime | None = None) -> int:
     """Deliveries left `processing` by a worker that died go back to `pending`, in one
-    statement, with the attempt the claim charged given back: a worker's death is no verdict
-    about the delivery (an out-of-memory kill, a deploy's SIGKILL, a database restart under
-    the batch all look the same from here). Returns how many.
+    statement, with the attempt the claim charged given back: a death is no charged attempt.
+    Returns how many.
+
+    A worker that lives gives back what it could not finish (deliveries_run_due), so what
+    is left here is a death (killed, out of memory, a crash, its host lost): counted on the
+    row (`worker_deaths`, reset by any outcome recorded later). A delivery with deaths is
+    claimed alone; at INBOX_MAX_WORKER_DEATHS it is `dead` instead (`worker_died`, a history
+    entry with it), never claimed again unless re-armed.
 
     A row a live batch holds is never taken (SKIP LOCKED: the batch locks its claims for its
     whole run), so a batch that outlives DELIVERY_STALE_AFTER_SECONDS, or a frozen worker
     whose connection lives on, is not run twice.
-
-    Issue 29's place: a delivery proven to kill its worker again and again would be counted
-    here (`worker_died`), the one statement that sees each death, and set aside after N.
     """
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.DELIVERY_STALE_AFTER_SECONDS)
-    with connection.cursor() as cursor:
-        cursor.execute(_REARM_STALE, {"cutoff": cutoff, "now": now})
-        count = cursor.rowcount
-    if count:
-        logger.warning("ingress.deliver.rearmed_stale", extra={"count": count})
-    return count
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _REARM_STALE,
+                {
+                    "cutoff": cutoff,
+                    "now": now,
+                    "deaths": settings.INBOX_MAX_WORKER_DEATHS,
+                    "error": WORKER_DIED_ERROR,
+                },
+            )
+            rows = cursor.fetchall()
+        dead = [row for row in rows if row[3] == DeliveryStatus.DEAD]
+        if dead:
+            DeliveryAttempt.objects.bulk_create(
+                DeliveryAttempt(
+                    delivery_id=delivery_id,
+                    number=number,
+                    started_at=claimed_at,
+                    finished_at=now,
+                    outcome=DeliveryAttempt.Outcome.DEAD,
+                    error=error,
+                )
+                for delivery_id, _, _, _, number, claimed_at, error, _ in dead
+            )
+            _mark_events_handled({row[1] for row in dead}, now)
+    for delivery_id, raw_event_id, handler, _, _, _, _, deaths in dead:
+        logger.error(
+            "ingress.deliver.worker_died",
+            extra={
+                "delivery_id": delivery_id,
+                "raw_event_id": raw_event_id,
+                "handler": handler,
+                "deaths": deaths,
+            },
+        )
+    if len(rows) > len(dead):
+        logger.warning("ingress.deliver.rearmed_stale", extra={"count": len(rows) - len(dead)})
+    return len(rows)

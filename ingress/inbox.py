@@ -1,42 +1,59 @@
 """Flow 2, first half: everything after the ACK up to the deliveries — verify, deduplicate,
 fan out — and the worker's pass (`inbox_run_once`) that also runs them (ingress/deliveries.py).
 
-`raw_events_verify_batch` claims due `pending` raw events with `SELECT … FOR UPDATE SKIP
-LOCKED`, so any number of worker processes on any number of hosts can run side by side
-without double work, and settles the whole batch in that one transaction: each event is
-verified on its stored bytes, its verdict recorded, its dedup key settled (a unique index
-decides the winner) and one Delivery row created per registered handler (built by
-ingress.deliveries.deliveries_for_event). The batch is settled under one savepoint and
-committed once — verdicts, dedup keys and deliveries together; a crash in between leaves
-the events `pending` and they are simply claimed again. In the worker's pass the deliveries
-that need no claim (every handler unordered, none paused) are run right there, in that same
-transaction, and inserted `done` (ingress/deliveries.py, "run at settle").
+`raw_events_verify_batch` claims due `pending` raw events in one statement (`WITH … FOR
+UPDATE SKIP LOCKED … UPDATE … RETURNING`), so any number of worker processes on any number of
+hosts can run side by side without double work. The claim stops at INBOX_BATCH_SIZE rows or
+INBOX_BATCH_BYTES of bodies, whichever comes first (always at least one row): a flood of
+large junk bodies costs the worker a bounded batch, not its memory. It marks the rows it
+hands out (`claimed_at`, `unsettled_claims` + 1) and commits — without waiting for the WAL
+flush: a claim lost with a database crash only means no worker death is counted for it.
+
+The batch is then settled in one transaction that first locks its rows, fenced on the claim
+(`claimed_at`): each event is verified on its stored bytes, its verdict recorded, its dedup
+key settled (a unique index decides the winner) and one Delivery row created per registered
+handler (ingress.deliveries.deliveries_for_event); settling clears the claim. In the
+worker's pass the deliveries that need no claim (every handler unordered, none paused) are
+run right there, in that same transaction, and inserted `done` (ingress/deliveries.py, "run
+at settle").
 
 One bad row never blocks the others. Should settling the batch raise for anything but our
 database being unavailable, its savepoint is rolled back and the same locked rows are
-settled one by one, each under a savepoint of its own in the same transaction, so only the
-rows that raise again are charged: a failure counted on the row and a not-before time, and
-after INBOX_MAX_ROW_FAILURES it is rejected `processing_failed`. Bodies holding text
-PostgreSQL cannot store are rejected `unstorable_text` before any write.
+settled one by one, each under a savepoint of its own in the same transaction. A row that
+raises again is charged only if the failure can be about it (kernel/retry.py's
+`classify`): a failure counted on the row and a not-before time, and after
+INBOX_MAX_ROW_FAILURES it is rejected `processing_failed`. A database error is never
+evidence about a row: the row waits, uncharged, its error recorded, backing off by how long
+it has waited. Bodies holding text PostgreSQL cannot store are rejected `unstorable_text`
+before any write.
+
+A row whose settling kills the worker (a crash, the out-of-memory killer) is counted before
+it can kill the next one — the rule, in docs/flows.md ("A row that kills its worker"):
+
+- A worker that is alive settles every claim it makes or gives it back (`unsettled_claims`
+  minus one): when our database fails under a batch, at once if the connection still works, else
+  first thing on its next pass; SIGTERM lets the current pass finish. So a claim left
+  unsettled is one whose worker died: after INBOX_CLAIM_LEASE_SECONDS its rows are claimed
+  again, and `unsettled_claims` then counts the deaths.
+- A row claimed again after a death is claimed alone (the claim stops before it, or takes
+  it by itself), and settled without running handlers: a handler that kills is counted on
+  its delivery (ingress/deliveries.py), not on the event.
+- A row found with INBOX_MAX_WORKER_DEATHS deaths is not settled again: it is rejected
+  `worker_died`, visibly, and re-verifying it hands it back to the worker.
 
 Retry, backoff and giving up are properties of the rows (processing_failures,
-retry_not_before, signature_status), never control flow held in memory.
-
-A raw event whose settling kills the worker is not bounded yet: its claim is rolled back with
-the dying connection, so nothing on the row counts the deaths, and the batch it belongs to is
-claimed again (and dies again) every pass. Counting them would need a committed "claimed"
-mark before settling — a second commit per batch on the fast path, which verification is
-designed not to pay. Until then such a row shows as a worker in a crash loop with a growing
-`raw_events_oldest_pending_age_seconds`, and no tool sets it aside yet (an open limit).
+retry_not_before, unsettled_claims, signature_status), never control flow held in memory —
+except the claims this process still owes a give-back (`_unreturned`).
 """
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
@@ -75,7 +92,7 @@ from ingress.verifiers import StoredRequest, Verdict
 from kernel.db.json_rows import json_rows
 from kernel.logformat import raised_at
 from kernel.processing import processing_pass
-from kernel.retry import RetryPolicy
+from kernel.retry import RetryPolicy, classify
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +141,9 @@ def raw_events_settle(events: list[RawEvent], now: datetime, *, run_handlers: bo
         verdict = verdicts[event.id]
         event.verify_count += 1
         event.verified_at = now
+        # Settled: the claim that held it is over, and it killed no worker this time.
+        event.claimed_at = None
+        event.unsettled_claims = 0
         event.event_type = verdict.event_type[:255]
         event.matched_secret_index = verdict.secret_index
         event.provider_retry_num = verdict.provider_retry_num
@@ -249,6 +269,8 @@ _SETTLED_COLUMNS = (
     "dedup_key",
     "duplicate_of_id",
     "dispatch_status",
+    "claimed_at",
+    "unsettled_claims",
 )
 
 
@@ -359,7 +381,8 @@ def _insert_all(objs: list, *, returning: tuple[str, ...] = ()) -> set[tuple]:
 
 
 def raw_events_verify_batch(*, limit: int | None = None, now: datetime | None = None) -> int:
-    """Claim up to `limit` due pending raw events, settle them, commit. Returns how many.
+    """Claim up to `limit` due pending raw events (and at most INBOX_BATCH_BYTES of bodies),
+    settle them, commit. Returns how many were claimed.
 
     The batch is settled under a savepoint; should that raise, it is rolled back and the
     same locked rows are settled one by one (`_settle_one_by_one`), so a poison row costs
@@ -371,9 +394,9 @@ def raw_events_verify_batch(*, limit: int | None = None, now: datetime | None = 
 def _verify_and_run_batch(limit: int | None) -> tuple[int, int]:
     """raw_events_verify_batch that also runs the deliveries needing no claim (the worker's
     pass): (events settled, deliveries run). A batch that fails at COMMIT — a handler's write
-    checked only then — is claimed and settled again without running handlers, so its
-    deliveries are run by the claim, which isolates the failing one; and handlers rest from
-    running at settle for a while (ingress/deliveries.py)."""
+    checked only then — is given back, claimed and settled again without running handlers,
+    so its deliveries are run by the claim, which isolates the failing one; and handlers rest
+    from running at settle for a while (ingress/deliveries.py)."""
     try:
         return _verify_batch(limit=limit, now=None, run_handlers=True)
     except DATABASE_UNAVAILABLE:
@@ -386,37 +409,194 @@ def _verify_and_run_batch(limit: int | None) -> tuple[int, int]:
         return _verify_batch(limit=limit, now=None, run_handlers=False)
 
 
+@dataclass(frozen=True)
+class RawEventClaim:
+    """One batch of raw events claimed by this process; `claimed_at` fences everything
+    written for it (another worker's claim of a row after the lease sets its own)."""
+
+    ids: tuple[int, ...]
+    received: tuple[datetime, datetime]  # the oldest and newest received_at: partition pruning
+    claimed_at: datetime
+
+
+# The claim, one statement. `c`: up to `limit` due pending rows, oldest first, locked (SKIP
+# LOCKED: a live batch's rows are another worker's); rows whose claim is outstanding wait
+# for its lease. `b`: the claimed prefix — always the first row; then rows while the running
+# sum of body bytes stays within the budget and none of them (this one included) is a
+# suspect (claimed before without being settled): a suspect is claimed alone, by itself
+# first in line or in the next claim. octet_length of a stored bytea reads its length from
+# the TOAST pointer, not the body. The claim's own mark: claimed_at, unsettled_claims + 1.
+_CLAIM = (
+    "WITH c AS (SELECT id, received_at, unsettled_claims, octet_length(body) AS bytes"
+    " FROM {table} WHERE signature_status = 'pending'"
+    " AND (retry_not_before IS NULL OR retry_not_before <= %(now)s)"
+    " AND (claimed_at IS NULL OR claimed_at <= %(lease_ended)s)"
+    " AND body_encryption = ANY(%(keys)s)"
+    " ORDER BY received_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+    " b AS (SELECT id, received_at, row_number() OVER w AS n, sum(bytes) OVER w AS bytes,"
+    " bool_or(unsettled_claims > 0) OVER w AS suspect FROM c"
+    " WINDOW w AS (ORDER BY received_at, id ROWS UNBOUNDED PRECEDING))"
+    " UPDATE {table} AS r SET claimed_at = %(now)s, unsettled_claims = r.unsettled_claims + 1"
+    " FROM b WHERE r.id = b.id AND r.received_at = b.received_at"
+    " AND (b.n = 1 OR (b.bytes <= %(budget)s AND NOT b.suspect))"
+    " RETURNING r.id, r.received_at"
+)
+
+
+def raw_events_claim(*, limit: int, now: datetime) -> RawEventClaim | None:
+    """Claim a batch (see _CLAIM) in a transaction of its own, committed; None if nothing is
+    due. The claim's mark must outlive a worker that dies settling the batch, so it cannot
+    share the settling transaction; its commit does not wait for the WAL flush
+    (`synchronous_commit = off` for this transaction only): should the database crash
+    before the flush, the mark is lost with the claim, and no death is counted for it."""
+    sql = _CLAIM.format(table=connection.ops.quote_name(RawEvent._meta.db_table))
+    lease = timedelta(seconds=settings.INBOX_CLAIM_LEASE_SECONDS)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = off")
+        cursor.execute(
+            sql,
+            {
+                "now": now,
+                "lease_ended": now - lease,
+                # A body encrypted with a key we no longer hold stays pending, never charged
+                # or rejected: our configuration, not the row's fault (it shows as pending age).
+                "keys": sorted(keyring().known_ids),
+                "limit": limit,
+                "budget": settings.INBOX_BATCH_BYTES,
+            },
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    received = [at for _, at in rows]
+    return RawEventClaim(
+        ids=tuple(id for id, _ in rows), received=(min(received), max(received)), claimed_at=now
+    )
+
+
+def _claimed(claim: RawEventClaim):
+    """The claim's rows that are still its own: pending, with its claimed_at."""
+    return RawEvent.objects.filter(
+        id__in=claim.ids,
+        received_at__range=claim.received,
+        claimed_at=claim.claimed_at,
+        signature_status=SignatureStatus.PENDING,
+    )
+
+
 def _verify_batch(
     *, limit: int | None, now: datetime | None, run_handlers: bool
 ) -> tuple[int, int]:
-    limit = limit or settings.INBOX_BATCH_SIZE
+    raw_events_give_back_unreturned()
     now = now or timezone.now()
-    ran = 0
+    claim = raw_events_claim(limit=limit or settings.INBOX_BATCH_SIZE, now=now)
+    if claim is None:
+        return 0, 0
+    try:
+        ran = _settle_claim(claim, now, run_handlers=run_handlers)
+    except BaseException:
+        # Not settled, and this worker lives: the claim is given back, so that it is never
+        # taken for a worker that died with these rows (database errors included: they are
+        # about us, not the rows).
+        _give_back(claim)
+        raise
+    return len(claim.ids), ran
+
+
+def _settle_claim(claim: RawEventClaim, now: datetime, *, run_handlers: bool) -> int:
+    """Lock the claim's rows (fenced on it), set aside those with too many worker deaths,
+    settle the rest, commit. Returns how many deliveries ran at settle."""
     with transaction.atomic():
-        events = list(
-            RawEvent.objects.select_for_update(skip_locked=True)
-            .filter(signature_status=SignatureStatus.PENDING)
-            # A row that failed waits out its backoff: a filter on the pending-index scan.
-            .filter(Q(retry_not_before__isnull=True) | Q(retry_not_before__lte=now))
-            # A body encrypted with a key we no longer hold stays pending, never charged or
-            # rejected: our configuration, not the row's fault (it shows as pending age).
-            .filter(body_encryption__in=keyring().known_ids)
-            .order_by("received_at")[:limit]
-        )
-        if events:
-            try:
-                with transaction.atomic():
-                    ran = raw_events_settle(events, now, run_handlers=run_handlers)
-            except DATABASE_UNAVAILABLE:
-                raise
-            except Exception as exc:
+        events = list(_claimed(claim).select_for_update().order_by("received_at", "id"))
+        if len(events) < len(claim.ids):
+            # Another worker claimed them after the lease ran out (this one was frozen, say):
+            # theirs now, and fenced out of everything written here.
+            logger.warning(
+                "ingress.verify.lost_claim", extra={"events": len(claim.ids) - len(events)}
+            )
+        deaths_allowed = settings.INBOX_MAX_WORKER_DEATHS
+        doomed = [event for event in events if event.unsettled_claims - 1 >= deaths_allowed]
+        if doomed:
+            _set_aside_worker_died(claim, doomed, now)
+            events = [event for event in events if event not in doomed]
+        if not events:
+            return 0
+        for event in events:
+            if event.unsettled_claims > 1:
+                # A suspect (alone in its batch): its handlers are left to its deliveries'
+                # claim, so that a handler killing the worker is counted on its delivery.
+                run_handlers = False
                 logger.warning(
-                    "ingress.verify.batch_failed",
-                    extra={"events": len(events), "error": type(exc).__name__},
+                    "ingress.verify.worker_death_counted",
+                    extra={"raw_event_id": event.id, "deaths": event.unsettled_claims - 1},
                 )
-                ran = 0
-                _settle_one_by_one([event.id for event in events], now)
-    return len(events), ran
+        try:
+            with transaction.atomic():
+                return raw_events_settle(events, now, run_handlers=run_handlers)
+        except DATABASE_UNAVAILABLE:
+            raise
+        except Exception as exc:
+            logger.warning(
+                "ingress.verify.batch_failed",
+                extra={"events": len(events), "error": type(exc).__name__},
+            )
+            _settle_one_by_one([event.id for event in events], now)
+            return 0
+
+
+WORKER_DIED_ERROR = (
+    "worker_died: its worker died {deaths} times in a row settling it (killed, out of memory, "
+    "a crash); re-verify hands it back to the worker"
+)
+
+
+def _set_aside_worker_died(claim: RawEventClaim, events: list[RawEvent], now: datetime) -> None:
+    """Reject the rows whose worker died INBOX_MAX_WORKER_DEATHS times settling them, in the
+    claim's transaction; `unsettled_claims` keeps the count of those deaths."""
+    for event in events:
+        deaths = event.unsettled_claims - 1
+        _claimed(claim).filter(id=event.id).update(
+            signature_status=SignatureStatus.REJECTED,
+            rejection_reason=RejectionReason.WORKER_DIED,
+            dispatch_status=DispatchStatus.NOT_DISPATCHED,
+            processing_error=WORKER_DIED_ERROR.format(deaths=deaths)[:255],
+            retry_not_before=None,
+            verified_at=now,
+            verify_count=F("verify_count") + 1,
+            claimed_at=None,
+            unsettled_claims=deaths,
+        )
+        logger.error(
+            "ingress.verify.worker_died",
+            extra={"raw_event_id": event.id, "source": event.source, "deaths": deaths},
+        )
+
+
+# Claims this process made and could not settle while it lived on, not yet given back (our
+# database was unavailable): given back first thing on the next pass.
+_unreturned: list[RawEventClaim] = []
+
+
+def _give_back(claim: RawEventClaim) -> None:
+    _unreturned.append(claim)
+    # Still unavailable: the next pass tries again, before it claims anything.
+    with contextlib.suppress(*DATABASE_UNAVAILABLE):
+        raw_events_give_back_unreturned()
+
+
+def raw_events_give_back_unreturned() -> int:
+    """Give back the claims this process could not settle: `unsettled_claims` minus one and the
+    claim cleared, on the rows still its own, so that the rows are due again at once and
+    no worker death is counted for them. Returns how many rows. Raises while our database
+    is unavailable (the claims stay owed)."""
+    given = 0
+    while _unreturned:
+        claim = _unreturned[0]
+        given += _claimed(claim).update(claimed_at=None, unsettled_claims=F("unsettled_claims") - 1)
+        _unreturned.pop(0)
+    if given:
+        logger.warning("ingress.verify.claims_given_back", extra={"events": given})
+    return given
 
 
 def _settle_one_by_one(ids: list[int], now: datetime) -> None:
@@ -432,11 +612,11 @@ def _settle_one_by_one(ids: list[int], now: datetime) -> None:
         except DATABASE_UNAVAILABLE:
             raise
         except Exception as exc:
-            _charge_settle_failure(event, exc, now)
+            _record_settle_failure(event, exc, now)
 
 
 def raw_event_retry_policy() -> RetryPolicy:
-    """For raw events whose settling raises (see _charge_settle_failure)."""
+    """For raw events whose settling raises (see _record_settle_failure)."""
     return RetryPolicy(
         max_attempts=settings.INBOX_MAX_ROW_FAILURES,
         base_seconds=settings.INBOX_ROW_RETRY_BASE_SECONDS,
@@ -444,25 +624,39 @@ def raw_event_retry_policy() -> RetryPolicy:
     )
 
 
-def _charge_settle_failure(event: RawEvent, exc: Exception, now: datetime) -> None:
-    """Count one failure on the row: not before `now + backoff` again, set aside after N.
+def _record_settle_failure(event: RawEvent, exc: Exception, now: datetime) -> None:
+    """Record a row's own failure to settle, as kernel/retry.py's `classify` sorts it.
 
-    The backoff is the policy's ceiling, without jitter: it is one row's own retry, not a
-    herd to spread, and a fixed pause keeps a bad row from coming back the very next pass.
-    Only the exception's class (and SQLSTATE) is kept: its message may quote the payload.
+    A failure that can be about the row is charged: not before `now + backoff` again, set
+    aside after N. The backoff is the policy's ceiling, without jitter: it is one row's own
+    retry, not a herd to spread, and a fixed pause keeps a bad row from coming back the very
+    next pass. A database error (any class: a value the database refused included) is
+    never evidence about the row: it waits uncharged, backing off by how long it has waited
+    since it arrived (`RetryPolicy.release_delay`), its error recorded — visible as pending
+    age and in the console. Only the exception's class (and SQLSTATE) is kept: its message
+    may quote the payload. Either way the claim is over: the worker lived.
     """
     policy = raw_event_retry_policy()
-    failures = event.processing_failures + 1
     error = type(exc).__name__
     sqlstate = getattr(exc.__cause__, "sqlstate", None)
     if sqlstate:
         error += f" (SQLSTATE {sqlstate})"
     error = storable_text(SETTLE_FAILED.format(error=error))[:255]
     row = RawEvent.objects.filter(id=event.id, received_at=event.received_at)
-    if policy.gives_up_after(failures):
+    charged = classify(exc).charged
+    failures = event.processing_failures + charged
+    set_aside = charged and policy.gives_up_after(failures)
+    settled = {"processing_error": error, "claimed_at": None, "unsettled_claims": 0}
+    if not charged:
+        waited = (now - event.received_at).total_seconds()
         row.update(
+            **settled,
+            retry_not_before=now + timedelta(seconds=policy.release_delay(waited)),
+        )
+    elif set_aside:
+        row.update(
+            **settled,
             processing_failures=failures,
-            processing_error=error,
             retry_not_before=None,
             signature_status=SignatureStatus.REJECTED,
             rejection_reason=RejectionReason.PROCESSING_FAILED,
@@ -472,8 +666,8 @@ def _charge_settle_failure(event: RawEvent, exc: Exception, now: datetime) -> No
         )
     else:
         row.update(
+            **settled,
             processing_failures=failures,
-            processing_error=error,
             retry_not_before=now + timedelta(seconds=policy.ceiling(failures)),
         )
     logger.error(
@@ -483,8 +677,9 @@ def _charge_settle_failure(event: RawEvent, exc: Exception, now: datetime) -> No
             "source": event.source,
             "error": error,
             "where": raised_at(exc),
+            "charged": charged,
             "failures": failures,
-            "set_aside": policy.gives_up_after(failures),
+            "set_aside": set_aside,
         },
     )
 

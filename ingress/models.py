@@ -43,6 +43,10 @@ class RejectionReason(models.TextChoices):
     # request carried the same one under another delivery id: a captured request sent again
     # (ingress/replays.py). Never dispatched.
     REPLAYED_SIGNATURE = "replayed_signature", "signature already seen under another delivery id"
+    # Its worker died INBOX_MAX_WORKER_DEATHS times in a row while settling it, every time
+    # but the first with this row alone in its batch (killed, out of memory, a crash in a
+    # verifier): set aside, with the count on the row; re-verify hands it back to the worker.
+    WORKER_DIED = "worker_died", "its worker died repeatedly settling it (re-verify)"
 
 
 class DispatchStatus(models.TextChoices):
@@ -157,6 +161,13 @@ class RawEvent(models.Model):
     # db_default keeps the column catalog-only on the partitioned table, and INSERTs from
     # code that predates it working during a rolling deploy.
     region = models.CharField(max_length=32, default=current_region, db_default="")
+    # The inbox's claim (ingress/inbox.py). `claimed_at`: when the claim that holds the row
+    # was made, NULL when none does (settled, or given back by a worker that could not
+    # settle it). `unsettled_claims`: claims of it since it last settled that no worker
+    # settled or gave back, the current one included — each earlier one a worker that died
+    # with it. db_default and no CHECK, as `processing_failures` above.
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    unsettled_claims = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
         indexes = [
@@ -310,6 +321,11 @@ class Delivery(models.Model):
     )
     # Replayed by force: runs even though a newer event of its key was handled.
     forced = models.BooleanField(default=False, db_default=False)
+    # Claims of it in a row whose worker died before recording any outcome (counted when
+    # deliveries_rearm_stale re-arms it; reset by every recorded outcome and by arming
+    # afresh). Claimed alone while above 0; `dead` (`worker_died`) at INBOX_MAX_WORKER_DEATHS.
+    # Not Positive…: its CHECK would scan the table under an exclusive lock when added.
+    worker_deaths = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
         verbose_name_plural = "deliveries"

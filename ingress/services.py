@@ -27,7 +27,14 @@ from ingress.deliveries import (
 from ingress.encryption import BodyUndecryptable, encrypt_request, keyring, reencrypt_request
 from ingress.handlers import get_handler
 from ingress.inbox import raw_events_settle
-from ingress.models import Delivery, DispatchStatus, HandlerPause, RawEvent, SignatureStatus
+from ingress.models import (
+    Delivery,
+    DispatchStatus,
+    HandlerPause,
+    RawEvent,
+    RejectionReason,
+    SignatureStatus,
+)
 from ingress.sources import Source, all_sources
 from ingress.store import RawEventWriter
 from kernel.db import database_deadline
@@ -357,6 +364,24 @@ def raw_event_reverify(*, raw_event: RawEvent) -> RawEvent:
         raise ReverifyRefused(
             REVERIFY_NOT_REJECTED.format(id=event.id, status=event.signature_status)
         )
+    if event.rejection_reason == RejectionReason.WORKER_DIED:
+        # Settling it killed its worker again and again: not settled here, in the caller's
+        # process (a console web worker), but handed back to the inbox worker, pending — as
+        # a suspect (one death counted), so that it is claimed alone and, should it still
+        # kill, set aside again after INBOX_MAX_WORKER_DEATHS.
+        handed_back = {
+            "signature_status": SignatureStatus.PENDING,
+            "rejection_reason": "",
+            "dispatch_status": DispatchStatus.WAITING,
+            "processing_error": "",
+            "retry_not_before": None,
+            "claimed_at": None,
+            "unsettled_claims": 1,
+        }
+        RawEvent.objects.filter(id=event.id, received_at=event.received_at).update(**handed_back)
+        for name, value in handed_back.items():
+            setattr(event, name, value)
+        return event
     raw_events_settle([event], timezone.now())
     return event
 

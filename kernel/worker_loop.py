@@ -28,6 +28,9 @@ Result = TypeVar("Result")
 
 # A pause is slept in slices this long so that SIGTERM ends a long backoff promptly.
 _PAUSE_SLICE_SECONDS = 0.25
+# The longest pause after failed passes: half the verification-lag SLO (60 s), so a recovered
+# database is back at work soon. The inbox's claim lease is held against it (ingress.W012).
+MAX_ERROR_SLEEP_SECONDS = 30.0
 
 
 def error_backoff(failures: int, *, base_seconds: float, cap_seconds: float) -> float:
@@ -44,8 +47,7 @@ def run_until_stopped(
     write: Callable[[str], None],
     describe: Callable[[Result], str | None] = lambda result: None,
     error_sleep_seconds: float = 5.0,
-    # Half the verification-lag SLO (60 s): a recovered database is back at work soon.
-    max_error_sleep_seconds: float = 30.0,
+    max_error_sleep_seconds: float = MAX_ERROR_SLEEP_SECONDS,
 ) -> None:
     stopping = False
 

@@ -208,6 +208,10 @@ def test_postgresql_restarted_mid_batch_several_times_kills_no_delivery(tmp_path
             "SELECT count(*) FROM ingress_delivery WHERE attempts <> 1", db="eventdrop"
         )
         assert charged == "0"  # a restart under a batch charged nobody
+        deaths = cluster.psql(
+            "SELECT count(*) FROM ingress_delivery WHERE worker_deaths <> 0", db="eventdrop"
+        )
+        assert deaths == "0"  # and was never taken for a worker's death (issue 29)
         outbox_rows = cluster.psql("SELECT count(*) FROM recap_side_effects", db="eventdrop")
         assert outbox_rows == str(rows)  # each handler's effect once
 

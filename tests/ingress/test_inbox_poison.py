@@ -163,8 +163,9 @@ def test_unstorable_text_behind_form_percent_escapes_is_found(handlers):
 
 
 def test_unstorable_text_past_the_check_is_still_isolated_to_its_row(handlers, monkeypatch):
-    """Defence in depth: should the check miss a case, the database refusing the row (or
-    the driver refusing to encode it) costs that row one charged try, not the batch."""
+    """Defence in depth: should the check miss a case, the driver refusing to encode the
+    row costs that row one charged try, and the database refusing it a wait, uncharged (a
+    database error is never evidence about a row) — not the batch either way."""
     monkeypatch.setattr(inbox, "holds_unstorable_text", lambda headers, body: False, raising=False)
     ordinary = store_github("gh-1")
     surrogate = store_stripe("evt_surrogate", "x\ud800")
@@ -175,11 +176,27 @@ def test_unstorable_text_past_the_check_is_still_isolated_to_its_row(handlers, m
 
     ordinary, surrogate, nul = refreshed(ordinary, surrogate, nul)
     assert (ordinary.signature_status, ordinary.dispatch_status) == ("verified", "dispatched")
-    for poison, error in ((surrogate, "UnicodeEncodeError"), (nul, "DataError")):
-        assert (poison.signature_status, poison.processing_failures) == ("pending", 1)
+    for poison, error, charged in ((surrogate, "UnicodeEncodeError", 1), (nul, "DataError", 0)):
+        assert (poison.signature_status, poison.processing_failures) == ("pending", charged)
         assert poison.processing_error.startswith(error), poison.processing_error
         assert poison.retry_not_before is not None and poison.retry_not_before > now
+        assert (poison.claimed_at, poison.unsettled_claims) == (None, 0)  # the worker lived
     assert "evt_" not in nul.processing_error and "nul" not in nul.processing_error
+
+
+def test_a_database_error_on_one_row_never_sets_it_aside(handlers, monkeypatch, settings):
+    """Issue 27's rule on the settle step: however often the database refuses a row, it
+    waits, uncharged, and is never rejected `processing_failed`."""
+    monkeypatch.setattr(inbox, "holds_unstorable_text", lambda headers, body: False, raising=False)
+    settings.INBOX_MAX_ROW_FAILURES = 2
+    nul = store_stripe("evt_\u0000nul")
+    now = timezone.now()
+    for _ in range(4):
+        assert raw_events_verify_batch(now=now) == 1
+        (nul,) = refreshed(nul)
+        assert nul.retry_not_before is not None
+        now = nul.retry_not_before
+    assert (nul.signature_status, nul.processing_failures) == ("pending", 0)
 
 
 def wait_until_nothing_pending(worker, timeout: float = 30) -> None:
