@@ -54,7 +54,9 @@ def project(reachable_tmp_path):
     for name in ("manage.py", ".env.example"):
         shutil.copy(ROOT / name, copy / name)
     shutil.copytree(ROOT / "scripts", copy / "scripts")
-    for name in ("ingress", "recaps", "outbox", "console", "templates"):
+    # Every other package of the checkout (the apps, the kernel, the fakes), and the templates.
+    packages = [path.parent.name for path in ROOT.glob("*/__init__.py")]
+    for name in [*sorted(set(packages) - {"eventdrop", "tests", "bench"}), "templates"]:
         (copy / name).symlink_to(ROOT / name)
     (copy / ".venv").symlink_to(VENV_BIN.parent)
     return copy
