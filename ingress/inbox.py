@@ -6,11 +6,12 @@ UPDATE SKIP LOCKED … UPDATE … RETURNING`), so any number of worker processes
 hosts can run side by side without double work. The claim stops at INBOX_BATCH_SIZE rows or
 INBOX_BATCH_BYTES of bodies, whichever comes first (always at least one row): a flood of
 large junk bodies costs the worker a bounded batch, not its memory. It marks the rows it
-hands out (`claimed_at`, `unsettled_claims` + 1) and commits — without waiting for the WAL
-flush: a claim lost with a database crash only means no worker death is counted for it.
+hands out — a RawEventClaim row each (`claimed_at`, `unsettled_claims` + 1) — and commits,
+without waiting for the WAL flush: a claim lost with a database crash only means no worker
+death is counted for it.
 
 The batch is then settled in one transaction that first locks its rows, fenced on the claim
-(`claimed_at`): each event is verified on its stored bytes, its verdict recorded, its dedup
+(its `claimed_at`): each event is verified on its stored bytes, its verdict recorded, its dedup
 key settled (a unique index decides the winner) and one Delivery row created per registered
 handler (ingress.deliveries.deliveries_for_event); settling clears the claim. In the
 worker's pass the deliveries that need no claim (every handler unordered, none paused) are
@@ -42,18 +43,19 @@ it can kill the next one — the rule, in docs/flows.md ("A row that kills its w
   `worker_died`, visibly, and re-verifying it hands it back to the worker.
 
 Retry, backoff and giving up are properties of the rows (processing_failures,
-retry_not_before, unsettled_claims, signature_status), never control flow held in memory —
+retry_not_before, signature_status, their claims), never control flow held in memory —
 except the claims this process still owes a give-back (`_unreturned`).
 """
 
 import contextlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
@@ -73,6 +75,7 @@ from ingress.models import (
     DedupKey,
     DispatchStatus,
     RawEvent,
+    RawEventClaim,
     RawEventOrigin,
     RejectionReason,
     SignatureStatus,
@@ -141,9 +144,6 @@ def raw_events_settle(events: list[RawEvent], now: datetime, *, run_handlers: bo
         verdict = verdicts[event.id]
         event.verify_count += 1
         event.verified_at = now
-        # Settled: the claim that held it is over, and it killed no worker this time.
-        event.claimed_at = None
-        event.unsettled_claims = 0
         event.event_type = verdict.event_type[:255]
         event.matched_secret_index = verdict.secret_index
         event.provider_retry_num = verdict.provider_retry_num
@@ -269,8 +269,6 @@ _SETTLED_COLUMNS = (
     "dedup_key",
     "duplicate_of_id",
     "dispatch_status",
-    "claimed_at",
-    "unsettled_claims",
 )
 
 
@@ -410,46 +408,57 @@ def _verify_and_run_batch(limit: int | None) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class RawEventClaim:
+class ClaimedBatch:
     """One batch of raw events claimed by this process; `claimed_at` fences everything
     written for it (another worker's claim of a row after the lease sets its own)."""
 
     ids: tuple[int, ...]
     received: tuple[datetime, datetime]  # the oldest and newest received_at: partition pruning
     claimed_at: datetime
+    unsettled: dict[int, int]  # raw event id -> its unsettled claims, this one included
 
 
 # The claim, one statement. `c`: up to `limit` due pending rows, oldest first, locked (SKIP
-# LOCKED: a live batch's rows are another worker's); rows whose claim is outstanding wait
-# for its lease. `b`: the claimed prefix — always the first row; then rows while the running
-# sum of body bytes stays within the budget and none of them (this one included) is a
-# suspect (claimed before without being settled): a suspect is claimed alone, by itself
-# first in line or in the next claim. octet_length of a stored bytea reads its length from
-# the TOAST pointer, not the body. The claim's own mark: claimed_at, unsettled_claims + 1.
+# LOCKED: a live batch's rows are another worker's), with their claims; rows whose claim is
+# outstanding wait for its lease. `b`: the claimed prefix — always the first row; then rows
+# while the running sum of body bytes stays within the budget and none of them (this one
+# included) is a suspect (claimed before without being settled): a suspect is claimed
+# alone, by itself first in line or in the next claim. octet_length of a stored bytea reads
+# its length from the TOAST pointer, not the body. `m`: the claim's mark, one RawEventClaim
+# row each; a claim another worker made meanwhile (committed after this statement's
+# snapshot) is left to it by the conflict's WHERE, and the row is not returned.
 _CLAIM = (
-    "WITH c AS (SELECT id, received_at, unsettled_claims, octet_length(body) AS bytes"
-    " FROM {table} WHERE signature_status = 'pending'"
-    " AND (retry_not_before IS NULL OR retry_not_before <= %(now)s)"
-    " AND (claimed_at IS NULL OR claimed_at <= %(lease_ended)s)"
-    " AND body_encryption = ANY(%(keys)s)"
-    " ORDER BY received_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+    "WITH c AS (SELECT r.id, r.received_at, coalesce(k.unsettled_claims, 0) AS unsettled,"
+    " octet_length(r.body) AS bytes FROM {raw} AS r"
+    " LEFT JOIN {claim} AS k ON k.raw_event_id = r.id WHERE r.signature_status = 'pending'"
+    " AND (r.retry_not_before IS NULL OR r.retry_not_before <= %(now)s)"
+    " AND (k.claimed_at IS NULL OR k.claimed_at <= %(lease_ended)s)"
+    " AND r.body_encryption = ANY(%(keys)s)"
+    " ORDER BY r.received_at LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED),"
     " b AS (SELECT id, received_at, row_number() OVER w AS n, sum(bytes) OVER w AS bytes,"
-    " bool_or(unsettled_claims > 0) OVER w AS suspect FROM c"
-    " WINDOW w AS (ORDER BY received_at, id ROWS UNBOUNDED PRECEDING))"
-    " UPDATE {table} AS r SET claimed_at = %(now)s, unsettled_claims = r.unsettled_claims + 1"
-    " FROM b WHERE r.id = b.id AND r.received_at = b.received_at"
-    " AND (b.n = 1 OR (b.bytes <= %(budget)s AND NOT b.suspect))"
-    " RETURNING r.id, r.received_at"
+    " bool_or(unsettled > 0) OVER w AS suspect FROM c"
+    " WINDOW w AS (ORDER BY received_at, id ROWS UNBOUNDED PRECEDING)),"
+    " m AS (INSERT INTO {claim} AS k (raw_event_id, claimed_at, unsettled_claims)"
+    " SELECT id, %(now)s, 1 FROM b WHERE b.n = 1 OR (b.bytes <= %(budget)s AND NOT b.suspect)"
+    " ON CONFLICT (raw_event_id) DO UPDATE SET claimed_at = excluded.claimed_at,"
+    " unsettled_claims = k.unsettled_claims + 1"
+    " WHERE k.claimed_at IS NULL OR k.claimed_at <= %(lease_ended)s"
+    " RETURNING k.raw_event_id, k.unsettled_claims)"
+    " SELECT m.raw_event_id, b.received_at, m.unsettled_claims FROM m"
+    " JOIN b ON b.id = m.raw_event_id"
 )
 
 
-def raw_events_claim(*, limit: int, now: datetime) -> RawEventClaim | None:
+def raw_events_claim(*, limit: int, now: datetime) -> ClaimedBatch | None:
     """Claim a batch (see _CLAIM) in a transaction of its own, committed; None if nothing is
     due. The claim's mark must outlive a worker that dies settling the batch, so it cannot
     share the settling transaction; its commit does not wait for the WAL flush
     (`synchronous_commit = off` for this transaction only): should the database crash
     before the flush, the mark is lost with the claim, and no death is counted for it."""
-    sql = _CLAIM.format(table=connection.ops.quote_name(RawEvent._meta.db_table))
+    quote = connection.ops.quote_name
+    sql = _CLAIM.format(
+        raw=quote(RawEvent._meta.db_table), claim=quote(RawEventClaim._meta.db_table)
+    )
     lease = timedelta(seconds=settings.INBOX_CLAIM_LEASE_SECONDS)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL synchronous_commit = off")
@@ -468,19 +477,19 @@ def raw_events_claim(*, limit: int, now: datetime) -> RawEventClaim | None:
         rows = cursor.fetchall()
     if not rows:
         return None
-    received = [at for _, at in rows]
-    return RawEventClaim(
-        ids=tuple(id for id, _ in rows), received=(min(received), max(received)), claimed_at=now
+    received = [at for _, at, _ in rows]
+    return ClaimedBatch(
+        ids=tuple(id for id, _, _ in rows),
+        received=(min(received), max(received)),
+        claimed_at=now,
+        unsettled={id: unsettled for id, _, unsettled in rows},
     )
 
 
-def _claimed(claim: RawEventClaim):
-    """The claim's rows that are still its own: pending, with its claimed_at."""
-    return RawEvent.objects.filter(
-        id__in=claim.ids,
-        received_at__range=claim.received,
-        claimed_at=claim.claimed_at,
-        signature_status=SignatureStatus.PENDING,
+def _claims_of(claim: ClaimedBatch, ids: Iterable[int] | None = None):
+    """The batch's claim rows still its own (with its claimed_at)."""
+    return RawEventClaim.objects.filter(
+        raw_event_id__in=claim.ids if ids is None else ids, claimed_at=claim.claimed_at
     )
 
 
@@ -503,45 +512,58 @@ def _verify_batch(
     return len(claim.ids), ran
 
 
-def _settle_claim(claim: RawEventClaim, now: datetime, *, run_handlers: bool) -> int:
+def _settle_claim(claim: ClaimedBatch, now: datetime, *, run_handlers: bool) -> int:
     """Lock the claim's rows (fenced on it), set aside those with too many worker deaths,
-    settle the rest, commit. Returns how many deliveries ran at settle."""
+    settle the rest, end the claim, commit. Returns how many deliveries ran at settle."""
     with transaction.atomic():
-        events = list(_claimed(claim).select_for_update().order_by("received_at", "id"))
+        events = list(
+            RawEvent.objects.select_for_update(of=("self",))
+            .filter(
+                Exists(_claims_of(claim).filter(raw_event_id=OuterRef("id"))),
+                id__in=claim.ids,
+                received_at__range=claim.received,
+                signature_status=SignatureStatus.PENDING,
+            )
+            .order_by("received_at", "id")
+        )
         if len(events) < len(claim.ids):
             # Another worker claimed them after the lease ran out (this one was frozen, say):
             # theirs now, and fenced out of everything written here.
             logger.warning(
                 "ingress.verify.lost_claim", extra={"events": len(claim.ids) - len(events)}
             )
-        deaths_allowed = settings.INBOX_MAX_WORKER_DEATHS
-        doomed = [event for event in events if event.unsettled_claims - 1 >= deaths_allowed]
+        locked = [event.id for event in events]
+        deaths = {event.id: claim.unsettled[event.id] - 1 for event in events}
+        doomed = [e for e in events if deaths[e.id] >= settings.INBOX_MAX_WORKER_DEATHS]
         if doomed:
-            _set_aside_worker_died(claim, doomed, now)
+            _set_aside_worker_died(doomed, deaths, now)
             events = [event for event in events if event not in doomed]
-        if not events:
-            return 0
         for event in events:
-            if event.unsettled_claims > 1:
+            if deaths[event.id]:
                 # A suspect (alone in its batch): its handlers are left to its deliveries'
                 # claim, so that a handler killing the worker is counted on its delivery.
                 run_handlers = False
                 logger.warning(
                     "ingress.verify.worker_death_counted",
-                    extra={"raw_event_id": event.id, "deaths": event.unsettled_claims - 1},
+                    extra={"raw_event_id": event.id, "deaths": deaths[event.id]},
                 )
-        try:
-            with transaction.atomic():
-                return raw_events_settle(events, now, run_handlers=run_handlers)
-        except DATABASE_UNAVAILABLE:
-            raise
-        except Exception as exc:
-            logger.warning(
-                "ingress.verify.batch_failed",
-                extra={"events": len(events), "error": type(exc).__name__},
-            )
-            _settle_one_by_one([event.id for event in events], now)
-            return 0
+        ran = 0
+        if events:
+            try:
+                with transaction.atomic():
+                    ran = raw_events_settle(events, now, run_handlers=run_handlers)
+            except DATABASE_UNAVAILABLE:
+                raise
+            except Exception as exc:
+                logger.warning(
+                    "ingress.verify.batch_failed",
+                    extra={"events": len(events), "error": type(exc).__name__},
+                )
+                _settle_one_by_one([event.id for event in events], now)
+        # Settled, set aside or waiting on a recorded failure: the claim is over either way
+        # (the worker lived), in the transaction that says so.
+        _claims_of(claim, locked).delete()
+    return ran
 
 
 WORKER_DIED_ERROR = (
@@ -550,34 +572,31 @@ WORKER_DIED_ERROR = (
 )
 
 
-def _set_aside_worker_died(claim: RawEventClaim, events: list[RawEvent], now: datetime) -> None:
+def _set_aside_worker_died(events: list[RawEvent], deaths: dict[int, int], now: datetime) -> None:
     """Reject the rows whose worker died INBOX_MAX_WORKER_DEATHS times settling them, in the
-    claim's transaction; `unsettled_claims` keeps the count of those deaths."""
+    claim's transaction; the error says how many deaths."""
     for event in events:
-        deaths = event.unsettled_claims - 1
-        _claimed(claim).filter(id=event.id).update(
+        RawEvent.objects.filter(id=event.id, received_at=event.received_at).update(
             signature_status=SignatureStatus.REJECTED,
             rejection_reason=RejectionReason.WORKER_DIED,
             dispatch_status=DispatchStatus.NOT_DISPATCHED,
-            processing_error=WORKER_DIED_ERROR.format(deaths=deaths)[:255],
+            processing_error=WORKER_DIED_ERROR.format(deaths=deaths[event.id])[:255],
             retry_not_before=None,
             verified_at=now,
             verify_count=F("verify_count") + 1,
-            claimed_at=None,
-            unsettled_claims=deaths,
         )
         logger.error(
             "ingress.verify.worker_died",
-            extra={"raw_event_id": event.id, "source": event.source, "deaths": deaths},
+            extra={"raw_event_id": event.id, "source": event.source, "deaths": deaths[event.id]},
         )
 
 
 # Claims this process made and could not settle while it lived on, not yet given back (our
 # database was unavailable): given back first thing on the next pass.
-_unreturned: list[RawEventClaim] = []
+_unreturned: list[ClaimedBatch] = []
 
 
-def _give_back(claim: RawEventClaim) -> None:
+def _give_back(claim: ClaimedBatch) -> None:
     _unreturned.append(claim)
     # Still unavailable: the next pass tries again, before it claims anything.
     with contextlib.suppress(*DATABASE_UNAVAILABLE):
@@ -585,14 +604,15 @@ def _give_back(claim: RawEventClaim) -> None:
 
 
 def raw_events_give_back_unreturned() -> int:
-    """Give back the claims this process could not settle: `unsettled_claims` minus one and the
-    claim cleared, on the rows still its own, so that the rows are due again at once and
-    no worker death is counted for them. Returns how many rows. Raises while our database
-    is unavailable (the claims stay owed)."""
+    """Give back the claims this process could not settle: `unsettled_claims` minus one and
+    `claimed_at` cleared, on the claim rows still its own, so that the rows are due again
+    at once and no worker death is counted for them. Returns how many rows. Raises while
+    our database is unavailable (the claims stay owed)."""
     given = 0
     while _unreturned:
-        claim = _unreturned[0]
-        given += _claimed(claim).update(claimed_at=None, unsettled_claims=F("unsettled_claims") - 1)
+        given += _claims_of(_unreturned[0]).update(
+            claimed_at=None, unsettled_claims=F("unsettled_claims") - 1
+        )
         _unreturned.pop(0)
     if given:
         logger.warning("ingress.verify.claims_given_back", extra={"events": given})
@@ -634,7 +654,7 @@ def _record_settle_failure(event: RawEvent, exc: Exception, now: datetime) -> No
     never evidence about the row: it waits uncharged, backing off by how long it has waited
     since it arrived (`RetryPolicy.release_delay`), its error recorded — visible as pending
     age and in the console. Only the exception's class (and SQLSTATE) is kept: its message
-    may quote the payload. Either way the claim is over: the worker lived.
+    may quote the payload.
     """
     policy = raw_event_retry_policy()
     error = type(exc).__name__
@@ -646,7 +666,7 @@ def _record_settle_failure(event: RawEvent, exc: Exception, now: datetime) -> No
     charged = classify(exc).charged
     failures = event.processing_failures + charged
     set_aside = charged and policy.gives_up_after(failures)
-    settled = {"processing_error": error, "claimed_at": None, "unsettled_claims": 0}
+    settled = {"processing_error": error}
     if not charged:
         waited = (now - event.received_at).total_seconds()
         row.update(

@@ -161,13 +161,6 @@ class RawEvent(models.Model):
     # db_default keeps the column catalog-only on the partitioned table, and INSERTs from
     # code that predates it working during a rolling deploy.
     region = models.CharField(max_length=32, default=current_region, db_default="")
-    # The inbox's claim (ingress/inbox.py). `claimed_at`: when the claim that holds the row
-    # was made, NULL when none does (settled, or given back by a worker that could not
-    # settle it). `unsettled_claims`: claims of it since it last settled that no worker
-    # settled or gave back, the current one included — each earlier one a worker that died
-    # with it. db_default and no CHECK, as `processing_failures` above.
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    unsettled_claims = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
         indexes = [
@@ -202,6 +195,32 @@ class RawEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source} #{self.id} ({self.signature_status})"
+
+
+class RawEventClaim(models.Model):
+    """A pending raw event's claim by an inbox worker (ingress/inbox.py): a row from its
+    first claim until the transaction that settles it deletes the row.
+
+    `claimed_at`: when the claim that holds it was made; NULL once its worker gave it back
+    (our database failed under the batch). `unsettled_claims`: its claims that no worker
+    settled or gave back, the current one included — each earlier one a worker that died
+    with it. A table of its own rather than columns of the raw event: the claim is committed
+    before the batch is settled, and a second UPDATE of every raw event (a wide row, five
+    indexes) cost the drain about a fifth of its CPU (docs/benchmarks.md).
+    """
+
+    raw_event = models.OneToOneField(
+        RawEvent,
+        primary_key=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,  # the raw store is partitioned (see the module docstring)
+        related_name="+",
+    )
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    unsettled_claims = models.SmallIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"claim of raw event #{self.raw_event_id} ({self.unsettled_claims} unsettled)"
 
 
 class DedupKey(models.Model):

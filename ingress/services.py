@@ -32,6 +32,7 @@ from ingress.models import (
     DispatchStatus,
     HandlerPause,
     RawEvent,
+    RawEventClaim,
     RejectionReason,
     SignatureStatus,
 )
@@ -375,10 +376,11 @@ def raw_event_reverify(*, raw_event: RawEvent) -> RawEvent:
             "dispatch_status": DispatchStatus.WAITING,
             "processing_error": "",
             "retry_not_before": None,
-            "claimed_at": None,
-            "unsettled_claims": 1,
         }
         RawEvent.objects.filter(id=event.id, received_at=event.received_at).update(**handed_back)
+        RawEventClaim.objects.update_or_create(
+            raw_event_id=event.id, defaults={"claimed_at": None, "unsettled_claims": 1}
+        )
         for name, value in handed_back.items():
             setattr(event, name, value)
         return event

@@ -79,6 +79,8 @@ EVENTS = ("recaps.Event", "recaps.Photo")
 INBOX_PIPELINE = (
     Grant(("ingress.RawEvent",), UPDATE),
     Grant(INGRESS_PIPELINE, WRITE),
+    # The claims of raw events: made, given back, and deleted when their rows settle.
+    Grant(("ingress.RawEventClaim",), ALL),
     # Which handlers are paused: their due deliveries are held, not claimed.
     Grant(("ingress.HandlerPause",), READ),
     # The rejected-payload cap's per-minute accounts, pruned after their rows' retention.
@@ -162,6 +164,8 @@ ROLES: tuple[RoleSpec, ...] = (
             # pause and resume; bulk jobs previewed, started and cancelled here, their
             # batches queued for the worker (django-q2's ORM broker).
             Grant(("ingress.RawEvent",), ("UPDATE",)),
+            # Re-verifying a `worker_died` event hands it back to the inbox as a suspect.
+            Grant(("ingress.RawEventClaim",), WRITE),
             Grant(INGRESS_PIPELINE, WRITE),
             Grant(("ingress.HandlerPause",), WRITE),
             Grant(("console.BulkJob",), WRITE),

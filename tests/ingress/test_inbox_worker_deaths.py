@@ -29,7 +29,7 @@ import psycopg
 import pytest
 from django.db.models import Q
 
-from ingress.models import Delivery, RawEvent
+from ingress.models import Delivery, RawEvent, RawEventClaim
 from ingress.services import raw_event_store
 from ingress.sources import all_sources
 from recaps.models import RecapStatus, RecapVideo
@@ -102,7 +102,7 @@ def states() -> dict[str, object]:
     return {
         "raw": list(
             RawEvent.objects.order_by("id").values_list(
-                "id", "signature_status", "rejection_reason", "unsettled_claims"
+                "id", "signature_status", "rejection_reason", "processing_error"
             )
         ),
         "deliveries": list(
@@ -134,12 +134,12 @@ def test_a_settle_step_that_kills_its_worker_is_set_aside_after_n_deaths(tmp_pat
     # The first death took the whole batch; every later one the poison row alone.
     assert deaths == DEATHS
     poison.refresh_from_db()
-    assert (poison.signature_status, poison.unsettled_claims) == ("rejected", DEATHS)
+    assert poison.signature_status == "rejected"
     assert poison.processing_error.startswith(f"worker_died: its worker died {DEATHS} times")
     assert not Delivery.objects.filter(raw_event_id=poison.id).exists()
+    assert not RawEventClaim.objects.exists()  # every claim ended with its row
     for event in [*before, *after]:
         event.refresh_from_db()
-        assert (event.unsettled_claims, event.claimed_at) == (0, None)
         assert Delivery.objects.get(raw_event_id=event.id).status == "done"
 
 
@@ -169,7 +169,7 @@ def test_a_handler_that_kills_its_worker_is_dead_after_n_deaths(tmp_path):
     assert delivery.last_error.startswith(f"worker_died: its worker died {DEATHS} times")
     assert list(delivery.history.values_list("outcome", flat=True)) == ["dead"]
     poison.refresh_from_db()
-    assert (poison.signature_status, poison.unsettled_claims) == ("verified", 0)
+    assert poison.signature_status == "verified"
     assert poison.handled_at is not None
     for event in [*before, *after]:
         event.refresh_from_db()
@@ -225,8 +225,8 @@ for n in range({n}):
 _COUNTS = (
     "SELECT (SELECT count(*) FROM ingress_rawevent WHERE signature_status = 'verified'),"
     " (SELECT count(*) FROM ingress_rawevent WHERE signature_status = 'rejected'),"
-    " (SELECT coalesce(max(unsettled_claims), 0) FROM ingress_rawevent),"
-    " (SELECT count(*) FROM ingress_rawevent WHERE claimed_at IS NOT NULL),"
+    " (SELECT coalesce(max(unsettled_claims), 0) FROM ingress_raweventclaim),"
+    " (SELECT count(*) FROM ingress_raweventclaim WHERE claimed_at IS NOT NULL),"
     " (SELECT count(*) FROM ingress_delivery WHERE status = 'done'),"
     " (SELECT coalesce(max(worker_deaths), 0) FROM ingress_delivery)"
 )
