@@ -19,6 +19,7 @@ the counting handler.
 import contextlib
 import hashlib
 import hmac
+import json
 import os
 import signal
 import time
@@ -26,6 +27,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -533,3 +535,170 @@ def run_melt(tmp_path: Path, eu_db: Cluster, urls: dict[str, str], envs: dict) -
     finally:
         for process in fleet.values():
             process.stop(grace=5)
+
+
+def execute(url: str, sql: str, params: tuple = ()) -> None:
+    with psycopg.connect(url, connect_timeout=10, autocommit=True) as conn:
+        conn.execute(sql, params)
+
+
+def store_old_events(env: dict[str, str], prefix: str, count: int, received_at: datetime) -> None:
+    """Raw events as the receive path stores them (the model's defaults, this region's name),
+    received at `received_at` and signed then (verification measures the tolerance against
+    received_at)."""
+    rows = []
+    secret = TEST_SECRETS["STRIPE_WEBHOOK_SECRET"].encode()
+    for n in range(count):
+        body = stripe_event(f"{prefix}_{n}", EVENT_TYPE, {"id": f"pi_{prefix}_{n}"})
+        timestamp = int(received_at.timestamp())
+        digest = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+        rows.append({"body": body.hex(), "signature": f"t={timestamp},v1={digest}"})
+    script = (
+        "import hashlib, json\n"
+        "from datetime import datetime\n"
+        "from ingress.models import RawEvent\n"
+        f"for row in json.loads({json.dumps(json.dumps(rows))}):\n"
+        "    body = bytes.fromhex(row['body'])\n"
+        "    RawEvent.objects.create(source='stripe', provider='stripe', method='POST',\n"
+        "        path='/webhooks/stripe/', headers={'stripe-signature': row['signature']},\n"
+        "        body=body, body_sha256=hashlib.sha256(body).hexdigest(),\n"
+        f"        received_at=datetime.fromisoformat({received_at.isoformat()!r}))\n"
+    )
+    manage("shell", "-c", script, env=env)
+
+
+def test_duplicates_inside_the_lag_and_a_partition_dropped_under_undelivered_rows(
+    tmp_path: Path,
+):
+    with throwaway_cluster(prefix="edeu") as eu_db, throwaway_cluster(prefix="edus") as us_db:
+        for cluster in (eu_db, us_db):
+            logical(cluster)
+        urls = {"eu": eu_db.createdb("eventdrop"), "us": us_db.createdb("eventdrop")}
+        envs = {
+            "eu": region_env("eu", 1, urls["eu"], "us", urls["us"]),
+            "us": region_env("us", 2, urls["us"], "eu", urls["eu"]),
+        }
+        for env in envs.values():
+            migrate(env)
+        # A day long past retention, with its partition in both regions.
+        day = (datetime.now(UTC) - timedelta(days=200)).date()
+        start = datetime.combine(day, datetime.min.time(), tzinfo=UTC)
+        for url in urls.values():
+            execute(
+                url,
+                f"CREATE TABLE ingress_rawevent_p{day:%Y%m%d} PARTITION OF ingress_rawevent "
+                f"FOR VALUES FROM ('{start.isoformat()}') "
+                f"TO ('{(start + timedelta(days=1)).isoformat()}')",
+            )
+        with contextlib.suppress(RuntimeError):
+            region_setup(envs["eu"], "--processing-region", "eu")
+        region_setup(envs["us"])
+        region_setup(envs["eu"])
+        run_lag_and_retention(tmp_path, urls, envs, day, start)
+
+
+def run_lag_and_retention(tmp_path, urls, envs, day, start) -> None:
+    ports = {"eu": free_port(), "us": free_port()}
+    processes: list[Managed] = []
+    try:
+        for name in ("eu", "us"):
+            processes.append(
+                start_procfile("web", envs[name], port=ports[name], log=tmp_path / f"web-{name}")
+            )
+            processes.append(start_procfile("inbox", envs[name], log=tmp_path / f"inbox-{name}"))
+        for process, port in zip(processes[::2], ports.values(), strict=True):
+            process.wait_listening(port, timeout=60)
+
+        # eu processing (us acknowledged it, eu holds the lease), then the stream from us
+        # into eu held back: whatever us stores now is inside the replication lag. eu keeps
+        # processing on its lease while us's heartbeats do not reach it.
+        wait_until(
+            lambda: (
+                scalar(urls["eu"], "SELECT lease_epoch FROM regions_regionstate WHERE name = 'eu'")
+                == 1
+            ),
+            "eu holding the lease",
+            lambda: query(urls["eu"], "SELECT * FROM regions_regionstate"),
+            processes,
+            timeout=60,
+        )
+        execute(urls["eu"], "ALTER SUBSCRIPTION eventdrop_eu_from_us DISABLE")
+        # Both orders: us first then eu, and eu first then us.
+        assert post(ports["us"], "evt_lag_us_first") == 202
+        assert post(ports["eu"], "evt_lag_us_first") == 202
+        assert post(ports["eu"], "evt_lag_eu_first") == 202
+        assert post(ports["us"], "evt_lag_eu_first") == 202
+        # us also holds undelivered rows of the old day, and eu processed its own of that day
+        # and drops the partition by retention: in eu's view nothing of it is in flight.
+        store_old_events(envs["us"], "evt_old_us", 20, start)
+        store_old_events(envs["eu"], "evt_old_eu", 5, start)
+        wait_until(
+            lambda: (
+                scalar(urls["eu"], "SELECT count(*) FROM bench_handlerrun") == 7
+            ),  # the two events' eu copies and the five old ones
+            "eu handling what it has",
+            lambda: settled_summary(urls["eu"]),
+            processes,
+            timeout=60,
+        )
+        dropped = manage("raw_event_partitions", env=envs["eu"]).stdout
+        assert f"drop ingress_rawevent_p{day:%Y%m%d}" in dropped, dropped
+        execute(urls["eu"], "ALTER SUBSCRIPTION eventdrop_eu_from_us ENABLE")
+
+        def all_handled() -> bool:
+            return scalar(urls["eu"], "SELECT count(*) FROM bench_handlerrun") == 27
+
+        wait_until(
+            all_handled,
+            "us's rows replicated and handled in eu",
+            lambda: settled_summary(urls["eu"]),
+            processes,
+            timeout=60,
+        )
+        # Nothing lost: us's rows of the dropped day arrived (into the DEFAULT partition) and
+        # were handled; each event once.
+        keys = Counter(
+            event_id(key)
+            for (key,) in query(
+                urls["eu"],
+                "SELECT r.dedup_key FROM bench_handlerrun h JOIN ingress_rawevent r "
+                "ON r.id = h.raw_event_id",
+            )
+        )
+        # 27 runs; eu's own five rows of the old day went with their partition (handled).
+        assert all(count == 1 for count in keys.values()) and len(keys) == 27 - 5
+        assert {f"evt_old_us_{n}" for n in range(20)} <= set(keys)
+        # Duplicates inside the lag, both orders: one winner each, the other copy a visible
+        # duplicate of it, in both regions once us has the state.
+        for url in urls.values():
+            wait_until(
+                lambda url=url: (
+                    len(lag_copies(url)) == 4
+                    and all(status != "pending" for _, status, _ in lag_copies(url))
+                ),
+                "both copies of both events settled",
+                lambda url=url: lag_copies(url),
+                processes,
+                timeout=60,
+            )
+            copies = lag_copies(url)
+            for event in ("evt_lag_us_first", "evt_lag_eu_first"):
+                mine = [c for c in copies if c[0] == event]
+                statuses = sorted(status for _, status, _ in mine)
+                assert statuses == ["dispatched", "duplicate"], (url, mine)
+        print(f"\nretention: eu dropped p{day:%Y%m%d}; us's 20 rows of that day handled in eu")
+    finally:
+        for process in processes:
+            process.stop(grace=5)
+
+
+def lag_copies(url: str) -> list[tuple]:
+    return [
+        (event_id(key or ""), status, region)
+        for key, status, region in query(
+            url,
+            "SELECT dedup_key, dispatch_status, region FROM ingress_rawevent "
+            "WHERE encode(body, 'hex') LIKE %s OR encode(body, 'hex') LIKE %s",
+            (f"%{b'evt_lag_us_first'.hex()}%", f"%{b'evt_lag_eu_first'.hex()}%"),
+        )
+    ]
