@@ -17,6 +17,7 @@ the counting handler.
 """
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -672,12 +673,9 @@ def run_lag_and_retention(tmp_path, urls, envs, day, start) -> None:
         # duplicate of it, in both regions once us has the state.
         for url in urls.values():
             wait_until(
-                lambda url=url: (
-                    len(lag_copies(url)) == 4
-                    and all(status != "pending" for _, status, _ in lag_copies(url))
-                ),
+                functools.partial(lag_copies_settled, url),
                 "both copies of both events settled",
-                lambda url=url: lag_copies(url),
+                functools.partial(lag_copies, url),
                 processes,
                 timeout=60,
             )
@@ -702,3 +700,10 @@ def lag_copies(url: str) -> list[tuple]:
             (f"%{b'evt_lag_us_first'.hex()}%", f"%{b'evt_lag_eu_first'.hex()}%"),
         )
     ]
+
+
+def lag_copies_settled(url: str) -> bool:
+    copies = lag_copies(url)
+    return len(copies) == 4 and all(
+        status in ("dispatched", "duplicate") for _, status, _ in copies
+    )
