@@ -52,6 +52,7 @@ from ingress.models import (
     DeliveryAttempt,
     DeliveryStatus,
     RawEvent,
+    RawEventClaim,
     RawEventOrigin,
 )
 from ingress.models import SignatureStatus as Status
@@ -176,7 +177,8 @@ def _has_in_flight(events: QuerySet[RawEvent]) -> bool:
 
 
 def _delete_dependents(events: QuerySet[RawEvent]) -> None:
-    """Delete the dedup keys, deliveries and attempts of `events`; they would dangle.
+    """Delete the dedup keys, deliveries and attempts of `events`, and any claim of theirs
+    (only pending events have one, and their partitions are kept); they would dangle.
 
     Plain DELETEs with the events as a subquery rather than QuerySet.delete(): to cascade
     from deliveries to attempts, Django's collector would load every delivery of a whole day
@@ -184,10 +186,11 @@ def _delete_dependents(events: QuerySet[RawEvent]) -> None:
     """
     ids_sql, params = events.values("id").query.sql_with_params()
     qn = connection.ops.quote_name
-    attempt, delivery, dedup = (
+    attempt, delivery, dedup, claim = (
         qn(DeliveryAttempt._meta.db_table),
         qn(Delivery._meta.db_table),
         qn(DedupKey._meta.db_table),
+        qn(RawEventClaim._meta.db_table),
     )
     # Table names come from model metadata and the subquery from the ORM: no input here.
     statements = [
@@ -195,6 +198,7 @@ def _delete_dependents(events: QuerySet[RawEvent]) -> None:
         f"(SELECT id FROM {delivery} WHERE raw_event_id IN ({ids_sql}))",
         f"DELETE FROM {delivery} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
         f"DELETE FROM {dedup} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
+        f"DELETE FROM {claim} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
     ]
     with connection.cursor() as cursor:
         for statement in statements:

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils.module_loading import import_string
 
-from ingress.models import DedupKey, Delivery, DeliveryAttempt, RawEvent
+from ingress.models import DedupKey, Delivery, DeliveryAttempt, RawEvent, RawEventClaim
 from ingress.partitions import (
     DEFAULT_PARTITION,
     MAINTENANCE_LOCK_KEY,
@@ -137,7 +137,7 @@ def test_every_table_pointing_at_raw_events_is_cleaned_up_by_retention():
         return {f.related_model for f in fields if f.auto_created and not f.concrete}
 
     into_raw, into_delivery = pointing_at(RawEvent), pointing_at(Delivery)
-    assert into_raw == {RawEvent, DedupKey, Delivery}  # RawEvent: duplicate_of
+    assert into_raw == {RawEvent, DedupKey, Delivery, RawEventClaim}  # RawEvent: duplicate_of
     # Delivery: superseded_by (no constraint; an id left dangling by retention is history)
     assert into_delivery == {DeliveryAttempt, Delivery}
 
