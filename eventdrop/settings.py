@@ -418,8 +418,7 @@ INBOX_BATCH_SIZE = env_int("INBOX_BATCH_SIZE", 500)
 INBOX_IDLE_SLEEP_SECONDS = env_float("INBOX_IDLE_SLEEP_SECONDS", 0.5)
 # A claim of raw events also stops at this many body bytes (always at least one row), so a
 # flood of large bodies cannot take the worker's memory: a batch holds at most the larger of
-# this and the largest source's max_body_bytes (ingress.W012; the figure in
-# docs/architecture.md).
+# this and the largest source's max_body_bytes (ingress.W012; docs/architecture.md).
 INBOX_BATCH_BYTES = env_int("INBOX_BATCH_BYTES", 32 * 1024 * 1024)
 # Claimed raw events are the claim's until settled or given back (a worker that is alive
 # gives back what it could not settle); those of a worker that died are claimed again after
