@@ -43,6 +43,14 @@ def state_tables() -> list[str]:
     return [apps.get_model(label)._meta.db_table for label in STATE_MODELS]
 
 
+def state_primary_keys() -> list[tuple[str, str]]:
+    """(table, primary key column) of every state table (each has a one-column key)."""
+    return [
+        (model._meta.db_table, model._meta.pk.column)
+        for model in (apps.get_model(label) for label in STATE_MODELS)
+    ]
+
+
 def id_tables() -> list[str]:
     """Tables whose rows cross regions and take ids from a sequence (an auto `id`): each
     region's sequence hands out ids in its own block."""

@@ -22,7 +22,6 @@ import hashlib
 import hmac
 import json
 import os
-import signal
 import time
 import uuid
 from collections import Counter
@@ -31,15 +30,27 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
 import requests
 
+from tests.regions.support import (
+    BOTH_EVERY,
+    EVENT_TYPE,
+    event_id,
+    execute,
+    kill_cluster,
+    logical,
+    post,
+    query,
+    region_env,
+    region_setup,
+    scalar,
+    settled_summary,
+)
 from tests.support.pg_cluster import Cluster, throwaway_cluster
 from tests.support.processes import (
     TEST_SECRETS,
     Managed,
-    app_env,
     free_port,
     manage,
     migrate,
@@ -51,60 +62,8 @@ from tests.support.signing import stripe_event
 pytestmark = pytest.mark.faults
 
 EVENTS = int(os.environ.get("MULTI_REGION_EVENTS", "1000"))
-BOTH_EVERY = 10  # every tenth event goes to both regions
-EVENT_TYPE = "payment_intent.succeeded"  # bench/handlers.py's handler
 HANDLER = "count_bench_delivery_0"
 DRAIN_SECONDS = 60 + EVENTS / 50
-
-
-def logical(cluster: Cluster) -> None:
-    with (cluster.config_dir / "postgresql.conf").open("a") as conf:
-        conf.write("wal_level = logical\n")
-    cluster.restart()
-
-
-def query(url: str, sql: str, params: tuple = ()) -> list[tuple]:
-    with psycopg.connect(url, connect_timeout=10) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
-def scalar(url: str, sql: str, params: tuple = ()):
-    return query(url, sql, params)[0][0]
-
-
-def region_env(name: str, number: int, url: str, peer: str, peer_url: str) -> dict[str, str]:
-    return app_env(
-        url,
-        DJANGO_SETTINGS_MODULE="bench.settings_inbox",
-        EVENTDROP_REGION=name,
-        EVENTDROP_REGION_NUMBER=str(number),
-        EVENTDROP_REGION_PEERS=f"{peer}={peer_url}",
-        EVENTDROP_REGION_LEASE_SECONDS="10",
-        EVENTDROP_REGION_PEER_FRESH_SECONDS="10",
-        WEB_CONCURRENCY="1",
-        INBOX_IDLE_SLEEP_SECONDS="0.2",
-    )
-
-
-def region_setup(env: dict[str, str], *args: str) -> str:
-    return manage("region_setup", *args, env=env).stdout
-
-
-def post(port: int, event_id: str) -> int:
-    body = stripe_event(event_id, EVENT_TYPE, {"id": f"pi_{event_id}"})
-    timestamp = int(time.time())
-    secret = TEST_SECRETS["STRIPE_WEBHOOK_SECRET"].encode()
-    digest = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    answer = requests.post(
-        f"http://127.0.0.1:{port}/webhooks/stripe/",
-        data=body,
-        headers={
-            "Stripe-Signature": f"t={timestamp},v1={digest}",
-            "Content-Type": "application/json",
-        },
-        timeout=(2, 15),
-    )
-    return answer.status_code
 
 
 def send_all(ports: dict[str, int], names: list[str], prefix: str, count: int) -> dict:
@@ -138,16 +97,6 @@ def replication_lag(urls: dict[str, str], ports: dict[str, int], source: str, ta
             return time.monotonic() - acked
         time.sleep(0.02)
     raise AssertionError(f"{event_id} from {source} never reached {target}")
-
-
-def settled_summary(url: str) -> dict:
-    return dict(
-        query(
-            url,
-            "SELECT signature_status || '/' || dispatch_status, count(*) FROM ingress_rawevent "
-            "GROUP BY 1",
-        )
-    )
 
 
 def test_two_regions_store_everything_see_everything_and_handle_each_event_once(tmp_path: Path):
@@ -345,18 +294,6 @@ def run_two_regions(tmp_path: Path, urls: dict[str, str], envs: dict[str, dict])
 KILL_EVENTS = int(os.environ.get("MULTI_REGION_KILL_EVENTS", "400"))
 
 
-def event_id(dedup_key: str) -> str:
-    """The provider's event id in a dedup key (which may carry a prefix)."""
-    return dedup_key.rsplit(":", 1)[-1]
-
-
-def kill_cluster(cluster: Cluster) -> None:
-    """SIGKILL every process of the cluster: the region's database melts."""
-    for pid in cluster.pids():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
 def send_rerouting(ports: dict[str, int], prefix: str, count: int, up: Callable[[], list[str]]):
     """Each event to one region (alternating among those `up` says are up), every tenth to
     both; an answer other than 202 is retried in another region, as a provider retries
@@ -536,11 +473,6 @@ def run_melt(tmp_path: Path, eu_db: Cluster, urls: dict[str, str], envs: dict) -
     finally:
         for process in fleet.values():
             process.stop(grace=5)
-
-
-def execute(url: str, sql: str, params: tuple = ()) -> None:
-    with psycopg.connect(url, connect_timeout=10, autocommit=True) as conn:
-        conn.execute(sql, params)
 
 
 def store_old_events(env: dict[str, str], prefix: str, count: int, received_at: datetime) -> None:

@@ -4,12 +4,16 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from regions.configuration import multi_region
 from regions.setup import RegionSetupError, region_setup
+from regions.setup import rejoin as rejoin_region
 
 
 class Command(BaseCommand):
     help = (
         "Create or re-point this region's publications and its subscriptions to its peers "
-        "(idempotent; docs/multi-region.md). Exits non-zero while a peer is not ready."
+        "(idempotent; docs/multi-region.md). Exits non-zero while a peer is not ready. "
+        "--rejoin, in a region that returns after another took processing over: list the "
+        "processing state it wrote and never sent, then re-copy its state tables from the "
+        "processing region."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -18,13 +22,35 @@ class Command(BaseCommand):
             default="",
             help="the first processing region, written only when no decision exists yet",
         )
+        parser.add_argument(
+            "--rejoin",
+            action="store_true",
+            help="list this region's unsent state (the tail) and re-copy its state tables "
+            "from the processing region (refused in the processing region)",
+        )
+        parser.add_argument(
+            "--sync-timeout",
+            type=float,
+            default=300.0,
+            help="--rejoin: seconds to wait for the state tables' copy (default 300)",
+        )
 
-    def handle(self, *args: Any, processing_region: str, **options: Any) -> None:
+    def handle(
+        self,
+        *args: Any,
+        processing_region: str,
+        rejoin: bool,
+        sync_timeout: float,
+        **options: Any,
+    ) -> None:
         if not multi_region():
             self.stdout.write("region_setup: one region (no EVENTDROP_REGION_PEERS), nothing to do")
             return
         try:
-            report = region_setup(processing_region=processing_region)
+            if rejoin:
+                report, _ = rejoin_region(sync_timeout=sync_timeout)
+            else:
+                report = region_setup(processing_region=processing_region)
         except RegionSetupError as exc:
             raise CommandError(str(exc)) from exc
         for line in report.lines:

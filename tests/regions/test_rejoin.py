@@ -1,0 +1,297 @@
+"""The old processing region returns after a takeover and rejoins (issue 32), on real
+processes: two throw-away PostgreSQL 15 clusters, a web server and an inbox worker per
+region (tests/regions/support.py).
+
+The tail is made deterministic: the stream from eu into us is held back (us's subscription
+disabled) before eu handles a batch, so every state row of that batch exists only in eu when
+eu's cluster is SIGKILLed. us takes over, handles what it receives, eu returns: us gets eu's
+raw events and handles them again (the at-least-once window), and its state for them meets
+eu's tail in eu — a unique violation that stops eu's apply worker, over and over. Then
+`region_setup --rejoin` in eu lists the tail (exactly the rows eu wrote and us lacks) and
+re-copies eu's state tables from us. Afterwards: eu's apply worker runs without errors, the
+state tables are the same in both, new events are handled once, a planned switch back to eu
+works, and nothing acknowledged is lost.
+"""
+
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.regions.support import (
+    decide,
+    event_id,
+    execute,
+    kill_cluster,
+    post,
+    query,
+    region_setup,
+    scalar,
+    settled_summary,
+    take_over,
+    two_regions,
+)
+from tests.support.processes import Managed, free_port, manage, start_procfile, wait_until
+
+pytestmark = pytest.mark.faults
+
+BEFORE, TAIL, DURING, AFTER = 40, 25, 15, 20
+EU_BLOCK = (1 << 48, 2 << 48)
+TAIL_TABLES = ("ingress_dedupkey", "ingress_delivery", "ingress_deliveryattempt")
+
+
+def runs(url: str) -> Counter:
+    """Handler runs per provider event (bench/handlers.py writes one row per run)."""
+    return Counter(
+        event_id(key)
+        for (key,) in query(
+            url,
+            "SELECT r.dedup_key FROM bench_handlerrun h JOIN ingress_rawevent r "
+            "ON r.id = h.raw_event_id",
+        )
+    )
+
+
+def ids(url: str, table: str) -> set[int]:
+    return {row[0] for row in query(url, f"SELECT id FROM {table}")}  # noqa: S608
+
+
+def apply_errors(url: str) -> int:
+    return scalar(url, "SELECT coalesce(sum(apply_error_count), 0) FROM pg_stat_subscription_stats")
+
+
+def apply_worker_running(url: str) -> bool:
+    return bool(
+        scalar(
+            url,
+            "SELECT count(*) FROM pg_stat_subscription WHERE relid IS NULL AND pid IS NOT NULL",
+        )
+    )
+
+
+def peer_beat_age(url: str, peer: str) -> float:
+    """Seconds since the peer's heartbeat as replicated here: the lag's upper bound."""
+    return float(
+        scalar(
+            url,
+            "SELECT extract(epoch FROM now() - heartbeat_at) FROM regions_regionstate "
+            "WHERE name = %s",
+            (peer,),
+        )
+    )
+
+
+def send(ports: dict[str, int], regions: list[str], prefix: str, count: int) -> set[str]:
+    sent = set()
+    for n in range(count):
+        name = f"evt_{prefix}_{n}"
+        assert post(ports[regions[n % len(regions)]], name) == 202
+        sent.add(name)
+    return sent
+
+
+def listed(output: str, table: str, kind: str) -> set[int]:
+    """The ids `region_setup --rejoin` printed for one table and kind."""
+    line = next((line for line in output.splitlines() if f"tail {table}:" in line), "")
+    match = re.search(rf"\d+ {kind} \[([^\]]*)\]", line)
+    return {int(key) for key in match.group(1).split(", ")} if match else set()
+
+
+def test_the_old_processing_region_rejoins_after_a_takeover(tmp_path: Path):
+    with two_regions() as pair:
+        run_rejoin(tmp_path, pair)
+
+
+def run_rejoin(tmp_path: Path, pair) -> None:
+    urls, envs, eu_db = pair.urls, pair.envs, pair.clusters["eu"]
+    ports = {"eu": free_port(), "us": free_port()}
+    fleet: dict[str, Managed] = {}
+
+    def start(region: str, generation: int = 1) -> None:
+        for kind in ("web", "inbox"):
+            log = tmp_path / f"{kind}-{region}.{generation}.log"
+            port = ports[region] if kind == "web" else None
+            fleet[f"{kind}-{region}"] = start_procfile(kind, envs[region], port=port, log=log)
+        fleet[f"web-{region}"].wait_listening(ports[region], timeout=60)
+
+    def alive() -> list[Managed]:
+        return [process for process in fleet.values() if process.alive]
+
+    try:
+        start("eu")
+        start("us")
+        # --- eu processes; its state reaches us -------------------------------------------
+        before = send(ports, ["eu", "us"], "before", BEFORE)
+        wait_until(
+            lambda: (
+                scalar(urls["us"], "SELECT count(*) FROM ingress_delivery WHERE status = 'done'")
+                == BEFORE
+            ),
+            "the first batch handled in eu, its deliveries in us",
+            lambda: (len(runs(urls["eu"])), settled_summary(urls["us"])),
+            alive(),
+            timeout=60,
+        )
+        # --- the tail: the stream from eu into us held back, eu handles a batch ---------------
+        execute(urls["us"], "ALTER SUBSCRIPTION eventdrop_us_from_eu DISABLE")
+        tail_events = send(ports, ["eu"], "tail", TAIL)
+        wait_until(
+            lambda: len(runs(urls["eu"])) == BEFORE + TAIL,
+            "eu handling the tail batch",
+            lambda: settled_summary(urls["eu"]),
+            alive(),
+            timeout=60,
+        )
+        expected_tail = {
+            table: {i for i in ids(urls["eu"], table) if EU_BLOCK[0] <= i < EU_BLOCK[1]}
+            - ids(urls["us"], table)
+            for table in TAIL_TABLES
+        }
+        assert all(len(expected_tail[table]) >= TAIL for table in TAIL_TABLES), expected_tail
+        # --- eu melts; us takes over and works alone ----------------------------------------
+        kill_cluster(eu_db)
+        for name in ("web-eu", "inbox-eu"):
+            fleet[name].stop(grace=2)
+        us_processes = [fleet["web-us"], fleet["inbox-us"]]
+        take_over(envs["us"], "us")
+        execute(urls["us"], "ALTER SUBSCRIPTION eventdrop_us_from_eu ENABLE")
+        during = send(ports, ["us"], "during", DURING)
+        wait_until(
+            lambda: len(runs(urls["us"])) == DURING,
+            "us handling what it received during the melt",
+            lambda: settled_summary(urls["us"]),
+            us_processes,
+            timeout=60,
+        )
+        # --- eu returns: us gets its raw events and handles the tail's again (the window);
+        # us's state for them meets eu's tail in eu and stops eu's apply worker.
+        eu_db.start()
+        start("eu", generation=2)
+        wait_until(
+            lambda: len(runs(urls["us"])) == DURING + TAIL,
+            "us handling eu's tail events, received after eu's return",
+            lambda: settled_summary(urls["us"]),
+            alive(),
+            timeout=60,
+        )
+        wait_until(
+            lambda: apply_errors(urls["eu"]) > 0,
+            "eu's apply worker stopped by us's state meeting eu's tail",
+            lambda: query(urls["eu"], "SELECT * FROM pg_stat_subscription_stats"),
+            alive(),
+            timeout=60,
+        )
+        # --- the rejoin -----------------------------------------------------------------------
+        with pytest.raises(RuntimeError, match="is the processing region"):
+            manage("region_setup", "--rejoin", env=envs["us"])
+        started = time.monotonic()
+        output = region_setup(envs["eu"], "--rejoin")
+        rejoin_seconds = time.monotonic() - started
+        print(f"\n{output}")
+        for table in TAIL_TABLES:
+            assert listed(output, table, "never sent") == expected_tail[table], table
+        assert "state tables copied from us" in output
+        errors_after_rejoin = apply_errors(urls["eu"])
+        for table in TAIL_TABLES:
+            assert not ids(urls["eu"], table) & expected_tail[table], table
+        # us takes eu's state publications again once eu acknowledged the takeover.
+        wait_until(
+            lambda: (
+                scalar(urls["us"], "SELECT seen_epoch FROM regions_regionstate WHERE name = 'eu'")
+                >= 2
+            ),
+            "eu acknowledging the takeover, seen in us",
+            lambda: query(urls["us"], "SELECT * FROM regions_regionstate"),
+            alive(),
+            timeout=60,
+        )
+        assert "now takes" in region_setup(envs["us"])
+        again = region_setup(envs["eu"], "--rejoin")
+        assert "never sent" not in again, again
+        # --- afterwards: new events in us, then a planned switch back to eu -------------------
+        after = send(ports, ["eu", "us"], "after", AFTER)
+        wait_until(
+            lambda: len(runs(urls["us"])) == DURING + TAIL + AFTER,
+            "the events after the rejoin handled in us",
+            lambda: settled_summary(urls["us"]),
+            alive(),
+            timeout=60,
+        )
+        decide(envs["us"], "eu", reason="planned switch back after the rejoin")
+        wait_until(
+            lambda: (
+                scalar(urls["eu"], "SELECT lease_epoch FROM regions_regionstate WHERE name = 'eu'")
+                == 3
+            ),
+            "eu processing again (epoch 3)",
+            lambda: query(urls["eu"], "SELECT * FROM regions_regionstate"),
+            alive(),
+            timeout=60,
+        )
+        back = send(ports, ["eu", "us"], "back", AFTER)
+        everything = before | tail_events | during | after | back
+        done_everywhere = len(everything)
+
+        wait_until(
+            lambda: len(runs(urls["eu"])) == BEFORE + TAIL + AFTER,
+            "the events after the switch back handled in eu",
+            lambda: settled_summary(urls["eu"]),
+            alive(),
+            timeout=60,
+        )
+        wait_until(
+            # One delivery per event: the tail's first ones, done in eu before the melt,
+            # were emptied by the rejoin; us's for the same events remain.
+            lambda: all(
+                scalar(url, "SELECT count(*) FROM ingress_delivery WHERE status = 'done'")
+                == done_everywhere
+                for url in urls.values()
+            ),
+            "every delivery done, in both regions",
+            lambda: {
+                name: query(url, "SELECT status, count(*) FROM ingress_delivery GROUP BY 1")
+                for name, url in urls.items()
+            },
+            alive(),
+            timeout=60,
+        )
+        # Nothing lost, each event one winner in both regions, the same state in both.
+        for name, url in urls.items():
+            winners = dict(
+                query(
+                    url,
+                    "SELECT dedup_key, count(*) FILTER (WHERE dispatch_status = 'dispatched') "
+                    "FROM ingress_rawevent GROUP BY 1",
+                )
+            )
+            assert {event_id(key) for key in winners} == everything, name
+            assert set(winners.values()) == {1}, name
+        for table in TAIL_TABLES:
+            assert ids(urls["eu"], table) == ids(urls["us"], table), table
+        # Handled once, except the tail: once in eu before the melt and once in us after.
+        handled = runs(urls["eu"]) + runs(urls["us"])
+        assert set(handled) == everything
+        assert {event for event, count in handled.items() if count > 1} == tail_events
+        assert max(handled.values()) == 2
+        # No subscription stopped since the rejoin: both apply workers run, no new error,
+        # each region's view of the other's heartbeat young.
+        for url in urls.values():
+            assert apply_worker_running(url)
+        assert apply_errors(urls["eu"]) == errors_after_rejoin
+        assert apply_errors(urls["us"]) == 0
+        lags = {
+            "us->eu": peer_beat_age(urls["eu"], "us"),
+            "eu->us": peer_beat_age(urls["us"], "eu"),
+        }
+        assert max(lags.values()) < 5, lags
+        sizes = ", ".join(f"{table} {len(expected_tail[table])}" for table in TAIL_TABLES)
+        ages = ", ".join(f"{way} {age:.2f} s" for way, age in lags.items())
+        print(
+            f"rejoin: a tail of {TAIL} events ({sizes}) listed and repaired in "
+            f"{rejoin_seconds:.1f} s; heartbeat age afterwards: {ages}"
+        )
+    finally:
+        for process in fleet.values():
+            process.stop(grace=5)
