@@ -33,6 +33,7 @@ from console.services import (
     OperatorActionError,
     acting_user,
 )
+from kernel.processing import ProcessingWritesRefused
 
 # At most this many selected rows are listed by name on the confirmation page; all of them
 # are counted and all of them are acted on.
@@ -208,7 +209,9 @@ def confirm_operator_action(
                 record = OPERATOR_ACTIONS[spec.action](
                     actor=acting_user(request.user), ids=ids, via=OperatorActionVia.ADMIN, note=note
                 )
-            except OperatorActionError as exc:
+            except (OperatorActionError, ProcessingWritesRefused) as exc:
+                # Nothing was done and nothing recorded (the standby region refuses every
+                # action that writes processing state, naming the processing region).
                 modeladmin.message_user(request, str(exc), messages.ERROR)
                 return None
             _report(request, spec, record)

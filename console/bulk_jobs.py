@@ -74,6 +74,7 @@ from ingress.models import (
 )
 from ingress.services import deliveries_rearm_batch, raw_events_replay_batch
 from kernel.errors import EventDropError
+from kernel.processing import ProcessingWritesRefused, require_processing_region
 from outbox.models import RecapSideEffect, SideEffectStatus
 from outbox.services import side_effect_rearm
 
@@ -373,7 +374,10 @@ def _enqueue(job_id: int) -> None:
 
 @transaction.atomic
 def bulk_job_start(*, job: BulkJob, actor: User, via: str) -> BulkJob:
-    """Queue a previewed job (the click the SLO counts from) and write its operator action."""
+    """Queue a previewed job (the click the SLO counts from) and write its operator action.
+    Refused in the standby region (every kind writes processing state); the preview, local
+    to the region, is not."""
+    require_processing_region()
     job = BulkJob.objects.select_for_update().get(pk=job.pk)
     if job.state != BulkJobState.PREVIEWED:
         raise BulkJobError(NOT_PREVIEWED.format(id=job.id, state=job.state))
@@ -601,6 +605,8 @@ def _run_batch(job_id: int, batch_size: int) -> bool:
         if not ids:
             _finish(job, BulkJobState.DONE, now)
             return False
+        # Asked before every batch: the processing region may have moved since the start.
+        require_processing_region()
         results = _act(job.kind, ids, job.id)
         counts = Counter(result.outcome for result in results)
         job.cursor = ids[-1]
@@ -632,12 +638,12 @@ def _run_batch(job_id: int, batch_size: int) -> bool:
     return True
 
 
-def _fail(job_id: int, exc: Exception) -> None:
+def _fail(job_id: int, exc: Exception, *, error: str = "") -> None:
     with transaction.atomic():
         job = BulkJob.objects.select_for_update().get(pk=job_id)
         if job.state in BULK_JOB_FINAL_STATES:
             return
-        job.error = JOB_FAILED.format(
+        job.error = error or JOB_FAILED.format(
             error=type(exc).__name__, batch=job.batches + 1, job_id=job.id
         )
         _finish(job, BulkJobState.FAILED, timezone.now())
@@ -660,6 +666,14 @@ def bulk_job_run(
         except DATABASE_UNAVAILABLE:
             # Transient: the job stays as it is; the sweep resumes it (no silent finality).
             raise
+        except ProcessingWritesRefused as exc:
+            if exc.retry_after:
+                raise  # a switch to this region under way: as transient, the sweep resumes it
+            # This region became the standby: the job ends here, saying where to run the
+            # rest (a new job there selects what this one did not reach).
+            logger.warning("console.bulk_job.standby", extra={"bulk_job_id": job_id})
+            _fail(job_id, exc, error=str(exc))
+            break
         except Exception as exc:
             logger.exception("console.bulk_job.failed", extra={"bulk_job_id": job_id})
             _fail(job_id, exc)

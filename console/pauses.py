@@ -30,6 +30,7 @@ from console.services import NOTE_REQUIRED, OperatorActionError, operator_action
 from ingress.models import HandlerPause
 from ingress.selectors import ActivePause, handler_pauses_active
 from ingress.services import PauseRefused, handler_pause, handler_resume
+from kernel.processing import require_processing_region
 
 # What disabling a source costs, shown wherever sources are (ops page, job form, pauses).
 SOURCE_DISABLE_COST = (
@@ -126,6 +127,9 @@ def _record(
     *, actor: User, via: str, kind: str, handler: str, source: str, change, note: str = ""
 ) -> OperatorAction:
     scope = _scope(handler, source)
+    # Pauses are processing state: refused in the standby region before anything is
+    # recorded (kernel.processing.ProcessingWritesRefused).
+    require_processing_region()
 
     def changed() -> tuple[int, str, dict]:
         try:

@@ -37,6 +37,7 @@ from console.selectors import PAYLOAD_FIELDS
 from ingress.models import RawEvent, SignatureStatus
 from ingress.services import raw_event_replay, raw_event_reverify
 from kernel.errors import EventDropError
+from kernel.processing import require_processing_region
 from outbox.models import RecapSideEffect
 from outbox.services import recap_retry_render, side_effect_mark_dead, side_effect_rearm
 from recaps.models import RecapVideo
@@ -337,6 +338,9 @@ class OperatorActionService:
         note = note.strip()
         if self.note_required and not note:
             raise OperatorActionError(NOTE_REQUIRED)
+        # Every action of this table writes processing state: refused as a whole in the
+        # standby region, before its audit row (kernel.processing.ProcessingWritesRefused).
+        require_processing_region()
         return _run(
             actor=actor,
             via=via,

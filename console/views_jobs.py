@@ -46,6 +46,7 @@ from console.services import acting_user
 from ingress.handlers import all_handlers
 from ingress.models import DeliveryStatus, RejectionReason
 from ingress.sources import all_sources
+from kernel.processing import ProcessingWritesRefused
 
 # While a job runs its page reloads this often: the progress bar without JavaScript.
 PROGRESS_REFRESH_SECONDS = 2
@@ -203,7 +204,7 @@ def job_start(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(BulkJob, pk=job_id)
     try:
         job = bulk_job_start(job=job, actor=acting_user(request.user), via=OperatorActionVia.ADMIN)
-    except BulkJobError as exc:
+    except (BulkJobError, ProcessingWritesRefused) as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, START_QUEUED.format(id=job.id, total=job.total))
@@ -323,13 +324,18 @@ def pause_handlers(request: HttpRequest) -> HttpResponse:
 
 def _pause_action(request: HttpRequest, service, **extra) -> HttpResponse:
     _require(request, WRITE_PERMISSION)
-    record = service(
-        actor=acting_user(request.user),
-        via=OperatorActionVia.ADMIN,
-        handler=request.POST.get("handler", "").strip(),
-        source=request.POST.get("source", "").strip(),
-        **extra,
-    )
+    try:
+        record = service(
+            actor=acting_user(request.user),
+            via=OperatorActionVia.ADMIN,
+            handler=request.POST.get("handler", "").strip(),
+            source=request.POST.get("source", "").strip(),
+            **extra,
+        )
+    except ProcessingWritesRefused as exc:
+        # The standby region: nothing paused, nothing recorded; the message says where to go.
+        messages.error(request, str(exc))
+        return HttpResponseRedirect(reverse("console-pauses"))
     detail = record.results[0]["detail"]
     if record.succeeded:
         messages.success(request, detail)

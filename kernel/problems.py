@@ -29,6 +29,8 @@ from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler, set_rollback
 
+from kernel.processing import ProcessingWritesRefused
+
 logger = logging.getLogger(__name__)
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -74,6 +76,23 @@ def problem_exception_handler(exc: Exception, context: dict) -> Response | None:
             DATABASE_UNAVAILABLE,
             code="database_unavailable",
             headers={"Retry-After": str(settings.INGRESS_UNAVAILABLE_RETRY_AFTER)},
+        )
+    if isinstance(exc, ProcessingWritesRefused):
+        # Asked before anything is written (docs/multi-region.md, "Writes outside
+        # processing"): 409 in the standby region (go to the one named), 503 with
+        # Retry-After while a switch to this region completes.
+        logger.info(
+            "api.processing_writes_refused",
+            extra={"view": view, "code": exc.code, "processing_region": exc.processing_region},
+        )
+        return problem(
+            exc.status,
+            str(exc),
+            code=exc.code,
+            headers={"Retry-After": str(exc.retry_after)} if exc.retry_after else None,
+            region=exc.region,
+            processing_region=exc.processing_region or None,
+            epoch=exc.epoch,
         )
     # As DRF's own handler reads them: Django's 404 and permission refusal are API errors.
     if isinstance(exc, Http404):

@@ -1,15 +1,23 @@
-"""Whether this process may process now: the one question the inbox and the dispatcher ask
-before every pass (docs/multi-region.md, "Processing in exactly one place").
+"""Whether this process may process now, and whether this region may write processing state:
+the two questions asked of the regions (docs/multi-region.md).
 
-With one region the answer is always yes. With several, the regions app installs its gate
-at start-up (regions/apps.py): the gate lives above the apps that ask, in the layers
-(pyproject.toml [tool.importlinter]), since it reads their tables, so they reach it through
-this seam instead of importing it.
+`processing_pass()` is what the inbox and the dispatcher ask before every pass
+("Processing in exactly one place"). `require_processing_region()` is what every operator or
+buyer action that writes processing state (the tables of regions.publications.STATE_MODELS
+and the raw events' verdicts) asks first ("Writes outside processing"): in the standby region
+it raises instead of writing rows that the processing region's replicated state would meet.
+
+With one region both always say yes. With several, the regions app installs its gate and
+its guard at start-up (regions/apps.py): they live above the apps that ask, in the layers
+(pyproject.toml [tool.importlinter]), since they read those apps' tables, so the apps reach
+them through this seam instead of importing them.
 """
 
 import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+
+from kernel.errors import EventDropError
 
 
 @contextlib.contextmanager
@@ -28,3 +36,83 @@ def install_processing_gate(gate: Callable[[], AbstractContextManager[bool]]) ->
 def processing_pass() -> AbstractContextManager[bool]:
     """`with processing_pass() as here:` — run the pass only if `here`; held for the pass."""
     return _gate()
+
+
+# --- writes of processing state outside a pass -------------------------------------------------
+
+STANDBY_REGION = (
+    "Region {region!r} is the standby: processing state (replays, re-arms, pauses, bulk jobs, "
+    "recaps, reconciliation) is written only in the processing region, {processing_region!r} "
+    "(epoch {epoch}). Do this in {processing_region!r}'s console or API, or switch the "
+    "processing region first."
+)
+PROCESSING_NOT_STARTED = (
+    "Region {region!r} is named the processing region (epoch {epoch}) but has not started "
+    "processing yet: the previous region has not handed over, or no inbox pass has run here "
+    "since. Retry in a few seconds."
+)
+NO_PROCESSING_DECISION = (
+    "Region {region!r} has no processing decision yet: run `manage.py region_setup "
+    "--processing-region NAME`, then retry."
+)
+
+
+class ProcessingWritesRefused(EventDropError):
+    """This region may not write processing state now; nothing was written.
+
+    `status` and `code` are the API's answer (kernel/problems.py); `retry_after`, set, says
+    the refusal ends by itself (a switch under way) and the answer is a 503 with Retry-After.
+    """
+
+    status = 409
+    code = "standby_region"
+    retry_after: int | None = None
+
+    def __init__(self, message: str, *, region: str, processing_region: str, epoch: int):
+        super().__init__(message)
+        self.region = region
+        self.processing_region = processing_region
+        self.epoch = epoch
+
+
+class StandbyRegion(ProcessingWritesRefused):
+    """The effective decision names another region: go there (409, until an operator switch)."""
+
+
+class ProcessingNotStarted(ProcessingWritesRefused):
+    """Named the processing region, but not started yet (503: it ends by itself)."""
+
+    status = 503
+    code = "processing_not_started"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        region: str,
+        processing_region: str,
+        epoch: int,
+        retry_after: int,
+    ):
+        super().__init__(message, region=region, processing_region=processing_region, epoch=epoch)
+        self.retry_after = retry_after
+
+
+def _anywhere() -> None:
+    return None
+
+
+_writes_guard: Callable[[], None] = _anywhere
+
+
+def install_processing_writes_guard(guard: Callable[[], None]) -> None:
+    global _writes_guard
+    _writes_guard = guard
+
+
+def require_processing_region() -> None:
+    """Raise ProcessingWritesRefused unless this region may write processing state now.
+
+    Asked once, before anything is written or recorded, by each service an operator, a buyer
+    or a command reaches that writes processing state. Reads never ask."""
+    _writes_guard()

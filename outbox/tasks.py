@@ -5,6 +5,7 @@ Both refuse to run when the dispatcher's configuration is incomplete
 one-line reason, and no row is touched.
 """
 
+from kernel.processing import ProcessingWritesRefused, require_processing_region
 from outbox.configuration import require_dispatch_configuration
 from outbox.dispatcher import dispatch_pass_here
 from outbox.render_checks import render_checks_run
@@ -23,5 +24,11 @@ def recover_recaps() -> str:
     """Nightly: ask about overdue renders, then recreate missing render rows and re-arm
     stuck ones (which triggers no render itself)."""
     require_dispatch_configuration(who="outbox.tasks.recover_recaps")
+    try:
+        require_processing_region()
+    except ProcessingWritesRefused as exc:
+        # Scheduled in every region; recovery writes processing state, so it runs in the
+        # processing region only (docs/multi-region.md).
+        return f"skipped: {exc}"
     checks = render_checks_run()
     return f"{outbox_recover().summary()}; {checks.summary()}"

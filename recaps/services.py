@@ -36,6 +36,7 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.utils import timezone
 
+from kernel.processing import require_processing_region
 from kernel.stripe_api import stripe_client
 from recaps.errors import (
     RECAP_IS_FREE,
@@ -84,6 +85,7 @@ def recap_lock(*, recap_id: RecapId) -> RecapVideo:
 @transaction.atomic
 def event_create(*, title: str, photo_storage_keys: list[str]) -> Event:
     """An event and its photos (in the order given), in one transaction."""
+    require_processing_region()  # events and photos are processing state (multi-region.md)
     event = Event.objects.create(title=title)
     Photo.objects.bulk_create(Photo(event=event, storage_key=key) for key in photo_storage_keys)
     logger.info("recaps.event_created", extra={"event_id": event.id})
@@ -92,6 +94,8 @@ def event_create(*, title: str, photo_storage_keys: list[str]) -> Event:
 
 @transaction.atomic
 def recap_create(*, event: Event, buyer: User, is_free: bool = False) -> RecapVideo:
+    # Recaps are processing state: created only in the processing region (multi-region.md).
+    require_processing_region()
     recap = RecapVideo.objects.create(event=event, buyer=buyer, is_free=is_free)
     logger.info("recaps.created", extra={"recap_id": str(recap.id), "event_id": event.id})
     return recap
@@ -115,7 +119,11 @@ def recap_checkout_create(*, recap: RecapVideo, buyer: User) -> Checkout:
 
     The idempotency key makes a double click (or the SDK's own retry) return the same
     session instead of a second one.
+
+    Refused in the standby region before Stripe is asked: the session's id is written on
+    the recap, which only the processing region writes (docs/multi-region.md).
     """
+    require_processing_region()
     recap = _recap_for_checkout(recap_id=recap.pk, buyer=buyer)
     if not settings.STRIPE_API_KEY:
         raise CheckoutNotConfigured()
@@ -245,7 +253,9 @@ def recap_mark_paid(
 
 @transaction.atomic
 def recap_redeem_free(*, recap_id: RecapId, user: User, now: datetime | None = None) -> RecapVideo:
-    """The buyer redeems a free recap: the same path as a payment, without one."""
+    """The buyer redeems a free recap: the same path as a payment, without one. Refused in
+    the standby region (docs/multi-region.md)."""
+    require_processing_region()
     recap = recap_lock(recap_id=recap_id)
     if recap.buyer_id != user.pk:
         raise RecapPermissionDenied(RECAP_NOT_YOURS)

@@ -1,5 +1,5 @@
-"""Reads about regions: the effective processing decision, whether this region may process,
-and the replication lag per direction (docs/multi-region.md)."""
+"""Reads about regions: the effective processing decision, whether this region may process
+or write processing state, and the replication lag per direction (docs/multi-region.md)."""
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -7,6 +7,13 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection
 
+from kernel.processing import (
+    NO_PROCESSING_DECISION,
+    PROCESSING_NOT_STARTED,
+    STANDBY_REGION,
+    ProcessingNotStarted,
+    StandbyRegion,
+)
 from regions.configuration import multi_region, region_name
 from regions.models import ProcessingDecision, RegionState
 
@@ -60,6 +67,53 @@ def processing_verdict(
     return ProcessingVerdict(
         False, f"epoch {decision.epoch} not yet acknowledged by the other regions", decision.epoch
     )
+
+
+def processing_writes_guard() -> None:
+    """kernel.processing.require_processing_region, with several regions (installed by
+    regions/apps.py; docs/multi-region.md, "Writes outside processing").
+
+    Refused (409, StandbyRegion) while the effective decision names another region: the
+    processing region's state reaches this one by replication, and a row written here would
+    meet it (a unique violation that stops the apply worker) or be overwritten, and would
+    never reach the processing region (this region's state publications are empty).
+    Refused for a few seconds (503, ProcessingNotStarted) while the decision names this region
+    but no pass has yet taken the processing lease under it: until then the previous region
+    may still be writing state that is on its way here, and this region's state
+    publications are not filled yet (they are filled in the transaction that takes the
+    lease), so a row written now would not reach the other region either. Past that, the
+    lease need not be running: a stopped inbox does not stop the console."""
+    if not multi_region():
+        return
+    me = region_name()
+    decision = effective_decision()
+    retry_after = settings.INGRESS_UNAVAILABLE_RETRY_AFTER
+    if decision is None:
+        raise ProcessingNotStarted(
+            NO_PROCESSING_DECISION.format(region=me),
+            region=me,
+            processing_region="",
+            epoch=0,
+            retry_after=retry_after,
+        )
+    if decision.processing_region != me:
+        raise StandbyRegion(
+            STANDBY_REGION.format(
+                region=me, processing_region=decision.processing_region, epoch=decision.epoch
+            ),
+            region=me,
+            processing_region=decision.processing_region,
+            epoch=decision.epoch,
+        )
+    lease_epoch = RegionState.objects.filter(name=me).values_list("lease_epoch", flat=True).first()
+    if lease_epoch != decision.epoch:
+        raise ProcessingNotStarted(
+            PROCESSING_NOT_STARTED.format(region=me, epoch=decision.epoch),
+            region=me,
+            processing_region=me,
+            epoch=decision.epoch,
+            retry_after=retry_after,
+        )
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from django.utils.dateparse import parse_datetime
 from ingress.models import ReconciliationStatus
 from ingress.reconcile.errors import WINDOW_NOT_ISO, ReconcileBusy, ReconcileInvalid
 from ingress.reconcile.runs import ReconcileOutcome
+from kernel.processing import ProcessingWritesRefused
 
 DRIFT_EXIT_CODE = 3
 OVER_SLO = "Drift {drift:.4f} % exceeds the SLO of {slo:.4f} % (RECONCILE_DRIFT_SLO)."
@@ -52,7 +53,7 @@ class ReconcileCommand(BaseCommand):
     ) -> None:
         try:
             outcome: ReconcileOutcome = start()
-        except (ReconcileInvalid, ReconcileBusy) as exc:
+        except (ReconcileInvalid, ReconcileBusy, ProcessingWritesRefused) as exc:
             raise CommandError(str(exc)) from exc
         for note in outcome.notes:
             self.stdout.write(f"note: {note}")

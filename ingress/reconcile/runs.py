@@ -28,6 +28,7 @@ from ingress.reconcile.services import (
     reconciliation_run_start,
 )
 from ingress.reconcile.window import Window
+from kernel.processing import require_processing_region
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,9 @@ def reconcile_run(
 ) -> ReconcileOutcome:
     run = None
     if not dry_run:
+        # The run's record and what it repairs are processing state: a real run is refused
+        # in the standby region, before anything is asked or written; a dry run is a read.
+        require_processing_region()
         run = reconciliation_run_start(provider=provider, source=source, scope=scope, window=window)
     state = RunState(dry_run=dry_run, notes=list(window.notes))
     if run is not None:

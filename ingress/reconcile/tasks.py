@@ -7,6 +7,7 @@ from django.conf import settings
 from ingress.reconcile.errors import ReconcileBusy, ReconcileInvalid
 from ingress.reconcile.github import GitHubHook, github_reconcile
 from ingress.reconcile.stripe import stripe_reconcile
+from kernel.processing import ProcessingWritesRefused
 
 logger = logging.getLogger(__name__)
 
@@ -17,6 +18,10 @@ def reconcile_stripe_nightly() -> str:
     """The default window (RECONCILE_LOOKBACK_HOURS up to RECONCILE_SETTLE_SECONDS ago)."""
     try:
         outcome = stripe_reconcile(scheduled=True)
+    except ProcessingWritesRefused as exc:
+        # Scheduled in every region; it runs in the processing region only.
+        logger.info("ingress.reconcile.standby", extra={"provider": "stripe"})
+        return str(exc)
     except (ReconcileBusy, ReconcileInvalid) as exc:
         logger.warning("ingress.reconcile.not_started", extra={"provider": "stripe"})
         return str(exc)
@@ -29,6 +34,9 @@ def reconcile_github_nightly() -> str:
     for spec in settings.RECONCILE_GITHUB_HOOKS:
         try:
             outcome = github_reconcile(hook=GitHubHook.parse(spec), scheduled=True)
+        except ProcessingWritesRefused as exc:
+            logger.info("ingress.reconcile.standby", extra={"provider": "github"})
+            return str(exc)
         except (ReconcileBusy, ReconcileInvalid) as exc:
             logger.warning("ingress.reconcile.not_started", extra={"provider": "github"})
             lines.append(str(exc))

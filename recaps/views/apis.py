@@ -17,7 +17,10 @@ site's requests. A write another site's page started (its `Origin` or `Sec-Fetch
 Errors are RFC 9457 problems like the console API's (kernel/problems.py): `type` ends in
 the code (`urn:eventdrop:problem:recap_not_found`), `detail` is the constant text; 401 (not
 signed in, `WWW-Authenticate: Token`), 403 (not yours / not free / cross-site), 404 (unknown),
-409 (already redeemed or paid), 415 (not JSON), 503 (Stripe).
+409 (already redeemed or paid), 415 (not JSON), 503 (Stripe). With two regions, every POST
+in the standby region is a 409 `standby_region` naming the processing region (503
+`processing_not_started` with Retry-After while a switch to this region completes): the
+error is the kernel's (kernel.processing), answered by kernel/problems.py.
 """
 
 from django.contrib.auth.models import User

@@ -6,6 +6,7 @@ from django.utils.dateparse import parse_datetime
 from ingress.models import RawEvent, RejectionReason, SignatureStatus
 from ingress.services import raw_event_reverify
 from ingress.sources import all_sources
+from kernel.processing import ProcessingWritesRefused, require_processing_region
 
 
 class Command(BaseCommand):
@@ -41,6 +42,10 @@ class Command(BaseCommand):
         if dry_run:
             self.stdout.write(f"would re-verify {len(selected)} rejected event(s)")
             return
+        try:
+            require_processing_region()  # verdicts are processing state (multi-region.md)
+        except ProcessingWritesRefused as exc:
+            raise CommandError(str(exc)) from exc
         outcomes: dict[str, int] = {}
         for event in selected:
             result = raw_event_reverify(raw_event=event)

@@ -1,5 +1,6 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
+from kernel.processing import ProcessingWritesRefused, require_processing_region
 from outbox.configuration import dispatch_command_start
 from outbox.render_checks import render_checks_run
 from outbox.services import outbox_recover
@@ -17,5 +18,9 @@ class Command(BaseCommand):
         dispatch_command_start(
             self, who="recover_recaps", skip_checks=bool(options.get("skip_checks"))
         )
+        try:
+            require_processing_region()  # side effects and recaps are processing state
+        except ProcessingWritesRefused as exc:
+            raise CommandError(str(exc)) from exc
         checks = render_checks_run()
         self.stdout.write(f"recover_recaps: {outbox_recover().summary()}; {checks.summary()}")
