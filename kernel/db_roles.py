@@ -29,6 +29,16 @@ The kinds (kernel/processes.py; `release` migrates, so it is the owner and has n
 - console — the admin, the staff API, the ops page and the buyer API: reads everything, and
   writes only what the operator services, bulk jobs, purchases and sign-in write; never
   DELETE of pipeline rows.
+
+With several regions (docs/multi-region.md, "Database roles"): the inbox, the dispatcher
+and the worker pass through the processing gate, which writes their region's heartbeat row,
+reads the decisions, and calls `eventdrop_region_publish_state` (SECURITY DEFINER, created by
+region_setup); the console reads both tables for the standby guard, appends decisions (the
+audited switch) and calls `eventdrop_region_subscription_without_state` (the takeover's
+ALTER SUBSCRIPTION, which only the subscription's owner may run). EXECUTE on those functions
+is revoked from PUBLIC (PostgreSQL grants it to everyone by default, and either function acts
+with its owner's rights) and granted to exactly those roles — when the function exists:
+run db_roles again after region_setup created it.
 """
 
 from collections.abc import Callable, Iterable
@@ -71,6 +81,12 @@ class RoleSpec:
 
 
 INGRESS_PIPELINE = ("ingress.DedupKey", "ingress.Delivery", "ingress.DeliveryAttempt")
+# The processing gate (regions/services.py): its region's row beats and holds the lease
+# (SELECT … FOR UPDATE, then UPDATE; region_setup, as the owner, creates it), decisions read.
+PROCESSING_GATE = (
+    Grant(("regions.RegionState",), UPDATE),
+    Grant(("regions.ProcessingDecision",), READ),
+)
 SIDE_EFFECTS = ("outbox.RecapSideEffect", "outbox.RecapSideEffectAttempt")
 EVENTS = ("recaps.Event", "recaps.Photo")
 
@@ -122,13 +138,13 @@ ROLES: tuple[RoleSpec, ...] = (
         kind="inbox",
         login=True,
         description="verify, dedup, write deliveries, and the handlers' writes",
-        grants=(*INBOX_PIPELINE, *HANDLER_WRITES),
+        grants=(*INBOX_PIPELINE, *HANDLER_WRITES, *PROCESSING_GATE),
     ),
     RoleSpec(
         kind="dispatcher",
         login=True,
         description="outbox: side effects, render requests and checks, the breaker",
-        grants=DISPATCHER_WRITES,
+        grants=(*DISPATCHER_WRITES, *PROCESSING_GATE),
     ),
     RoleSpec(
         kind="worker",
@@ -146,6 +162,7 @@ ROLES: tuple[RoleSpec, ...] = (
             Grant(("console.BulkJob",), UPDATE),
             Grant(("console.BulkJobItem",), ALL),
             Grant(("console.OperatorAction",), UPDATE),
+            *PROCESSING_GATE,
         ),
     ),
     RoleSpec(
@@ -153,7 +170,7 @@ ROLES: tuple[RoleSpec, ...] = (
         login=True,
         description="admin, staff API, ops page, buyer API: reads all, writes via services",
         grants=(
-            Grant(("ingress", "recaps", "outbox", "console", "django_q", "auth"), READ),
+            Grant(("ingress", "recaps", "outbox", "console", "regions", "django_q", "auth"), READ),
             Grant(("contenttypes",), READ),
             Grant(("sessions", "knox.AuthToken"), ALL),  # sign-in, sign-out, expired tokens
             Grant(("auth.User",), ("UPDATE",), columns=("last_login",)),
@@ -175,9 +192,20 @@ ROLES: tuple[RoleSpec, ...] = (
             # Recap purchase and redemption (the buyer API) and the operator services.
             Grant(("recaps.RecapVideo",), WRITE),
             Grant(SIDE_EFFECTS, WRITE),
+            # The processing region, switched as an audited action (console/regions.py).
+            Grant(("regions.ProcessingDecision",), APPEND),
         ),
     ),
 )
+
+# Functions region_setup creates (SECURITY DEFINER, owned by the role that ran it), and the
+# kinds that may call them; every other role of ours, and PUBLIC, may not.
+FUNCTIONS: dict[str, tuple[str, ...]] = {
+    # The gate fills or empties this region's state publications.
+    "eventdrop_region_publish_state(boolean)": ("inbox", "dispatcher", "worker"),
+    # The takeover re-points the subscription from the lost peer (regions/takeover.py).
+    "eventdrop_region_subscription_without_state(text)": ("console",),
+}
 
 
 def role_name(kind: str, prefix: str | None = None) -> str:
@@ -277,6 +305,15 @@ def db_roles_plan(
                 for model in sorted(granted, key=lambda model: model._meta.db_table):
                     if isinstance(model._meta.pk, AutoFieldMixin):
                         plan.add(_sequence_grant(model, name))
+    for signature, kinds in FUNCTIONS.items():
+        plan.add(
+            _function_grant(
+                signature,
+                [role_name(spec.kind, prefix) for spec in ROLES],
+                [role_name(kind, prefix) for kind in kinds],
+                quote,
+            )
+        )
     # Earlier versions made the inbox a member of a `handler` role it switched to; whatever
     # the history, a role of ours is a member of nothing.
     for role, member in sorted(memberships):
@@ -292,6 +329,20 @@ def _sequence_grant(model: type[models.Model], role: str) -> str:
         "DO $$ DECLARE seq text := pg_get_serial_sequence("
         f"{_literal(table)}, {_literal(column)}); BEGIN IF seq IS NOT NULL THEN "
         f"EXECUTE format('GRANT USAGE ON SEQUENCE %s TO {role}', seq); END IF; END $$"
+    )
+
+
+def _function_grant(
+    signature: str, ours: list[str], allowed: list[str], quote: Callable[[str], str]
+) -> str:
+    """EXECUTE on a function region_setup creates, for `allowed` only; nothing when the
+    function does not exist (one region, or region_setup not run yet)."""
+    everyone = ", ".join(["PUBLIC", *(quote(role) for role in ours)])
+    granted = ", ".join(quote(role) for role in allowed)
+    return (
+        f"DO $$ BEGIN IF to_regprocedure({_literal(signature)}) IS NOT NULL THEN "
+        f"REVOKE ALL ON FUNCTION {signature} FROM {everyone}; "
+        f"GRANT EXECUTE ON FUNCTION {signature} TO {granted}; END IF; END $$"
     )
 
 

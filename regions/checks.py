@@ -38,6 +38,19 @@ SECRETS_DIFFER = (
     "(compared by sha256 fingerprint): events received there would be rejected here."
 )
 SAME_NUMBER = "Region {peer!r} has EVENTDROP_REGION_NUMBER {number} too: their ids would collide."
+SESSION_LOCK_POOLED = (
+    "This {kind} process connects through PgBouncer in transaction pooling mode "
+    "(DATABASE_POOLER=pgbouncer) with several regions: the processing pass's session advisory "
+    "lock (regions/services.py) would be held by, and released on, whichever server session "
+    "PgBouncer lends, so a switch of the processing region could be acknowledged under a "
+    "running pass."
+)
+SESSION_LOCK_POOLED_HINT = (
+    "Connect the inbox, dispatcher and worker directly or through session pooling: unset "
+    'DATABASE_POOLER in their environment (docs/multi-region.md, "Database roles").'
+)
+# The kinds whose processes run processing passes (kernel/processes.py).
+PASSING_KINDS = {"inbox", "dispatcher", "worker"}
 
 
 @checks.register()
@@ -103,3 +116,24 @@ def check_peer_agreement(
                     )
                 )
     return errors
+
+
+@checks.register()
+def check_pass_lock_session(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """regions.E008/W008: a pass holds a session advisory lock across its transactions, which
+    PgBouncer's transaction pooling cannot keep. An error for a process of a kind that runs
+    passes; a warning when no kind is set (the same settings may start one)."""
+    if not multi_region():
+        return []
+    if settings.DATABASES["default"].get("OPTIONS", {}).get("pooler") != "pgbouncer":
+        return []
+    kind = settings.PROCESS_KIND
+    if kind in PASSING_KINDS:
+        message = SESSION_LOCK_POOLED.format(kind=kind)
+        return [checks.Error(message, hint=SESSION_LOCK_POOLED_HINT, id="regions.E008")]
+    if not kind:
+        message = SESSION_LOCK_POOLED.format(kind="(EVENTDROP_PROCESS unset)")
+        return [checks.Warning(message, hint=SESSION_LOCK_POOLED_HINT, id="regions.W008")]
+    return []

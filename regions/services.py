@@ -14,7 +14,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from kernel.errors import EventDropError
-from regions import publications
+from regions import publications, takeover
 from regions.configuration import multi_region, peers, region_name
 from regions.fingerprints import secret_fingerprints
 from regions.models import ProcessingDecision, RegionState
@@ -154,7 +154,7 @@ def processing_region_set(
     )
     if peer_lost:
         for peer in peers():
-            publications.subscription_without_state(me, peer.name)
+            takeover.subscription_without_state(me, peer.name)
     logger.info(
         "regions.processing.decided",
         extra={"epoch": epoch, "region": region, "peer_lost": peer_lost},
