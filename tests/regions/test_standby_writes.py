@@ -34,7 +34,7 @@ from recaps.models import RecapStatus, RecapVideo
 from regions import publications, takeover
 from regions.checks import check_pass_lock_session
 from regions.models import ProcessingDecision, RegionState
-from regions.services import region_processing_pass
+from regions.services import processing_region_set, region_processing_pass
 from tests.console.conftest import OPERATOR_PERMISSIONS, grant
 from tests.console.samples import paid_recap
 from tests.console.test_bulk_jobs import stored_events
@@ -509,8 +509,12 @@ def test_the_gate_runs_as_the_inbox_and_the_guard_and_takeover_as_the_console(se
 
     refused = as_role("console", alter_directly)
     assert isinstance(refused, ProgrammingError) and "must be owner" in str(refused)
-    RegionState.objects.filter(name="us").update(lease_epoch=0)
-    assert as_role("console", lambda: takeover.subscription_without_state("us", "eu")) is True
+
+    # The whole takeover, as the operator's API runs it: the decision and the re-pointing.
+    def take_over() -> int:
+        return processing_region_set(region="us", peer_lost=True, reason="eu melted").epoch
+
+    assert as_role("console", take_over) == 4
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT subpublications FROM pg_subscription s JOIN pg_database d "
