@@ -5,7 +5,8 @@ recaps is never deleted: a paid recap would lose what it renders). Recaps are re
 recap's status moves only through recaps.services (payment, redemption, render callbacks)
 and the outbox; staff retry a render through console.services, which records who did it,
 and can start a free recap of an event for themselves (the demo path, through the same
-services as the API).
+services as the API). Events and photos are processing state (docs/multi-region.md): in
+the standby region every write on their pages is refused with the guard's message.
 """
 
 import uuid
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -37,6 +39,7 @@ from console.models import OperatorActionKind
 from console.presentation import EMPTY
 from console.selectors import recaps_by_status
 from kernel.errors import EventDropError
+from kernel.processing import ProcessingWritesRefused, require_processing_region
 from outbox.models import EffectType, RecapSideEffect
 from recaps.models import Event, Photo, RecapVideo
 from recaps.services import recap_create, recap_redeem_free
@@ -67,13 +70,40 @@ class EventRecapInline(ReadOnlyInline):
         return recap_link(obj.pk)
 
 
+class ProcessingStateWrites(admin.ModelAdmin):
+    """A ModelAdmin whose saves, deletes and actions write processing state: every POST to its
+    pages (the change form, the delete confirmation, the list's actions) asks the standby
+    guard first, and a refusal is the guard's message on the same page, nothing written."""
+
+    def _refused(self, request: HttpRequest) -> HttpResponse | None:
+        if request.method != "POST":
+            return None
+        try:
+            require_processing_region()
+        except ProcessingWritesRefused as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+        return None
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        return self._refused(request) or super().changeform_view(
+            request, object_id, form_url, extra_context
+        )
+
+    def delete_view(self, request, object_id, extra_context=None):
+        return self._refused(request) or super().delete_view(request, object_id, extra_context)
+
+    def changelist_view(self, request, extra_context=None):
+        return self._refused(request) or super().changelist_view(request, extra_context)
+
+
 class EventCounts(TypedDict):
     photo_total: int
     recap_total: int
 
 
 @admin.register(Event)
-class EventAdmin(admin.ModelAdmin):
+class EventAdmin(ProcessingStateWrites):
     list_display = ("id", "title", "photo_count", "recap_count", "created_at")
     search_fields = ("title",)
     ordering = ("-created_at",)
@@ -124,7 +154,7 @@ class EventAdmin(admin.ModelAdmin):
 
 
 @admin.register(Photo)
-class PhotoAdmin(admin.ModelAdmin):
+class PhotoAdmin(ProcessingStateWrites):
     list_display = ("id", "storage_key", "event", "taken_at", "created_at")
     list_filter = (("taken_at", admin.DateFieldListFilter),)
     search_fields = ("storage_key", "event__title")

@@ -30,7 +30,7 @@ from kernel.processing import (
     require_processing_region,
 )
 from outbox.models import RecapSideEffect
-from recaps.models import RecapStatus, RecapVideo
+from recaps.models import Event, Photo, RecapStatus, RecapVideo
 from regions import publications, takeover
 from regions.checks import check_pass_lock_session
 from regions.models import ProcessingDecision, RegionState
@@ -296,6 +296,36 @@ def test_the_admin_action_shows_the_refusal(standby, stored, client, django_user
     [(level, text)] = page_messages(response)
     assert level == messages.ERROR and "standby" in text and "'eu'" in text
     assert state_counts() == before
+
+
+def test_the_event_pages_refuse_writes_and_still_show(standby, client, django_user_model):
+    """Events and photos are edited on their admin pages (plain ModelAdmins): in the standby
+    every POST there (add, change, delete, the list's actions) is the message, nothing
+    written; the pages themselves still open."""
+    admin = django_user_model.objects.create_superuser("lead", password="pw")
+    client.force_login(admin)
+    event = EventFactory.create(title="Summer party")
+    standby()
+    before = (state_counts(), Event.objects.count(), Photo.objects.count())
+    assert client.get("/admin/recaps/event/").status_code == 200
+    assert client.get(f"/admin/recaps/event/{event.pk}/change/").status_code == 200
+    posts = [
+        ("/admin/recaps/event/add/", {"title": "New party"}),
+        (f"/admin/recaps/event/{event.pk}/change/", {"title": "Renamed"}),
+        (f"/admin/recaps/event/{event.pk}/delete/", {"post": "yes"}),
+        (
+            "/admin/recaps/event/",
+            {"action": "free_recap_for_me", helpers.ACTION_CHECKBOX_NAME: [str(event.pk)]},
+        ),
+        ("/admin/recaps/photo/add/", {"event": event.pk, "storage_key": "k/1.jpg"}),
+    ]
+    for path, data in posts:
+        response = client.post(path, data)
+        assert response.status_code == 302 and response["Location"] == path, path
+        assert any("standby" in text for _, text in page_messages(response)), path
+    assert (state_counts(), Event.objects.count(), Photo.objects.count()) == before
+    event.refresh_from_db()
+    assert event.title == "Summer party"
 
 
 def test_the_job_and_pause_pages_show_the_refusal(standby, client, oncall):
