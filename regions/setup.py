@@ -325,7 +325,7 @@ def rejoin(*, sync_timeout: float = 300.0) -> tuple[SetupReport, list[TableTail]
     name = publications.subscription_name(me, processor.name)
     if not _subscription_exists(name):
         raise RegionSetupError(REJOIN_NO_SUBSCRIPTION.format(name=name))
-    if all(tail.empty for tail in tails) and _state_synchronised(name):
+    if all(tail.empty for tail in tails) and _subscription_whole(name, processor):
         report.say(f"no tail, state tables as in {processor.name}: nothing to repair")
         return report, tails
     _repair(name, processor, sync_timeout, report)
@@ -350,6 +350,21 @@ def _subscription_exists(name: str) -> bool:
 def _state_synchronised(name: str) -> bool:
     """Every state table listed by the subscription and synchronised ('r')."""
     return not _unsynchronised(name)
+
+
+def _subscription_whole(name: str, processor: Peer) -> bool:
+    """Enabled, taking all of the processing region's publications, every state table
+    synchronised: what a finished rejoin leaves (a run stopped half-way does not)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT subenabled, subpublications FROM pg_subscription s "
+            "JOIN pg_database d ON d.oid = s.subdbid "
+            "WHERE d.datname = current_database() AND s.subname = %s",
+            [name],
+        )
+        row = cursor.fetchone()
+    wanted = sorted(publications.all_publications(processor.name))
+    return row is not None and row[0] and sorted(row[1]) == wanted and _state_synchronised(name)
 
 
 def _unsynchronised(name: str) -> list[str]:
