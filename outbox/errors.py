@@ -35,6 +35,10 @@ SIDE_EFFECT_IN_FLIGHT = (
     "Side effect #{id} is being dispatched right now; it can be re-armed once it has been "
     "processing for longer than {stale} s (its worker died)."
 )
+RENDER_CALLBACK_BEFORE_PAYMENT = (
+    "A render callback for a recap whose payment this database has not handled yet; retried "
+    "until the payment is."
+)
 SIDE_EFFECT_ALREADY_DONE = "Side effect #{id} is done; retry the recap's render instead."
 SIDE_EFFECT_ALREADY_DEAD = "Side effect #{id} is already dead."
 SIDE_EFFECT_REASON_REQUIRED = "Give a reason: it is kept as the recap's failure reason."
@@ -159,3 +163,19 @@ class RenderCircuitOpen(RenderError, DeferredError):
 
     def __init__(self, *, until: str):
         super().__init__(RENDER_CIRCUIT_OPEN.format(until=until))
+
+
+class RenderCallbackBeforePayment(ClassifiedError):
+    """A signed callback about a recap that is still unpaid here: no verdict about the
+    callback, only a sign that this database is behind — the payment's own delivery has not
+    run yet (another region processed the payment and rendered, and its state had not
+    replicated when processing moved here; or the payment is held by a pause). Retried
+    with backoff like any handler error that may be about its row: `dead` only after N
+    charged attempts and the horizon, never at once."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            RENDER_CALLBACK_BEFORE_PAYMENT,
+            disposition=Disposition.TRANSIENT,
+            error_class="callback_before_payment",
+        )

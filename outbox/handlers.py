@@ -15,7 +15,9 @@ pushed (this callback) or pulled (a status check), through the same services.
 transient problems): a verdict, so the recap becomes `failed`, visibly, and staff can retry
 it. Either callback is matched to the render it answers (its render id and idempotency
 key): one about a render that is not the recap's current one is ignored, and the handler
-returns the note the console shows on the event ("stale callback for render …"). The
+returns the note the console shows on the event ("stale callback for render …"). One about
+a recap still unpaid here is retried (RenderCallbackBeforePayment): this database has not
+handled the payment yet, which is no verdict about the callback. The
 handler runs inside the delivery's transaction (ingress/deliveries.py).
 """
 

@@ -43,6 +43,7 @@ from outbox.errors import (
     SIDE_EFFECT_IN_FLIGHT,
     SIDE_EFFECT_REASON_REQUIRED,
     OutboxError,
+    RenderCallbackBeforePayment,
 )
 from outbox.models import (
     AttemptOutcome,
@@ -54,7 +55,6 @@ from outbox.models import (
 )
 from outbox.render_client import RenderStatus
 from recaps.errors import (
-    RECAP_NOT_RENDERED,
     RECAP_NOT_RETRYABLE,
     RECAP_RENDER_ALREADY_REQUESTED,
     RECAP_RENDER_IN_FLIGHT,
@@ -598,7 +598,7 @@ def _callback_recap(
     current render — else why not (the callback is then ignored)."""
     recap = recap_lock(recap_id=recap_id)
     if recap.status in UNPAID_STATUSES:
-        raise RecapStateConflict(RECAP_NOT_RENDERED)
+        raise RenderCallbackBeforePayment()
     row = RecapSideEffect.objects.filter(recap=recap, effect_type=EffectType.RENDER).first()
     key_moved_on = row is not None and row.idempotency_key != idempotency_key
     if not key_moved_on and (not recap.render_id or recap.render_id == render_id):

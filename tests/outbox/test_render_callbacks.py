@@ -6,6 +6,9 @@ import pytest
 
 from ingress.handlers import PermanentHandlerError, handlers_for
 from ingress.models import RawEvent
+from kernel.errors import Disposition
+from kernel.retry import classify
+from outbox.errors import RenderCallbackBeforePayment
 from outbox.handlers import NO_VIDEO_URL, record_render_result
 from outbox.models import RecapSideEffect
 from outbox.services import recap_retry_render, render_completed_record
@@ -90,6 +93,24 @@ def test_a_late_completion_rescues_a_failed_recap():
     record_render_result(RENDERER, render_event(recap))
     recap.refresh_from_db()
     assert recap.status == RecapStatus.READY and recap.failure_reason == ""
+
+
+def test_a_callback_before_the_payment_is_retried_and_applies_once_the_payment_is_handled():
+    """In another region the payment was handled and the render done; here (processing moved
+    after a melt) the callback's delivery can run before the payment's: no verdict, so the
+    delivery is retried — classified transient, never dead at once — and applies after."""
+    recap = RecapFactory.create()
+    payload = render_event(recap)  # the render row's key, as the other region sent it
+    with pytest.raises(RenderCallbackBeforePayment) as exc:
+        record_render_result(RENDERER, payload)
+    assert classify(exc.value).disposition == Disposition.TRANSIENT
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.PENDING_PAYMENT
+    side_effect = pay(recap, now=T0)
+    payload["data"]["idempotency_key"] = side_effect.idempotency_key
+    record_render_result(RENDERER, payload)
+    recap.refresh_from_db()
+    assert recap.status == RecapStatus.READY
 
 
 def test_a_callback_for_an_unknown_recap_is_permanent():
@@ -179,8 +200,7 @@ def test_a_late_completion_of_the_old_render_after_the_new_one_is_ignored_and_sa
         ),
     )
     assert note == (
-        "stale callback for render rnd_0 (completed): the recap's current render is rnd_1; "
-        "ignored"
+        "stale callback for render rnd_0 (completed): the recap's current render is rnd_1; ignored"
     )
     recap.refresh_from_db()
     assert (recap.status, recap.render_id) == (RecapStatus.READY, "rnd_1")

@@ -523,8 +523,9 @@ def run_outbox_melt(tmp_path: Path, pair, render_port: int) -> None:
         ]
         assert videos[0] == videos[1]
         assert len(set(videos[0].values())) == total
-        # What the callbacks eu received during its tail did in us (they reach us with eu's
-        # raw events, after its payments): reported, not asserted.
+        # The callbacks eu received during its tail reach us with eu's raw events, and can
+        # be handled before the payments they follow: retried until the payment is, never
+        # dead (outbox.errors.RenderCallbackBeforePayment).
         dead_callbacks = Counter(
             "tail" if recap_id in tail else "other"
             for (recap_id,) in query(
@@ -535,6 +536,7 @@ def run_outbox_melt(tmp_path: Path, pair, render_port: int) -> None:
                 ("%record_render_result",),
             )
         )
+        assert not dead_callbacks, dict(dead_callbacks)
         print(output)
         print(
             f"\noutbox melt: {total} paid recaps ({RECAPS_TAIL} in eu's tail), {stats['accepted']} "
