@@ -157,6 +157,9 @@ def publication_statements(region: str) -> list[str]:
     return statements
 
 
+PUBLISH_STATE_SIGNATURE = "eventdrop_region_publish_state(boolean)"
+
+
 def publish_state_function(region: str) -> str:
     """`eventdrop_region_publish_state(on)`: fill or empty this region's state publications.
 

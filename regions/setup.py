@@ -16,7 +16,7 @@ from django.utils import timezone
 from psycopg import sql
 
 from ingress.models import RawEvent
-from regions import publications
+from regions import publications, takeover
 from regions.configuration import ID_BLOCK_BITS, Peer, id_block_start, peers, region_name
 from regions.models import ProcessingDecision, RegionState
 from regions.selectors import effective_decision
@@ -53,6 +53,11 @@ def region_setup(*, processing_region: str = "") -> SetupReport:
     with transaction.atomic(), connection.cursor() as cursor:
         for statement in publications.publication_statements(me):
             cursor.execute(statement)
+        cursor.execute(takeover.subscription_without_state_function(me))
+        # PostgreSQL lets every role run a new function, SECURITY DEFINER ones included:
+        # nobody may until `manage.py db_roles` grants each to its roles.
+        for signature in (publications.PUBLISH_STATE_SIGNATURE, takeover.SIGNATURE):
+            cursor.execute(f"REVOKE ALL ON FUNCTION {signature} FROM PUBLIC")
     report.say(f"publications {', '.join(publications.all_publications(me))} in place")
     if processing_region and effective_decision() is None:
         ProcessingDecision.objects.create(

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from regions.takeover import SIGNATURE as TAKEOVER_SIGNATURE
 from tests.regions.support import (
     BOTH_EVERY,
     EVENT_TYPE,
@@ -124,6 +125,17 @@ def run_two_regions(tmp_path: Path, urls: dict[str, str], envs: dict[str, dict])
     again = region_setup(envs["us"]) + region_setup(envs["eu"])
     assert "created" not in again and "now takes" not in again, again
     assert scalar(urls["us"], "SELECT count(*) FROM pg_subscription") == 1
+    # Both SECURITY DEFINER functions exist, and PUBLIC may not run them (db_roles grants).
+    for url in urls.values():
+        for signature in ("eventdrop_region_publish_state(boolean)", TAKEOVER_SIGNATURE):
+            public_may = scalar(
+                url,
+                "SELECT bool_or(a.grantee = 0) FROM pg_proc p, "
+                "aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) AS a "
+                "WHERE p.oid = %s::regprocedure",
+                (signature,),
+            )
+            assert public_may is False, signature
 
     ports = {"eu": free_port(), "us": free_port()}
     processes: list[Managed] = []
