@@ -17,7 +17,7 @@ apply of that state is never published back.
 from django.apps import apps
 from django.db import connection, models
 
-from ingress.models import RawEvent
+from ingress.models import RawEvent, RawEventOrigin
 from regions.models import ProcessingDecision, RegionState
 
 # Tables only the processing region writes: published whole, from there. Every other
@@ -122,7 +122,14 @@ def publication_statements(region: str) -> list[str]:
         _q(RegionState._meta.db_table),
     )
     me = _literal(region)
-    ingest_tables = f"TABLE {raw} WHERE (region = {me}), TABLE {decision} WHERE (decided_in = {me})"
+    # A row restored from an archive stays where it was restored: the peer may still hold it
+    # (its retention did not drop that day), and a second INSERT of the same key would stop
+    # the peer's apply worker. Each region restores into its own view (docs/multi-region.md).
+    restored = _literal(RawEventOrigin.RESTORED)
+    ingest_tables = (
+        f"TABLE {raw} WHERE (region = {me} AND origin <> {restored}), "
+        f"TABLE {decision} WHERE (decided_in = {me})"
+    )
     region_tables = f"TABLE {state} WHERE (name = {me})"
     with connection.cursor() as cursor:
         cursor.execute("SELECT pubname FROM pg_publication")

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 import requests
 
@@ -228,6 +229,22 @@ def run_two_regions(tmp_path: Path, urls: dict[str, str], envs: dict[str, dict])
                 == 0
             ), name
 
+        # A row restored from an archive (retention dropped it here, the peer still holds
+        # it) is not published again: a second INSERT of the same key would stop the peer's
+        # apply worker. Dropped and restored as retention and restore_raw_events do, the
+        # delete bypassing the deliveries' references as a partition drop does.
+        restored = scalar(urls["eu"], "SELECT min(id) FROM ingress_rawevent WHERE region = 'eu'")
+        with psycopg.connect(urls["eu"]) as conn:
+            conn.execute("SET LOCAL session_replication_role = replica")
+            conn.execute(
+                "CREATE TEMP TABLE dropped ON COMMIT DROP AS "
+                "SELECT * FROM ingress_rawevent WHERE id = %s",
+                (restored,),
+            )
+            conn.execute("DELETE FROM ingress_rawevent WHERE id = %s", (restored,))
+            conn.execute("UPDATE dropped SET origin = 'restored', restored_at = now()")
+            conn.execute("INSERT INTO ingress_rawevent SELECT * FROM dropped")
+
         lags = {
             "eu->us": [replication_lag(urls, ports, "eu", "us") for _ in range(5)],
             "us->eu": [replication_lag(urls, ports, "us", "eu") for _ in range(5)],
@@ -238,6 +255,12 @@ def run_two_regions(tmp_path: Path, urls: dict[str, str], envs: dict[str, dict])
             f"lag max eu->us {max(lags['eu->us']):.3f} s, us->eu {max(lags['us->eu']):.3f} s"
         )
         assert max(max(lag) for lag in lags.values()) < 10
+        apply_errors = "SELECT sum(apply_error_count) FROM pg_stat_subscription_stats"
+        assert scalar(urls["us"], apply_errors) == 0
+        assert (
+            scalar(urls["us"], "SELECT origin FROM ingress_rawevent WHERE id = %s", (restored,))
+            == "received"
+        )
         # The lag probes are events too: handled in eu, before the switch.
         handled_before = EVENTS + sum(len(lag) for lag in lags.values())
         wait_until(
