@@ -191,6 +191,8 @@ ROLES: tuple[RoleSpec, ...] = (
             Grant(("console.Incident",), WRITE),
             # Recap purchase and redemption (the buyer API) and the operator services.
             Grant(("recaps.RecapVideo",), WRITE),
+            # Events and their photos, kept by staff in the admin (console/admin/recaps.py).
+            Grant(EVENTS, ALL),
             Grant(SIDE_EFFECTS, WRITE),
             # The processing region, switched as an audited action (console/regions.py).
             Grant(("regions.ProcessingDecision",), APPEND),

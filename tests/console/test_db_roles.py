@@ -96,6 +96,8 @@ ACTIONS = {
     "change a recap": lambda: RecapVideo.objects.update(updated_at=timezone.now()),
     # Privileges are checked when a statement starts, whatever rows it would touch.
     "create a recap": sql("INSERT INTO recap_videos SELECT * FROM recap_videos WHERE false"),
+    "add an event": sql("INSERT INTO recaps_event SELECT * FROM recaps_event WHERE false"),
+    "delete a photo": sql("DELETE FROM recaps_photo WHERE id = -1"),
     "delete recaps": sql("DELETE FROM recap_videos WHERE status = 'x'"),
     "change a side effect": lambda: RecapSideEffect.objects.update(attempts=3),
     "delete a side effect": sql("DELETE FROM recap_side_effects WHERE id = -1"),
@@ -151,6 +153,9 @@ MAY = {
         "change a recap",
         # A purchase (the buyer API) creates its recap.
         "create a recap",
+        # Staff keep events and their photos in the admin (console/admin/recaps.py).
+        "add an event",
+        "delete a photo",
         "change a side effect",
         "record an operator action",
         "acknowledge an incident",
