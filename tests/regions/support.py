@@ -11,6 +11,7 @@ import hmac
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -159,3 +160,20 @@ def take_over(env: dict[str, str], region: str, timeout: float = 60) -> None:
             assert "holds the processing lease" in str(refused), refused
             assert time.monotonic() < deadline, "the lost region's lease never ran out"
             time.sleep(0.5)
+
+
+def lease_epoch(url: str, region: str) -> int | None:
+    """The epoch under which `region` last took the processing lease, as `url` sees it."""
+    return scalar(url, "SELECT lease_epoch FROM regions_regionstate WHERE name = %s", (region,))
+
+
+def handler_runs(url: str) -> Counter:
+    """Handler runs per provider event (bench/handlers.py writes one row per run)."""
+    return Counter(
+        event_id(key)
+        for (key,) in query(
+            url,
+            "SELECT r.dedup_key FROM bench_handlerrun h JOIN ingress_rawevent r "
+            "ON r.id = h.raw_event_id",
+        )
+    )

@@ -40,7 +40,9 @@ from tests.regions.support import (
     EVENT_TYPE,
     event_id,
     execute,
+    handler_runs,
     kill_cluster,
+    lease_epoch,
     logical,
     post,
     query,
@@ -48,6 +50,7 @@ from tests.regions.support import (
     region_setup,
     scalar,
     settled_summary,
+    two_regions,
 )
 from tests.support.pg_cluster import Cluster, throwaway_cluster
 from tests.support.processes import (
@@ -280,10 +283,7 @@ def run_two_regions(tmp_path: Path, urls: dict[str, str], envs: dict[str, dict])
             env=envs["eu"],
         )
         wait_until(
-            lambda: (
-                scalar(urls["us"], "SELECT lease_epoch FROM regions_regionstate WHERE name = 'us'")
-                == 2
-            ),
+            lambda: lease_epoch(urls["us"], "us") == 2,
             "us holding the lease of epoch 2",
             lambda: query(urls["us"], "SELECT * FROM regions_regionstate"),
             processes,
@@ -356,21 +356,8 @@ def send_rerouting(ports: dict[str, int], prefix: str, count: int, up: Callable[
 
 
 def test_a_region_melts_the_other_takes_over_and_nothing_is_lost(tmp_path: Path):
-    with throwaway_cluster(prefix="edeu") as eu_db, throwaway_cluster(prefix="edus") as us_db:
-        for cluster in (eu_db, us_db):
-            logical(cluster)
-        urls = {"eu": eu_db.createdb("eventdrop"), "us": us_db.createdb("eventdrop")}
-        envs = {
-            "eu": region_env("eu", 1, urls["eu"], "us", urls["us"]),
-            "us": region_env("us", 2, urls["us"], "eu", urls["eu"]),
-        }
-        for env in envs.values():
-            migrate(env)
-        with contextlib.suppress(RuntimeError):
-            region_setup(envs["eu"], "--processing-region", "eu")
-        region_setup(envs["us"])
-        region_setup(envs["eu"])
-        run_melt(tmp_path, eu_db, urls, envs)
+    with two_regions() as regions:
+        run_melt(tmp_path, regions.clusters["eu"], regions.urls, regions.envs)
 
 
 def run_melt(tmp_path: Path, eu_db: Cluster, urls: dict[str, str], envs: dict) -> None:
@@ -476,15 +463,7 @@ def run_melt(tmp_path: Path, eu_db: Cluster, urls: dict[str, str], envs: dict) -
         assert set(winners) == every_event, sorted(set(winners) ^ every_event)[:5]
         assert all(count == 1 for count in winners.values())
 
-        def runs(url: str) -> Counter:
-            return Counter(
-                event_id(key)
-                for (key,) in query(
-                    url,
-                    "SELECT r.dedup_key FROM bench_handlerrun h JOIN ingress_rawevent r "
-                    "ON r.id = h.raw_event_id",
-                )
-            )
+        runs = handler_runs
 
         wait_until(
             lambda: len(runs(urls["us"]) + runs(urls["eu"])) >= len(every_event),
@@ -581,10 +560,7 @@ def run_lag_and_retention(tmp_path, urls, envs, day, start) -> None:
         # into eu held back: whatever us stores now is inside the replication lag. eu keeps
         # processing on its lease while us's heartbeats do not reach it.
         wait_until(
-            lambda: (
-                scalar(urls["eu"], "SELECT lease_epoch FROM regions_regionstate WHERE name = 'eu'")
-                == 1
-            ),
+            lambda: lease_epoch(urls["eu"], "eu") == 1,
             "eu holding the lease",
             lambda: query(urls["eu"], "SELECT * FROM regions_regionstate"),
             processes,

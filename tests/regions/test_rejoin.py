@@ -27,7 +27,9 @@ from tests.regions.support import (
     decide,
     event_id,
     execute,
+    handler_runs,
     kill_cluster,
+    lease_epoch,
     post,
     query,
     region_setup,
@@ -53,16 +55,7 @@ EU_BLOCK = (1 << 48, 2 << 48)
 TAIL_TABLES = ("ingress_dedupkey", "ingress_delivery", "ingress_deliveryattempt")
 
 
-def runs(url: str) -> Counter:
-    """Handler runs per provider event (bench/handlers.py writes one row per run)."""
-    return Counter(
-        event_id(key)
-        for (key,) in query(
-            url,
-            "SELECT r.dedup_key FROM bench_handlerrun h JOIN ingress_rawevent r "
-            "ON r.id = h.raw_event_id",
-        )
-    )
+runs = handler_runs
 
 
 def ids(url: str, table: str) -> set[int]:
@@ -233,10 +226,7 @@ def run_rejoin(tmp_path: Path, pair) -> None:
         )
         decide(envs["us"], "eu", reason="planned switch back after the rejoin")
         wait_until(
-            lambda: (
-                scalar(urls["eu"], "SELECT lease_epoch FROM regions_regionstate WHERE name = 'eu'")
-                == 3
-            ),
+            lambda: lease_epoch(urls["eu"], "eu") == 3,
             "eu processing again (epoch 3)",
             lambda: query(urls["eu"], "SELECT * FROM regions_regionstate"),
             alive(),
@@ -415,10 +405,7 @@ def run_outbox_melt(tmp_path: Path, pair, render_port: int) -> None:
         # The recaps, waiting for their payment, written in the processing region once it
         # processes (its state publications are filled then).
         wait_until(
-            lambda: (
-                scalar(urls["eu"], "SELECT lease_epoch FROM regions_regionstate WHERE name = 'eu'")
-                == 1
-            ),
+            lambda: lease_epoch(urls["eu"], "eu") == 1,
             "eu processing",
             lambda: query(urls["eu"], "SELECT * FROM regions_regionstate"),
             alive(),
