@@ -607,6 +607,15 @@ def revision_tree(revision: str, into: str, name: str) -> Path:
 
 
 def start_server(env: dict[str, str], root: Path, port: int, args, extra_env: dict, log):
+    # BENCH_APPLICATION=module:attribute serves another ASGI application with the production
+    # server's settings (bench/plain_asgi.py), not an environment variable of the server.
+    extra_env = dict(extra_env)
+    application = extra_env.pop("BENCH_APPLICATION", None)
+    command = (
+        ["-c", f"from eventdrop.web import serve; serve(target={application!r})"]
+        if application
+        else ["-m", "eventdrop.web"]  # the Procfile's web line
+    )
     env = {
         **env,
         "PYTHONPATH": str(root),
@@ -617,7 +626,7 @@ def start_server(env: dict[str, str], root: Path, port: int, args, extra_env: di
         **extra_env,
     }
     server = subprocess.Popen(
-        [sys.executable, "-m", "eventdrop.web"],  # the Procfile's web line
+        [sys.executable, *command],
         env=env,
         cwd=root,
         stdout=log,
@@ -849,8 +858,10 @@ def interleave(servers, env, args, load, workdir) -> bool:
             load(port, WEBHOOK_PATH, connections, WARMUP_SECONDS)
         # Per server and pair: (ACK/s, CPU us per webhook, p99 ms, ratio to the ceiling).
         figures: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in started}
-        print(f"\ninterleaved, {connections} connections, {args.interleave_seconds:g} s slices, "
-              f"ceiling pgbench -M {args.ceiling_protocol} {args.ceiling_seconds:g} s")
+        print(
+            f"\ninterleaved, {connections} connections, {args.interleave_seconds:g} s slices, "
+            f"ceiling pgbench -M {args.ceiling_protocol} {args.ceiling_seconds:g} s"
+        )
         ceilings = [ceiling(args, connections)]
         for pair in range(args.interleave):
             order = list(started) if pair % 2 == 0 else list(started)[::-1]

@@ -104,7 +104,11 @@ def _empty_prometheus_multiproc_dir() -> None:
         os.makedirs(directory, exist_ok=True)
 
 
-def serve(config: WebServerConfig | None = None) -> None:
+def serve(
+    config: WebServerConfig | None = None, *, target: str = "eventdrop.asgi:application"
+) -> None:
+    """Serve `target` (module:attribute, an ASGI application): the project's, or another one
+    a benchmark holds it against (bench/plain_asgi.py)."""
     from granian import Granian
     from granian.constants import HTTPModes, Interfaces, Loops
     from granian.http import HTTP1Settings
@@ -113,7 +117,7 @@ def serve(config: WebServerConfig | None = None) -> None:
     config = config or WebServerConfig.from_environ()
     _empty_prometheus_multiproc_dir()
     Granian(
-        "eventdrop.asgi:application",
+        target,
         address=config.host,
         port=config.port,
         interface=Interfaces.ASGI,

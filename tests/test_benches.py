@@ -36,7 +36,19 @@ BENCHES = {
     "encryption_at_rest.py": (["--calls", "5", "--rounds", "1"], "encrypted / plaintext"),
     "inbox_throughput.py": (["--events", "300", "--workers", "1"], "events/s"),
     "ingress_ack.py": (
-        ["--connections", "1", "--seconds", "1", "--ceiling-seconds", "1"],
+        # Against the plain ASGI application too, so that it does not rot either.
+        [
+            "--connections",
+            "1",
+            "--seconds",
+            "1",
+            "--ceiling-seconds",
+            "1",
+            "--baseline",
+            ".",
+            "--baseline-env",
+            "BENCH_APPLICATION=bench.plain_asgi:application",
+        ],
         "rows: every 2xx is a row",
     ),
     "ops_page.py": (["--events", "3000", "--requests", "2"], "p50 x base"),
@@ -57,9 +69,7 @@ TOOLS = {"ingress_ack.py": ("wrk", "pgbench")}
 def bench_scripts() -> set[str]:
     """The scripts in bench/ (a module run as a program), not its helpers and settings."""
     return {
-        path.name
-        for path in BENCH.glob("*.py")
-        if 'if __name__ == "__main__":' in path.read_text()
+        path.name for path in BENCH.glob("*.py") if 'if __name__ == "__main__":' in path.read_text()
     }
 
 
@@ -86,12 +96,18 @@ def test_the_bench_runs_at_a_tiny_size(script: str, tmp_path: Path):
     try:
         result = subprocess.run(
             [sys.executable, str(BENCH / script), *args],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=BENCH_SECONDS,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BENCH_SECONDS,
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{script} {' '.join(args)} still ran after {BENCH_SECONDS} s: "
-                    f"{(exc.stdout or b'')[-2000:]!r} {(exc.stderr or b'')[-2000:]!r}")
+        pytest.fail(
+            f"{script} {' '.join(args)} still ran after {BENCH_SECONDS} s: "
+            f"{(exc.stdout or b'')[-2000:]!r} {(exc.stderr or b'')[-2000:]!r}"
+        )
     output = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     assert result.returncode == 0, f"{script} exited {result.returncode}:\n{output}"
     assert figure in result.stdout, f"{script} printed no {figure!r}:\n{output}"
