@@ -183,6 +183,7 @@ CREATE OR REPLACE FUNCTION eventdrop_region_publish_state(publish boolean) RETUR
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_catalog AS $fn$
 DECLARE
   want text[] := ARRAY[{state_list}];
+  publication text;
   member text;
   changed boolean := false;
 BEGIN
@@ -203,20 +204,13 @@ BEGIN
       END IF;
     END LOOP;
   ELSE
-    FOR member IN SELECT c.relname FROM pg_publication_rel pr
-                  JOIN pg_publication p ON p.oid = pr.prpubid
-                  JOIN pg_class c ON c.oid = pr.prrelid
-                  WHERE p.pubname = {_literal(state_raw_publication(region))} LOOP
-      EXECUTE format('ALTER PUBLICATION %I DROP TABLE %I',
-                     {_literal(state_raw_publication(region))}, member);
-      changed := true;
-    END LOOP;
-    FOR member IN SELECT c.relname FROM pg_publication_rel pr
-                  JOIN pg_publication p ON p.oid = pr.prpubid
-                  JOIN pg_class c ON c.oid = pr.prrelid
-                  WHERE p.pubname = {_literal(state_publication(region))} LOOP
-      EXECUTE format('ALTER PUBLICATION %I DROP TABLE %I',
-                     {_literal(state_publication(region))}, member);
+    FOR publication, member IN
+        SELECT p.pubname, c.relname FROM pg_publication_rel pr
+        JOIN pg_publication p ON p.oid = pr.prpubid
+        JOIN pg_class c ON c.oid = pr.prrelid
+        WHERE p.pubname IN ({_literal(state_raw_publication(region))},
+                            {_literal(state_publication(region))}) LOOP
+      EXECUTE format('ALTER PUBLICATION %I DROP TABLE %I', publication, member);
       changed := true;
     END LOOP;
   END IF;

@@ -294,6 +294,15 @@ def run_two_regions(tmp_path: Path, urls: dict[str, str], envs: dict[str, dict])
             urls["us"], "SELECT seen_epoch, lease_epoch FROM regions_regionstate WHERE name = 'eu'"
         )
         assert eu_row == [(2, 1)]
+        # The state publications follow processing: eu's emptied when it acknowledged, us's
+        # filled when it started (eventdrop_region_publish_state).
+        state_tables = "SELECT count(*) FROM pg_publication_tables WHERE pubname IN (%s, %s)"
+        assert (
+            scalar(urls["eu"], state_tables, ("eventdrop_state_raw_eu", "eventdrop_state_eu")) == 0
+        )
+        assert (
+            scalar(urls["us"], state_tables, ("eventdrop_state_raw_us", "eventdrop_state_us")) > 1
+        )
         after = send_all(ports, ["eu", "us"], "after", 100)
         assert after["not_202"] == []
 
