@@ -75,9 +75,9 @@ class TwoRegions:
 
 
 @contextlib.contextmanager
-def two_regions(**extra: str) -> Iterator[TwoRegions]:
-    """eu (number 1, the first processing region) and us (number 2), migrated and set up
-    both ways; `extra` goes into both regions' environments."""
+def two_databases(**extra: str) -> Iterator[TwoRegions]:
+    """eu (number 1) and us (number 2): two throw-away clusters with logical replication on,
+    each migrated, not set up; `extra` goes into both regions' environments."""
     with throwaway_cluster(prefix="edeu") as eu_db, throwaway_cluster(prefix="edus") as us_db:
         for cluster in (eu_db, us_db):
             logical(cluster)
@@ -88,11 +88,25 @@ def two_regions(**extra: str) -> Iterator[TwoRegions]:
         }
         for env in envs.values():
             migrate(env)
-        with contextlib.suppress(RuntimeError):
-            region_setup(envs["eu"], "--processing-region", "eu")
-        region_setup(envs["us"])
-        region_setup(envs["eu"])
         yield TwoRegions({"eu": eu_db, "us": us_db}, urls, envs)
+
+
+def set_up_both(envs: dict[str, dict[str, str]]) -> None:
+    """region_setup in both, eu the first processing region: eu's first run cannot subscribe
+    yet (us has no publications), its second does."""
+    with contextlib.suppress(RuntimeError):
+        region_setup(envs["eu"], "--processing-region", "eu")
+    region_setup(envs["us"])
+    region_setup(envs["eu"])
+
+
+@contextlib.contextmanager
+def two_regions(**extra: str) -> Iterator[TwoRegions]:
+    """eu (number 1, the first processing region) and us (number 2), migrated and set up
+    both ways; `extra` goes into both regions' environments."""
+    with two_databases(**extra) as regions:
+        set_up_both(regions.envs)
+        yield regions
 
 
 def signed_post(port: int, body: bytes) -> int:

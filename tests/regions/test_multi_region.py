@@ -16,7 +16,6 @@ figures in docs/multi-region.md). Settings: bench/settings_inbox.py, whose app r
 the counting handler.
 """
 
-import contextlib
 import functools
 import hashlib
 import hmac
@@ -43,22 +42,21 @@ from tests.regions.support import (
     handler_runs,
     kill_cluster,
     lease_epoch,
-    logical,
     post,
     query,
-    region_env,
     region_setup,
     scalar,
+    set_up_both,
     settled_summary,
+    two_databases,
     two_regions,
 )
-from tests.support.pg_cluster import Cluster, throwaway_cluster
+from tests.support.pg_cluster import Cluster
 from tests.support.processes import (
     TEST_SECRETS,
     Managed,
     free_port,
     manage,
-    migrate,
     start_procfile,
     wait_until,
 )
@@ -105,17 +103,8 @@ def replication_lag(urls: dict[str, str], ports: dict[str, int], source: str, ta
 
 
 def test_two_regions_store_everything_see_everything_and_handle_each_event_once(tmp_path: Path):
-    with throwaway_cluster(prefix="edeu") as eu_db, throwaway_cluster(prefix="edus") as us_db:
-        for cluster in (eu_db, us_db):
-            logical(cluster)
-        urls = {"eu": eu_db.createdb("eventdrop"), "us": us_db.createdb("eventdrop")}
-        envs = {
-            "eu": region_env("eu", 1, urls["eu"], "us", urls["us"]),
-            "us": region_env("us", 2, urls["us"], "eu", urls["eu"]),
-        }
-        for env in envs.values():
-            migrate(env)
-        run_two_regions(tmp_path, urls, envs)
+    with two_databases() as regions:
+        run_two_regions(tmp_path, regions.urls, regions.envs)
 
 
 def run_two_regions(tmp_path: Path, urls: dict[str, str], envs: dict[str, dict]) -> None:
@@ -526,16 +515,8 @@ def store_old_events(env: dict[str, str], prefix: str, count: int, received_at: 
 def test_duplicates_inside_the_lag_and_a_partition_dropped_under_undelivered_rows(
     tmp_path: Path,
 ):
-    with throwaway_cluster(prefix="edeu") as eu_db, throwaway_cluster(prefix="edus") as us_db:
-        for cluster in (eu_db, us_db):
-            logical(cluster)
-        urls = {"eu": eu_db.createdb("eventdrop"), "us": us_db.createdb("eventdrop")}
-        envs = {
-            "eu": region_env("eu", 1, urls["eu"], "us", urls["us"]),
-            "us": region_env("us", 2, urls["us"], "eu", urls["eu"]),
-        }
-        for env in envs.values():
-            migrate(env)
+    with two_databases() as regions:
+        urls, envs = regions.urls, regions.envs
         # A day long past retention, with its partition in both regions.
         day = (datetime.now(UTC) - timedelta(days=200)).date()
         start = datetime.combine(day, datetime.min.time(), tzinfo=UTC)
@@ -546,10 +527,7 @@ def test_duplicates_inside_the_lag_and_a_partition_dropped_under_undelivered_row
                 f"FOR VALUES FROM ('{start.isoformat()}') "
                 f"TO ('{(start + timedelta(days=1)).isoformat()}')",
             )
-        with contextlib.suppress(RuntimeError):
-            region_setup(envs["eu"], "--processing-region", "eu")
-        region_setup(envs["us"])
-        region_setup(envs["eu"])
+        set_up_both(envs)
         run_lag_and_retention(tmp_path, urls, envs, day, start)
 
 
