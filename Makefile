@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 BENCH_INGRESS_JSON ?= /tmp/eventdrop_bench_ingress.json
 
-.PHONY: run test lint typecheck bench clean install
+.PHONY: run test check lint typecheck bench clean install
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -30,17 +30,32 @@ TYPECHECK := $(PY) -m mypy
 # The layers' contracts (pyproject.toml [tool.importlinter], docs/architecture.md): an import
 # that points up fails the lint, like a type error.
 LINT_IMPORTS := $(VENV)/bin/lint-imports --no-logo
+LINT := $(PY) -m ruff check . && $(TYPECHECK) && $(LINT_IMPORTS)
+# pytest on PostgreSQL (scripts/localdb.py), in parallel (pytest-xdist): each worker has its
+# own test database, each real-process module stays on one worker (tests/conftest.py).
+PYTEST := DJANGO_SETTINGS_MODULE=eventdrop.settings_test $(PY) scripts/localdb.py run -- \
+	$(PY) -m pytest --dist loadgroup
+# Workers: more than the cores for the whole suite (its real-process tests mostly wait),
+# about the cores for the in-process tier (docs/development.md, "The tiers").
+TEST_WORKERS ?= 4
+CHECK_WORKERS ?= 3
+IN_PROCESS := not slow and not faults and not browser
 
 # The system packages the suite needs first (installed as root, else named), then lint, types
-# and the layers, then pytest on PostgreSQL.
+# and the layers, then the whole suite.
 test: $(STAMP)
 	@bash scripts/install-test-deps.sh
-	$(PY) -m ruff check . && $(TYPECHECK) && $(LINT_IMPORTS)
-	@DJANGO_SETTINGS_MODULE=eventdrop.settings_test $(PY) scripts/localdb.py run -- \
-		$(PY) -m pytest $(PYTEST_ARGS)
+	$(LINT)
+	@$(PYTEST) -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# The inner loop: lint, types, the layers and every in-process test (no server, command,
+# cluster or browser), in about a minute.
+check: $(STAMP)
+	$(LINT)
+	@$(PYTEST) -n $(CHECK_WORKERS) -m "$(IN_PROCESS)" $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check . && $(TYPECHECK) && $(LINT_IMPORTS)
+	$(LINT)
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

@@ -2,14 +2,21 @@
 
 `make test` gives it one: DATABASE_URL, else the one on 127.0.0.1:LOCAL_POSTGRES_PORT, else
 an embedded one it starts there (scripts/localdb.py).
+
+The tiers (docs/development.md, "The tiers"): a test that starts a process (a server, a
+command, a cluster, a browser) carries one of REAL_PROCESS_MARKERS, and `make check` runs
+the others; an unmarked test that starts one fails, naming the marker it needs.
 """
 
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 from django.conf import settings
+
+REAL_PROCESS_MARKERS = ("faults", "slow", "browser")
 
 
 def _database() -> str:
@@ -39,3 +46,41 @@ def reachable_tmp_path():
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _real_processes(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(name) for name in REAL_PROCESS_MARKERS)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Real-process tests first, the longest kind first (xdist hands tests out in this order,
+    so the long ones do not start last), each module's on one worker: they share the module's
+    servers and clusters, built once. The in-process tests follow, spread one by one."""
+
+    def tier(item: pytest.Item) -> int:
+        return next(
+            (n for n, name in enumerate(REAL_PROCESS_MARKERS) if item.get_closest_marker(name)),
+            len(REAL_PROCESS_MARKERS),
+        )
+
+    items.sort(key=tier)  # stable: each tier keeps the collection order
+    for item in items:
+        if _real_processes(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+@pytest.fixture(autouse=True)
+def _in_process_only(request, monkeypatch):
+    """An unmarked test runs in this process only (its threads included): `make check` runs
+    it, so it must not start a server, a command or a browser."""
+    if _real_processes(request.node):
+        return
+    name = request.node.nodeid
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError(
+            f"{name} starts a process: mark it with one of {', '.join(REAL_PROCESS_MARKERS)} "
+            "(tests/conftest.py, docs/development.md 'The tiers')"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

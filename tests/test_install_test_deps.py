@@ -32,6 +32,7 @@ def check(path: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_the_check_names_every_missing_package_and_installs_nothing(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()
@@ -54,6 +55,7 @@ def test_the_check_names_every_missing_package_and_installs_nothing(tmp_path):
     assert result.stderr == ""
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_the_check_is_quiet_when_nothing_is_missing(tmp_path):
     """Every tool found (each a stub on PATH here; a path that the machine lacks is the one
     thing a PATH cannot supply)."""

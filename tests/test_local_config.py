@@ -6,6 +6,7 @@ uncommitted changes are what is tested), never in the checkout itself: a `.env` 
 `.pgdata/` written there would change every other command run from it. About 10 s.
 """
 
+import importlib.util
 import json
 import re
 import shutil
@@ -18,6 +19,8 @@ import pytest
 from django.conf import settings
 
 from tests.support.processes import ROOT, VENV_BIN, free_port, listening
+
+pytestmark = pytest.mark.slow  # every test starts a command in a new shell
 
 PROBE = (
     "import json, django; django.setup(); from django.conf import settings; "
@@ -173,7 +176,11 @@ def test_make_run_names_a_busy_port_in_one_line_before_starting_anything(
 
 
 def test_the_directories_walked_to_a_file_include_those_on_each_symlinks_way(tmp_path):
-    from scripts.localdb import traversed
+    spec = importlib.util.spec_from_file_location("localdb", ROOT / "scripts" / "localdb.py")
+    assert spec is not None and spec.loader is not None
+    localdb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(localdb)
+    traversed = localdb.traversed
 
     (tmp_path / "home" / "venv" / "bin").mkdir(parents=True)
     (tmp_path / "home").chmod(0o700)
@@ -222,7 +229,7 @@ def test_where_none_answers_the_embedded_postgresql_runs_the_command_and_stops(
     project, tmp_path
 ):
     port = free_port()
-    lines = []
+    lines: list[str] = []
     for _ in range(2):  # the first run makes the cluster, the second starts it
         result = localdb(project, tmp_path, [".venv/bin/python", "-c", CONNECT],
                          LOCAL_POSTGRES_PORT=str(port))

@@ -47,17 +47,20 @@ def rule_queries() -> list[str]:
     return re.findall(r"^\s*expr:\s*(.+)$", RULES.read_text(), flags=re.MULTILINE)
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_promtool_accepts_the_alert_rules():
     result = run_promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rule_queries())} rules found" in result.stdout
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_the_alert_rules_fire_when_they_should(tmp_path):
     result = run_promtool("test", "rules", str(RULES_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_every_dashboard_query_is_valid_promql(tmp_path):
     # promtool parses expressions only inside rule files: each query becomes a recording rule.
     rules = {

@@ -147,6 +147,7 @@ def test_metrics_export_pauses_held_jobs_and_the_replay_slo(client, settings, on
     assert value("eventdrop_replay_slo_missed_ratio") == 0
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_metrics_with_pauses_and_jobs_pass_promtool(client, settings):
     paused_for(5)
     result = subprocess.run(

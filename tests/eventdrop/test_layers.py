@@ -25,6 +25,7 @@ def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_the_tree_keeps_every_contract():
     run = lint_imports(ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -46,6 +47,7 @@ UPWARD_IMPORTS = [
 ]
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 @pytest.mark.parametrize(("module", "statement", "contract"), UPWARD_IMPORTS)
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, statement, contract):
     for package in PACKAGES:

@@ -69,10 +69,21 @@ def run(args: argparse.Namespace) -> None:
             line = {"n": n, "body_b64": base64.b64encode(body).decode(), "started": time.time()}
             started = time.monotonic()
             try:
+                reused = conn is not None
                 if conn is None:
                     conn = http.client.HTTPConnection("127.0.0.1", args.port, timeout=args.timeout)
-                conn.request("POST", PATH, body=body, headers=headers)
-                response = conn.getresponse()
+                try:
+                    conn.request("POST", PATH, body=body, headers=headers)
+                    response = conn.getresponse()
+                except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+                    if not reused:
+                        raise
+                    # The server closed the kept-alive connection before this request (it
+                    # may, after a 503): sent again on a new one, as HTTP clients do.
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", args.port, timeout=args.timeout)
+                    conn.request("POST", PATH, body=body, headers=headers)
+                    response = conn.getresponse()
                 text = response.read().decode("utf-8", "replace")
                 line.update(
                     status=response.status,

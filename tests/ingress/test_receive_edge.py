@@ -278,6 +278,7 @@ def _post_chunked(port: int, chunks: list[bytes]) -> tuple[int, bytes]:
     return status, body
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_chunked_request_through_gunicorn_is_stored_byte_exact(gunicorn_port):
     chunks = [b'{"id": "evt_', bytes(range(256)), b"\r\n0\r\n", b'"}']
 
@@ -289,6 +290,7 @@ def test_chunked_request_through_gunicorn_is_stored_byte_exact(gunicorn_port):
     assert "transfer-encoding" not in event.headers
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_oversized_chunked_request_through_gunicorn_is_413(gunicorn_port):
     status, body = _post_chunked(gunicorn_port, [b"x" * 1024] * (GUNICORN_LIMIT // 1024 + 1))
 

@@ -102,6 +102,7 @@ def test_the_filters_work_in_front_of_the_json_format():
     assert "exc_info" not in summary
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 @pytest.mark.parametrize("log_format", ["json", "plain"])
 def test_the_setting_chooses_the_format_of_a_real_process(log_format):
     snippet = (
@@ -129,6 +130,7 @@ def test_the_setting_chooses_the_format_of_a_real_process(log_format):
             json.loads(lines[0])
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_an_unknown_format_is_refused_naming_the_setting():
     env = app_env(DATABASE_URL, LOG_FORMAT="xml")
     with pytest.raises(RuntimeError, match="LOG_FORMAT must be plain or json, got 'xml'"):

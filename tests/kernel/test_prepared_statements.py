@@ -38,12 +38,14 @@ def _options(**environ: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_a_direct_connection_binds_on_the_server_and_prepares():
     options = _options()
     assert options["server_side_binding"] is True
     assert options["prepare_threshold"] == 5
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_behind_pgbouncer_the_client_binds():
     # PgBouncer 1.18 hands the server session to another client after each transaction: a
     # statement prepared in one would be missing, or someone else's, in the next.
@@ -52,6 +54,7 @@ def test_behind_pgbouncer_the_client_binds():
     assert "prepare_threshold" not in options
 
 
+@pytest.mark.slow  # starts a process (tests/conftest.py)
 def test_a_threshold_of_zero_binds_on_the_client():
     options = _options(DATABASE_PREPARE_THRESHOLD="0")
     assert "server_side_binding" not in options

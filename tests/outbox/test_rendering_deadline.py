@@ -22,7 +22,7 @@ from outbox.models import RecapSideEffect
 from outbox.tasks import dispatch_side_effects, recover_recaps
 from recaps.models import RecapStatus, RecapVideo
 
-pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+pytestmark = pytest.mark.django_db
 
 DEADLINE_SECONDS = 0.5
 
@@ -380,6 +380,7 @@ def test_a_recap_deleted_while_its_render_is_asked_about_ends_the_check_quietly(
     assert (report.checked, report.count("moved_on"), report.errors) == (1, 1, 0)
 
 
+@pytest.mark.slow  # starts the command (tests/conftest.py)
 @pytest.mark.django_db(transaction=True)
 def test_lost_callbacks_through_the_dispatcher_command_as_it_runs_in_production(
     compressed, paid_recap

@@ -19,7 +19,7 @@ from tests.ingress.test_ordering import BASE_TIME, ORDERED_TYPE, delivery_of
 from tests.ingress.test_ordering import store as store_ordered
 from tests.support.signing import store_signed_stripe_event
 
-HANDLER = "tests.ingress.test_ordering_pause_review.on_review_ordered"
+HANDLER = "tests.ingress.test_ordering_pauses.on_review_ordered"
 calls: list[int] = []  # raw event ids, in the order the handler ran them
 poisoned: set[int] = set()  # raw event ids the handler refuses for good
 instead: list = []  # a test's own behaviour for the handler, when set
