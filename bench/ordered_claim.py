@@ -5,9 +5,9 @@
 A fresh database on 127.0.0.1:5432 (eventdrop_bench_ordered), migrated, then --deliveries
 unfinished deliveries of one ordered handler over --keys keys (pending, due, one running
 per key when --running), plus 500 due unordered ones. Times, --passes times each, the claim's
-key-head read before (ingress.deliveries._KEY_HEADS, a sorted read of every unfinished
-ordered delivery) and after (_key_head_candidates: a skip scan of the keys, that sorted
-read past _SKIP_SCAN_MAX_KEYS keys) and the unordered claim's candidate read, and prints one
+key-head read before (ingress.deliveries.statements.KEY_HEADS, a sorted read of every unfinished
+ordered delivery) and after (ordering.key_head_candidates: a skip scan of the keys, that sorted
+read past SKIP_SCAN_MAX_KEYS keys) and the unordered claim's candidate read, and prints one
 JSON object (median and max milliseconds). Read-only: each
 pass's statements are the claim's reads, nothing is claimed.
 """
@@ -68,12 +68,12 @@ def main() -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from ingress.deliveries import (
-        _KEY_HEADS,
-        _KEY_HEADS_SKIP_SCAN,
-        _SKIP_SCAN_MAX_KEYS,
-        _key_head_candidates,
-    )
+    from ingress.deliveries.ordering import SKIP_SCAN_MAX_KEYS, key_head_candidates
+    from ingress.deliveries.statements import KEY_HEADS, KEY_HEADS_SKIP_SCAN
+    from kernel.queue import statement
+
+    _KEY_HEADS = statement(KEY_HEADS, "ingress_delivery")
+    _KEY_HEADS_SKIP_SCAN = statement(KEY_HEADS_SKIP_SCAN, "ingress_delivery")
 
     with connection.cursor() as cursor:
         # Every key's deliveries: event times one second apart; received order = id order.
@@ -119,14 +119,14 @@ def main() -> None:
         with connection.cursor() as cursor:
             for _ in range(args.passes):
                 started = time.perf_counter()
-                _key_head_candidates(cursor, 100, now)
+                key_head_candidates(cursor, 100, now)
                 spent.append((time.perf_counter() - started) * 1000)
         return {"median_ms": round(statistics.median(spent), 2), "max_ms": round(max(spent), 2)}
 
     before = {"key_heads_sorted": timed(_KEY_HEADS, [now, 100])}
     after = {
         "key_heads_claim": claim_reads(),  # skip scan, or the sorted read past the key cap
-        "skip_scan_alone": timed(_KEY_HEADS_SKIP_SCAN, [_SKIP_SCAN_MAX_KEYS, now]),
+        "skip_scan_alone": timed(_KEY_HEADS_SKIP_SCAN, [SKIP_SCAN_MAX_KEYS, now]),
         "unordered_candidates": timed(unordered, [now, 100]),
     }
     print(

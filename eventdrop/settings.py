@@ -425,6 +425,13 @@ INBOX_BATCH_BYTES = env_int("INBOX_BATCH_BYTES", 32 * 1024 * 1024)
 # this long. Longer than the worker's error backoff (30 s), so that a worker whose database
 # went away gets to give its claims back before another worker takes them (ingress.W012).
 INBOX_CLAIM_LEASE_SECONDS = env_float("INBOX_CLAIM_LEASE_SECONDS", 60.0)
+# The one queue (kernel/queue.py, docs/queue.md): a claim is its holder's while the holder
+# beats (at every claim, and every CLAIM_HOLDER_BEAT_SECONDS while it waits on calls); a
+# holder silent for CLAIM_HOLDER_TTL_SECONDS is gone, and its claims are worked again.
+# Longer than the worker loop's longest error pause (30 s) and a beat, so that a worker whose
+# database went away gives its claims back itself (kernel.E001).
+CLAIM_HOLDER_BEAT_SECONDS = env_float("CLAIM_HOLDER_BEAT_SECONDS", 5.0)
+CLAIM_HOLDER_TTL_SECONDS = env_float("CLAIM_HOLDER_TTL_SECONDS", 45.0)
 # A raw event or a delivery whose worker died this many times in a row with it — every time
 # but the first alone in its batch — is set aside `worker_died` (ingress/inbox.py,
 # ingress/deliveries.py). At least 2: one death in a batch says nothing about one row.

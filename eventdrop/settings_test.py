@@ -5,6 +5,7 @@ starts an embedded one when none answers; scripts/localdb.py). pytest-django cre
 test database beside it.
 """
 
+import hashlib
 import os
 
 # Never read a developer's .env (eventdrop/settings.py): the suite runs on what it sets here.
@@ -34,3 +35,10 @@ Q_CLUSTER = {**Q_CLUSTER, "sync": True}  # noqa: F405
 # the PostgreSQL concurrency tests raise it explicitly.
 STRIPE_API_KEY = "sk_test_eventdrop"
 RENDER_MAX_CONCURRENCY = 1
+
+# The test databases are named after this checkout too (test_eventdrop_<6 hex>_gw0, …): two
+# checkouts on one server, each running its suite, never drop each other's.
+_CHECKOUT = hashlib.sha1(str(BASE_DIR).encode(), usedforsecurity=False).hexdigest()[:6]  # noqa: F405
+DATABASES["default"]["TEST"] = {  # noqa: F405
+    "NAME": f"test_{DATABASES['default']['NAME']}_{_CHECKOUT}"[:50]  # noqa: F405
+}

@@ -44,7 +44,7 @@ it can kill the next one — the rule, in docs/flows.md ("A row that kills its w
 
 Retry, backoff and giving up are properties of the rows (processing_failures,
 retry_not_before, signature_status, their claims), never control flow held in memory —
-except the claims this process still owes a give-back (`_unreturned`).
+except the claims this process still owes a give-back (kept on its holder, kernel/queue.py).
 """
 
 import contextlib
@@ -62,7 +62,7 @@ from ingress.deliveries import (
     DATABASE_UNAVAILABLE,
     SettleRunRaised,
     deliveries_for_event,
-    deliveries_rearm_stale,
+    deliveries_rearm_orphaned,
     deliveries_run_at_settle,
     deliveries_run_due,
     deliveries_runnable_at_settle,
@@ -94,6 +94,15 @@ from ingress.verifiers import StoredRequest, Verdict
 from kernel.db.json_rows import json_rows
 from kernel.logformat import raised_at
 from kernel.processing import processing_pass
+from kernel.queue import (
+    BEAT,
+    CLAIMED_PREFIX,
+    HOLDER_GONE,
+    Holder,
+    holder_alive_since,
+    statement,
+    this_process,
+)
 from kernel.retry import RetryPolicy, classify
 
 logger = logging.getLogger(__name__)
@@ -417,52 +426,59 @@ class ClaimedBatch:
     unsettled: dict[int, int]  # raw event id -> its unsettled claims, this one included
 
 
-# The claim, one statement. `c`: up to `limit` due pending rows, oldest first, locked (SKIP
-# LOCKED: a live batch's rows are another worker's), with their claims; rows whose claim is
-# outstanding wait for its lease. `b`: the claimed prefix — always the first row; then rows
-# while the running sum of body bytes stays within the budget and none of them (this one
-# included) is a suspect (claimed before without being settled): a suspect is claimed
-# alone, by itself first in line or in the next claim. octet_length of a stored bytea reads
-# its length from the TOAST pointer, not the body. `m`: the claim's mark, one RawEventClaim
-# row each; a claim another worker made meanwhile (committed after this statement's
-# snapshot) is left to it by the conflict's WHERE, and the row is not returned.
+# The inbox's claim, one statement, of the one queue's pieces (kernel/queue.py): the holder's
+# beat; `due`: up to `limit` pending rows, oldest first, locked (SKIP LOCKED: a live batch's
+# rows are another worker's), whose claim, if any, ended (given back, its holder gone, or
+# older than the lease, a backstop); the claimed prefix, within the bytes budget, a suspect
+# (claimed before and never settled) alone; `m`: the claim's mark, one RawEventClaim row
+# each, counting a death unless the previous holder was another region's. A claim another
+# worker made meanwhile is left to it by the conflict's WHERE. octet_length of a stored
+# bytea reads its length from the TOAST pointer, not the body.
+_CLAIM_ENDED = (
+    "(k.claimed_at IS NULL OR k.claimed_at <= %(lease_ended)s OR k.claimed_by IS NOT NULL AND "
+    + HOLDER_GONE.replace("{claim}", "k")
+    + ")"
+)
 _CLAIM = (
-    "WITH c AS (SELECT r.id, r.received_at, coalesce(k.unsettled_claims, 0) AS unsettled,"
+    "WITH beat AS (" + BEAT + "),"  # noqa: S608 (constants)
+    " due AS (SELECT r.id, r.received_at, coalesce(k.unsettled_claims, 0) AS worker_deaths,"
     " octet_length(r.body) AS bytes FROM {raw} AS r"
     " LEFT JOIN {claim} AS k ON k.raw_event_id = r.id WHERE r.signature_status = 'pending'"
     " AND (r.retry_not_before IS NULL OR r.retry_not_before <= %(now)s)"
-    " AND (k.claimed_at IS NULL OR k.claimed_at <= %(lease_ended)s)"
-    " AND r.body_encryption = ANY(%(keys)s)"
+    " AND " + _CLAIM_ENDED + " AND r.body_encryption = ANY(%(keys)s)"
     " ORDER BY r.received_at LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED),"
-    " b AS (SELECT id, received_at, row_number() OVER w AS n, sum(bytes) OVER w AS bytes,"
-    " bool_or(unsettled > 0) OVER w AS suspect FROM c"
-    " WINDOW w AS (ORDER BY received_at, id ROWS UNBOUNDED PRECEDING)),"
-    " m AS (INSERT INTO {claim} AS k (raw_event_id, claimed_at, unsettled_claims)"
-    " SELECT id, %(now)s, 1 FROM b WHERE b.n = 1 OR (b.bytes <= %(budget)s AND NOT b.suspect)"
+    " c AS (" + CLAIMED_PREFIX + "),"
+    " m AS (INSERT INTO {claim} AS k (raw_event_id, claimed_at, claimed_by, unsettled_claims)"
+    " SELECT id, %(now)s, %(holder)s, 1 FROM c"
     " ON CONFLICT (raw_event_id) DO UPDATE SET claimed_at = excluded.claimed_at,"
-    " unsettled_claims = k.unsettled_claims + 1"
-    " WHERE k.claimed_at IS NULL OR k.claimed_at <= %(lease_ended)s"
-    " RETURNING k.raw_event_id, k.unsettled_claims)"
-    " SELECT m.raw_event_id, b.received_at, m.unsettled_claims FROM m"
-    " JOIN b ON b.id = m.raw_event_id"
+    " claimed_by = excluded.claimed_by, unsettled_claims = k.unsettled_claims"
+    " + CASE WHEN (k.claimed_by >> {shift}) <> %(region)s THEN 0 ELSE 1 END"
+    " WHERE " + _CLAIM_ENDED + " RETURNING k.raw_event_id, k.unsettled_claims)"
+    " SELECT m.raw_event_id, due.received_at, m.unsettled_claims FROM m"
+    " JOIN due ON due.id = m.raw_event_id"
 )
 
 
-def raw_events_claim(*, limit: int, now: datetime) -> ClaimedBatch | None:
+def raw_events_claim(
+    *, limit: int, now: datetime, holder: Holder | None = None
+) -> ClaimedBatch | None:
     """Claim a batch (see _CLAIM) in a transaction of its own, committed; None if nothing is
     due. The claim's mark must outlive a worker that dies settling the batch, so it cannot
     share the settling transaction; its commit does not wait for the WAL flush
     (`synchronous_commit = off` for this transaction only): should the database crash
     before the flush, the mark is lost with the claim, and no death is counted for it."""
-    sql = _claim_sql(_CLAIM)
+    holder = holder or this_process()
+    sql = _claim_sql(_CLAIM, order="received_at, id", running_bytes="sum(bytes) OVER w")
     lease = timedelta(seconds=settings.INBOX_CLAIM_LEASE_SECONDS)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL synchronous_commit = off")
         cursor.execute(
             sql,
             {
-                "now": now,
+                **holder.beat_params(now),
                 "lease_ended": now - lease,
+                "region": settings.EVENTDROP_REGION_NUMBER,
+                "alive_since": holder_alive_since(now),
                 # A body encrypted with a key we no longer hold stays pending, never charged
                 # or rejected: our configuration, not the row's fault (it shows as pending age).
                 "keys": sorted(keyring().known_ids),
@@ -471,6 +487,7 @@ def raw_events_claim(*, limit: int, now: datetime) -> ClaimedBatch | None:
             },
         )
         rows = cursor.fetchall()
+    holder.beaten_at = now
     if not rows:
         return None
     received = [at for _, at, _ in rows]
@@ -500,9 +517,14 @@ _LOCK_CLAIMED = (
 _END_CLAIM = "DELETE FROM {claim} WHERE raw_event_id = ANY(%(ids)s) AND claimed_at = %(claimed_at)s"
 
 
-def _claim_sql(sql: str) -> str:
+def _claim_sql(sql: str, **pieces: str) -> str:
     quote = connection.ops.quote_name
-    return sql.format(raw=quote(RawEvent._meta.db_table), claim=quote(RawEventClaim._meta.db_table))
+    return statement(
+        sql,
+        raw=quote(RawEvent._meta.db_table),
+        claim=quote(RawEventClaim._meta.db_table),
+        **pieces,
+    )
 
 
 def _verify_batch(
@@ -606,29 +628,32 @@ def _set_aside_worker_died(events: list[RawEvent], deaths: dict[int, int], now: 
         )
 
 
-# Claims this process made and could not settle while it lived on, not yet given back (our
-# database was unavailable): given back first thing on the next pass.
-_unreturned: list[ClaimedBatch] = []
-
-
 def _give_back(claim: ClaimedBatch) -> None:
-    _unreturned.append(claim)
+    _owed().append(claim)
     # Still unavailable: the next pass tries again, before it claims anything.
     with contextlib.suppress(*DATABASE_UNAVAILABLE):
         raw_events_give_back_unreturned()
 
 
+def _owed() -> list[ClaimedBatch]:
+    """The claims this process could not settle and could not give back yet (our database
+    failed): given back first thing on its next pass."""
+    owed: list[ClaimedBatch] = this_process().memo.setdefault("inbox.owed", [])
+    return owed
+
+
 def raw_events_give_back_unreturned() -> int:
     """Give back the claims this process could not settle: `unsettled_claims` minus one and
-    `claimed_at` cleared, on the claim rows still its own, so that the rows are due again
-    at once and no worker death is counted for them. Returns how many rows. Raises while
-    our database is unavailable (the claims stay owed)."""
+    the claim cleared, on the claim rows still its own, so that the rows are due again at once
+    and no worker death is counted for them. Returns how many rows. Raises while our database
+    is unavailable (the claims stay owed)."""
+    owed = _owed()
     given = 0
-    while _unreturned:
-        given += _claims_of(_unreturned[0]).update(
-            claimed_at=None, unsettled_claims=F("unsettled_claims") - 1
+    while owed:
+        given += _claims_of(owed[0]).update(
+            claimed_at=None, claimed_by=None, unsettled_claims=F("unsettled_claims") - 1
         )
-        _unreturned.pop(0)
+        owed.pop(0)
     if given:
         logger.warning("ingress.verify.claims_given_back", extra={"events": given})
     return given
@@ -740,7 +765,7 @@ def inbox_run_once(*, limit: int | None = None) -> InboxPass:
     with processing_pass() as here:
         if not here:
             return InboxPass(verified=0, delivered=0, rearmed=0)
-        rearmed = deliveries_rearm_stale()
+        rearmed = deliveries_rearm_orphaned()
         verified, ran = _verify_and_run_batch(limit)
         delivered = deliveries_run_due(limit=limit)
     return InboxPass(verified=verified, delivered=ran + delivered, rearmed=rearmed)

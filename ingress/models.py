@@ -13,6 +13,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from kernel.queue import Claim, WorkItem
+
 
 class SignatureStatus(models.TextChoices):
     PENDING = "pending", "pending"
@@ -217,6 +219,8 @@ class RawEventClaim(models.Model):
         related_name="+",
     )
     claimed_at = models.DateTimeField(null=True, blank=True)
+    # The holder of the claim (kernel/queue.py): while it beats, the claim is its own.
+    claimed_by = models.BigIntegerField(null=True, blank=True)
     unsettled_claims = models.SmallIntegerField(default=0)
 
     def __str__(self) -> str:
@@ -290,8 +294,24 @@ UNFINISHED_DELIVERY_STATUSES = (
 )
 
 
-class Delivery(models.Model):
-    """One verified event handed to one handler; retried until done or dead."""
+class DeliveryClaim(Claim):
+    """A claimed delivery: its event and handler, and its attempt's number in the history."""
+
+    @property
+    def raw_event_id(self) -> int:
+        return int(self.row["raw_event_id"])
+
+    @property
+    def handler(self) -> str:
+        return str(self.row["handler"])
+
+    @property
+    def number(self) -> int:
+        return int(self.row["total_attempts"])
+
+
+class Delivery(WorkItem):
+    """One verified event handed to one handler; the one queue's row (kernel/queue.py)."""
 
     raw_event = models.ForeignKey(
         RawEvent, on_delete=models.DO_NOTHING, db_constraint=False, related_name="deliveries"
@@ -300,22 +320,11 @@ class Delivery(models.Model):
     status = models.CharField(
         max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
     )
-    # Attempts since the delivery was last armed (created, replayed, re-armed): drives the
-    # backoff and the dead threshold. total_attempts never resets and numbers the history.
-    attempts = models.PositiveIntegerField(default=0)
+    # Never reset, unlike `attempts`: numbers the history.
     total_attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(default=timezone.now)
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    last_error = models.TextField(blank=True, default="")
-    # The first charged failure since the delivery was armed: DELIVERY_TRANSIENT_HORIZON_SECONDS
-    # counts from it (kernel/retry.py). Since when it has waited on failures that were not
-    # its own (our database), none charged: its release backoff grows with that wait.
-    first_failed_at = models.DateTimeField(null=True, blank=True)
-    waiting_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     # No updated_at: every write of a delivery is a QuerySet.update() (claims and outcomes in
     # bulk, fenced), which auto_now never moves; claimed_at and finished_at say when it ran.
-    finished_at = models.DateTimeField(null=True, blank=True)
     # Ordered handlers only (HandlerSpec.ordering_key): the key's value in this event, and
     # the provider's event time (the received time when the handler declares none, or the
     # payload lacks it). "" = unordered, claimed as any delivery. Set once, at creation.
@@ -340,11 +349,10 @@ class Delivery(models.Model):
     )
     # Replayed by force: runs even though a newer event of its key was handled.
     forced = models.BooleanField(default=False, db_default=False)
-    # Claims of it in a row whose worker died before recording any outcome (counted when
-    # deliveries_rearm_stale re-arms it; reset by every recorded outcome and by arming
-    # afresh). Claimed alone while above 0; `dead` (`worker_died`) at INBOX_MAX_WORKER_DEATHS.
-    # Not Positive…: its CHECK would scan the table under an exclusive lock when added.
-    worker_deaths = models.SmallIntegerField(default=0, db_default=0)
+
+    claim_also = {"total_attempts": "t.total_attempts + 1"}
+    claim_returns = ("raw_event_id", "handler", "total_attempts")
+    claim_class = DeliveryClaim
 
     class Meta:
         verbose_name_plural = "deliveries"

@@ -8,4 +8,5 @@ class KernelConfig(AppConfig):
     verbose_name = "EventDrop kernel"
 
     def ready(self) -> None:
+        from kernel import checks  # noqa: F401 (registers the holder check)
         from kernel.db import checks as db_checks  # noqa: F401 (registers the check)

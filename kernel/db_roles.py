@@ -86,6 +86,9 @@ INGRESS_PIPELINE = ("ingress.DedupKey", "ingress.Delivery", "ingress.DeliveryAtt
 PROCESSING_GATE = (
     Grant(("regions.RegionState",), UPDATE),
     Grant(("regions.ProcessingDecision",), READ),
+    # The one queue's holders (kernel/queue.py): every claim beats its holder's row, and
+    # holders gone a day are pruned.
+    Grant(("kernel.ClaimHolder",), ALL),
 )
 SIDE_EFFECTS = ("outbox.RecapSideEffect", "outbox.RecapSideEffectAttempt")
 EVENTS = ("recaps.Event", "recaps.Photo")
@@ -170,7 +173,10 @@ ROLES: tuple[RoleSpec, ...] = (
         login=True,
         description="admin, staff API, ops page, buyer API: reads all, writes via services",
         grants=(
-            Grant(("ingress", "recaps", "outbox", "console", "regions", "django_q", "auth"), READ),
+            Grant(
+                ("ingress", "recaps", "outbox", "console", "regions", "kernel", "django_q", "auth"),
+                READ,
+            ),
             Grant(("contenttypes",), READ),
             Grant(("sessions", "knox.AuthToken"), ALL),  # sign-in, sign-out, expired tokens
             Grant(("auth.User",), ("UPDATE",), columns=("last_login",)),

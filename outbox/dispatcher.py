@@ -36,18 +36,18 @@ from django.utils import timezone
 
 from kernel.budgets import BudgetClock, render_dispatch_worst_case
 from kernel.processing import processing_pass
+from kernel.queue import this_process
 from kernel.retry import classify
 from outbox.breaker import RENDER_SERVICE_BREAKER, Breaker, BreakerConfig
 from outbox.errors import EventNotFound, RenderCircuitOpen, TooFewPhotos
-from outbox.models import AttemptOutcome, BreakerState
+from outbox.models import AttemptOutcome, BreakerState, RecapSideEffect, SideEffectClaim
 from outbox.render_checks import RenderCheckReport, render_checks_run
 from outbox.render_client import RenderClient, RenderClientConfig
 from outbox.services import (
-    Claim,
     side_effect_complete,
     side_effect_fail,
     side_effects_claim,
-    side_effects_rearm_stale,
+    side_effects_rearm_orphaned,
 )
 from recaps.models import RecapStatus, RecapVideo
 from recaps.selectors import event_photo_keys, photo_keys_by_event, recap_get, recaps_by_id
@@ -150,7 +150,7 @@ class RenderInput:
     photos: list[str]
 
 
-def _read_render_inputs(claims: list[Claim]) -> dict[int, RenderInput]:
+def _read_render_inputs(claims: list[SideEffectClaim]) -> dict[int, RenderInput]:
     """The batch's recaps and their events' photos in two queries, not two per row.
 
     Read right after the claim, so a row claimed ahead may start on a recap up to one
@@ -181,7 +181,7 @@ def _read_render_inputs(claims: list[Claim]) -> dict[int, RenderInput]:
 
 
 def dispatch_one(
-    claim: Claim,
+    claim: SideEffectClaim,
     *,
     deadline: float,
     breaker: Breaker,
@@ -282,16 +282,19 @@ def dispatch_run(
 
     report = DispatchReport(budget_seconds=budget, worst_case_seconds=worst)
     run = BudgetClock(budget, setting="OUTBOX_DISPATCH_BUDGET_SECONDS", clock=clock)
-    report.rearmed_stale = side_effects_rearm_stale(now=current())
+    # What an earlier run owes (recording its outcome failed) first, then the orphans.
+    RecapSideEffect.objects.pay_owed(now=current())
+    report.rearmed_stale = side_effects_rearm_orphaned(now=current())
+    holder = this_process()
 
     bulkhead = _Bulkhead(concurrency)
     seen: set[int] = set()
-    in_flight: dict[Future, Claim] = {}
+    in_flight: dict[Future, SideEffectClaim] = {}
     # Rows claimed ahead (at most one per slot), so that claiming costs one transaction per
     # batch rather than one per row. Each starts within one worst-case dispatch of its claim
     # (every slot frees within that), so ahead-claims are made only while the budget covers
     # two worst cases.
-    ahead: deque[Claim] = deque()
+    ahead: deque[SideEffectClaim] = deque()
     render_inputs: dict[int, RenderInput] = {}
     exhausted = False
     try:
@@ -325,16 +328,24 @@ def dispatch_run(
                 in_flight[future] = claim
             if not in_flight:
                 break
-            done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+            # The calls in flight are this holder's claims: it beats while it waits on them.
+            done, _ = wait(
+                list(in_flight),
+                timeout=settings.CLAIM_HOLDER_BEAT_SECONDS,
+                return_when=FIRST_COMPLETED,
+            )
+            if not done:
+                holder.beat_if_due()
             for future in done:
                 claim = in_flight.pop(future)
                 try:
                     outcome = str(future.result())
                     report.outcomes[outcome] = report.outcomes.get(outcome, 0) + 1
                 except Exception:
-                    # Recording the outcome failed (database gone?): the row stays
-                    # `processing` and is re-armed once stale. Nothing is lost.
+                    # Recording the outcome failed (database gone?): the claim is owed back,
+                    # given back first thing next run (the same key renders once).
                     report.errors += 1
+                    RecapSideEffect.objects.owe([claim])
                     logger.exception("outbox.dispatch.error", extra={"side_effect_id": claim.id})
     finally:
         bulkhead.shutdown()

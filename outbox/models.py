@@ -11,10 +11,10 @@ nullable parent would make a dispatch for a missing one a silent no-op (the seed
 
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Now
 from django.utils import timezone
 
-from recaps.models import RecapVideo
+from kernel.queue import Claim, WorkItem
+from recaps.models import RecapId, RecapVideo
 
 
 class EffectType(models.TextChoices):
@@ -46,7 +46,26 @@ class WaitReason(models.TextChoices):
     CONFIGURATION = "configuration", "our configuration was incomplete (not charged)"
 
 
-class RecapSideEffect(models.Model):
+class SideEffectClaim(Claim):
+    """A claimed side effect: what the dispatcher sends."""
+
+    @property
+    def recap_id(self) -> RecapId:
+        return self.row["recap_id"]
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.recap_id, EffectType.RENDER, self.row["key_generation"])
+
+
+def idempotency_key(recap_id: RecapId, effect_type: str, generation: int) -> str:
+    """Stable across retries of a row: the render service renders a key once."""
+    return f"recap-{recap_id}-{effect_type}-g{generation}"
+
+
+class RecapSideEffect(WorkItem):
+    """The one queue's row (kernel/queue.py) for a side effect a recap owes."""
+
     recap = models.ForeignKey(RecapVideo, on_delete=models.CASCADE, related_name="side_effects")
     effect_type = models.CharField(max_length=32, choices=EffectType.choices)
     status = models.CharField(
@@ -55,20 +74,12 @@ class RecapSideEffect(models.Model):
         default=SideEffectStatus.PENDING,
         db_default=SideEffectStatus.PENDING,
     )
-    attempts = models.PositiveIntegerField(default=0, db_default=0)
-    # db_default as in the seed: the outbox is the only path, so a new row is due at once.
-    next_attempt_at = models.DateTimeField(default=timezone.now, db_default=Now())
-    claimed_at = models.DateTimeField(null=True, blank=True)
     # Part of the idempotency key sent to the render service. It only changes when staff
     # deliberately ask for a *new* render after the service finished one (see
     # recap_retry_render); automatic retries and re-arms keep it, so an ambiguous timeout
     # followed by a retry can never render twice.
     key_generation = models.PositiveIntegerField(default=0)
-    last_error = models.TextField(blank=True, default="")
     last_error_class = models.CharField(max_length=64, blank=True, default="")
-    # The first *charged* failure since the row was armed: the give-up horizon
-    # (OUTBOX_TRANSIENT_HORIZON_SECONDS) is measured from here, not from an incident's start.
-    first_failed_at = models.DateTimeField(null=True, blank=True)
     wait_reason = models.CharField(
         max_length=16,
         choices=WaitReason.choices,
@@ -76,13 +87,13 @@ class RecapSideEffect(models.Model):
         default=WaitReason.NONE,
         db_default=WaitReason.NONE,
     )
-    # Since when it has waited on others' failures (the service, its deploy, our database),
-    # none of them charged; cleared by a render accepted, a charged failure or a re-arm. The
-    # ops page and /metrics show the oldest such wait, and an alert fires on it.
-    waiting_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+
+    claim_returns = ("recap_id", "key_generation")
+    claim_class = SideEffectClaim
+    touched_columns = ("updated_at",)
+    on_rearm = {"wait_reason": "''"}
 
     class Meta:
         db_table = "recap_side_effects"
@@ -130,8 +141,7 @@ class RecapSideEffect(models.Model):
 
     @property
     def idempotency_key(self) -> str:
-        """Stable across retries of this row: the render service renders a key once."""
-        return f"recap-{self.recap_id}-{self.effect_type}-g{self.key_generation}"
+        return idempotency_key(self.recap_id, self.effect_type, self.key_generation)
 
 
 class AttemptOutcome(models.TextChoices):

@@ -28,15 +28,15 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import cast
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import F, Value
-from django.db.models.functions import Coalesce
+from django.db import transaction
 from django.utils import timezone
 
 from kernel.errors import Disposition
-from kernel.retry import Action, Failure, RetryDecision, RetryPolicy, RetryStrategy, fenced
+from kernel.queue import holders_prune
+from kernel.retry import Action, Failure, RetryDecision, RetryPolicy, RetryStrategy
 from outbox.errors import (
     SIDE_EFFECT_ALREADY_DEAD,
     SIDE_EFFECT_ALREADY_DONE,
@@ -50,6 +50,7 @@ from outbox.models import (
     EffectType,
     RecapSideEffect,
     RecapSideEffectAttempt,
+    SideEffectClaim,
     SideEffectStatus,
     WaitReason,
 )
@@ -108,21 +109,6 @@ def outbox_retry_strategy() -> RetryStrategy:
 
 def _stale_after() -> timedelta:
     return timedelta(seconds=settings.OUTBOX_STALE_PROCESSING_SECONDS)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A row this worker owns until it records an outcome (fenced on claimed_at+attempts)."""
-
-    id: int
-    recap_id: RecapId
-    attempts: int
-    claimed_at: datetime
-    idempotency_key: str
-    # The row's first charged failure since it was armed (the horizon counts from it).
-    first_failed_at: datetime | None = None
-    # Since when it has waited on others' failures, uncharged (its release backoff).
-    waiting_since: datetime | None = None
 
 
 def _history(
@@ -193,54 +179,21 @@ def side_effect_withdraw(*, recap: RecapVideo) -> bool:
 # --- the dispatcher's side -------------------------------------------------------------------
 
 
-_CLAIM = (
-    "WITH due AS ("
-    " SELECT id FROM recap_side_effects"
-    " WHERE status = 'pending' AND next_attempt_at <= %(now)s AND NOT (id = ANY(%(exclude)s))"
-    " ORDER BY next_attempt_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
-    " UPDATE recap_side_effects AS s SET status = 'processing', claimed_at = %(now)s,"
-    " attempts = s.attempts + 1, updated_at = %(now)s FROM due WHERE s.id = due.id"
-    " RETURNING s.id, s.recap_id, s.attempts, s.key_generation, s.first_failed_at,"
-    " s.waiting_since, s.next_attempt_at"
-)
-
-
 def side_effects_claim(
     *, limit: int, now: datetime | None = None, exclude: Iterable[int] = ()
-) -> list[Claim]:
-    """Claim up to `limit` due rows in one statement (SKIP LOCKED, marked processing, the
-    attempt charged), due first. The claim's `claimed_at` is the one thing staleness is
-    judged by (side_effects_rearm_stale); next_attempt_at is left as it was."""
-    now = now or timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute(_CLAIM, {"now": now, "exclude": list(exclude), "limit": limit})
-        rows = sorted(cursor.fetchall(), key=lambda row: (row[6], row[0]))
-    return [
-        Claim(
-            id=id,
-            recap_id=recap_id,
-            attempts=attempts,
-            claimed_at=now,
-            idempotency_key=RecapSideEffect(
-                recap_id=recap_id, effect_type=EffectType.RENDER, key_generation=generation
-            ).idempotency_key,
-            first_failed_at=first_failed_at,
-            waiting_since=waiting_since,
-        )
-        for id, recap_id, attempts, generation, first_failed_at, waiting_since, _ in rows
-    ]
-
-
-def _fenced(claim: Claim):
-    return fenced(
-        RecapSideEffect.objects.filter(id=claim.id),
-        claimed_at=claim.claimed_at,
-        attempts=claim.attempts,
-        processing=SideEffectStatus.PROCESSING,
+) -> list[SideEffectClaim]:
+    """Claim up to `limit` due rows, due first, in one statement (the one queue's claim,
+    kernel/queue.py), none of `exclude` (the rows this run tried already)."""
+    claims = RecapSideEffect.objects.claim(
+        limit=limit,
+        now=now or timezone.now(),
+        eligible="NOT (id = ANY(%(exclude)s))",
+        params={"exclude": list(exclude)},
     )
+    return cast(list[SideEffectClaim], claims)
 
 
-def _lost_claim(claim: Claim, started_at: datetime, now: datetime, detail: str) -> str:
+def _lost_claim(claim: SideEffectClaim, started_at: datetime, now: datetime, detail: str) -> str:
     _history(
         claim.id,
         number=claim.attempts,
@@ -257,19 +210,12 @@ def _lost_claim(claim: Claim, started_at: datetime, now: datetime, detail: str) 
 
 @transaction.atomic
 def side_effect_complete(
-    *, claim: Claim, render_id: str, started_at: datetime, now: datetime | None = None
+    *, claim: SideEffectClaim, render_id: str, started_at: datetime, now: datetime | None = None
 ) -> str:
     """The render service accepted the render: the row is done, the recap `rendering`."""
     now = now or timezone.now()
-    updated = _fenced(claim).update(
-        status=SideEffectStatus.DONE,
-        finished_at=now,
-        claimed_at=None,
-        last_error="",
-        last_error_class="",
-        wait_reason=WaitReason.NONE,
-        waiting_since=None,
-        updated_at=now,
+    updated = RecapSideEffect.objects.complete(
+        [claim], now=now, last_error_class="", wait_reason=WaitReason.NONE
     )
     if not updated:
         return _lost_claim(claim, started_at, now, f"accepted as render {render_id}")
@@ -304,7 +250,7 @@ def _uncharged_outcome(failure: Failure) -> tuple[str, str]:
 @transaction.atomic
 def side_effect_fail(
     *,
-    claim: Claim,
+    claim: SideEffectClaim,
     failure: Failure,
     error: str,
     started_at: datetime,
@@ -325,50 +271,30 @@ def side_effect_fail(
         waiting_since=claim.waiting_since,
         release_at=release_at,
     )
+    queue = RecapSideEffect.objects
+    recorded = error[:_ERROR_LIMIT]
     if decision.action == Action.RELEASE:
         outcome, wait_reason = _uncharged_outcome(failure)
-        updated = _fenced(claim).update(
-            status=SideEffectStatus.PENDING,
-            claimed_at=None,
-            attempts=F("attempts") - 1,
-            next_attempt_at=decision.retry_at,
-            last_error=error[:_ERROR_LIMIT],
-            last_error_class=failure.error_class,
-            wait_reason=wait_reason,
-            waiting_since=Coalesce("waiting_since", Value(now)),
-            updated_at=now,
-        )
     elif decision.action == Action.RETRY:
-        outcome = AttemptOutcome.TRANSIENT
-        updated = _fenced(claim).update(
-            status=SideEffectStatus.PENDING,
-            claimed_at=None,
-            next_attempt_at=decision.retry_at,
-            last_error=error[:_ERROR_LIMIT],
-            last_error_class=failure.error_class,
-            first_failed_at=claim.first_failed_at or now,
-            wait_reason=WaitReason.OWN_ERROR,
-            waiting_since=None,
-            updated_at=now,
-        )
+        outcome, wait_reason = AttemptOutcome.TRANSIENT, WaitReason.OWN_ERROR
     else:
         permanent = failure.disposition == Disposition.PERMANENT
         outcome = AttemptOutcome.PERMANENT if permanent else AttemptOutcome.DEAD
+        wait_reason = WaitReason.NONE
+        recorded = recorded or failure.error_class  # a dead row says why
+    updated = queue.record(
+        claim,
+        decision,
+        error=recorded,
+        now=now,
+        last_error_class=failure.error_class,
+        wait_reason=wait_reason,
+    )
+    if updated and decision.action == Action.GIVE_UP:
         reason = DEAD_REASON.format(
             attempts=claim.attempts, error_class=failure.error_class, error=error
         )
-        updated = _fenced(claim).update(
-            status=SideEffectStatus.DEAD,
-            claimed_at=None,
-            finished_at=now,
-            last_error=error[:_ERROR_LIMIT] or failure.error_class,
-            last_error_class=failure.error_class,
-            wait_reason=WaitReason.NONE,
-            waiting_since=None,
-            updated_at=now,
-        )
-        if updated:
-            recap_mark_failed(recap_id=claim.recap_id, reason=reason, now=now)
+        recap_mark_failed(recap_id=claim.recap_id, reason=reason, now=now)
     if not updated:
         return _lost_claim(claim, started_at, now, error)
     _history(
@@ -394,44 +320,31 @@ def side_effect_fail(
     return outcome
 
 
-_REARM_STALE = (
-    "WITH stale AS ("
-    " SELECT id, claimed_at FROM recap_side_effects"
-    " WHERE status = 'processing' AND claimed_at < %(cutoff)s FOR UPDATE SKIP LOCKED)"
-    " UPDATE recap_side_effects AS s SET status = 'pending', claimed_at = NULL,"
-    " attempts = GREATEST(s.attempts - 1, 0), next_attempt_at = %(now)s,"
-    " wait_reason = '', updated_at = %(now)s FROM stale WHERE s.id = stale.id"
-    " RETURNING s.id, s.attempts, stale.claimed_at"
-)
-
-
-@transaction.atomic
-def side_effects_rearm_stale(*, now: datetime | None = None) -> int:
-    """Rows `processing` (claimed_at) longer than the stale threshold go back to `pending`,
-    in one statement.
-
-    Their worker died (or was killed by the task timeout) somewhere between claim and
-    outcome. The attempt is given back: a worker's death is not a verdict about the row,
-    and the idempotency key makes the retry safe even if the request reached the service.
-    (A row proven to kill its worker again and again is issue 29's: it would be counted
-    here, by the one place that sees each death.)
-    """
+def side_effects_rearm_orphaned(*, now: datetime | None = None) -> int:
+    """Rows whose claim's holder is gone (its worker died, or its region was lost) go back to
+    `pending` with the attempt given back (kernel/queue.py: a death is no verdict about the
+    row, and the idempotency key makes the retry safe even if the request reached the
+    service); OUTBOX_STALE_PROCESSING_SECONDS is the backstop. Deaths are counted on the
+    row, never a death sentence. Returns how many."""
     now = now or timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute(_REARM_STALE, {"cutoff": now - _stale_after(), "now": now})
-        stale = cursor.fetchall()
-    for side_effect_id, attempts, claimed_at in stale:
+    orphans = RecapSideEffect.objects.rearm_orphaned(
+        now=now, backstop_seconds=settings.OUTBOX_STALE_PROCESSING_SECONDS, max_deaths=None
+    )
+    for orphan in orphans:
         _history(
-            side_effect_id,
-            number=attempts,
-            started_at=claimed_at,
+            orphan.id,
+            number=orphan.attempts,
+            started_at=orphan.claimed_at,
             finished_at=now,
             outcome=AttemptOutcome.REARMED_STALE,
-            error=STALE_ERROR.format(claimed_at=claimed_at.isoformat()),
+            error=STALE_ERROR.format(claimed_at=orphan.claimed_at.isoformat()),
         )
-    if stale:
-        logger.warning("outbox.rearm_stale", extra={"count": len(stale)})
-    return len(stale)
+    if orphans:
+        logger.warning(
+            "outbox.rearm_orphaned",
+            extra={"count": len(orphans), "taken_back": sum(o.taken_back for o in orphans)},
+        )
+    return len(orphans)
 
 
 # --- operator actions (the console calls these) ----------------------------------------------
@@ -751,7 +664,7 @@ def outbox_recover(*, now: datetime | None = None) -> RecoveryReport:
 
     - a `paid` recap without its render row (written before the enqueue was transactional,
       or by hand) gets the row;
-    - rows stuck in `processing` are re-armed;
+    - rows whose claim's holder is gone are re-armed, and holders silent a day forgotten;
     - recaps `rendering` for longer than RECAP_STUCK_RENDERING_HOURS are counted. A lost
       callback does not end there: the nightly task asks the render service about overdue
       renders first (outbox/render_checks.py), so what is still counted here is a render
@@ -762,7 +675,8 @@ def outbox_recover(*, now: datetime | None = None) -> RecoveryReport:
     for recap in recaps_paid_without_side_effect(effect_type=EffectType.RENDER):
         _, was_created = side_effect_enqueue(recap=recap, now=now)
         created += was_created
-    rearmed = side_effects_rearm_stale(now=now)
+    rearmed = side_effects_rearm_orphaned(now=now)
+    holders_prune(now=now)
     stuck = recaps_stuck_rendering(
         older_than=now - timedelta(hours=settings.RECAP_STUCK_RENDERING_HOURS)
     ).count()

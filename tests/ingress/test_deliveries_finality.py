@@ -26,7 +26,7 @@ import pytest
 from django.utils import timezone
 
 from fakes.renderer import FakeRenderer
-from ingress.deliveries import deliveries_rearm_stale
+from ingress.deliveries import deliveries_rearm_orphaned
 from ingress.models import Delivery, DeliveryAttempt
 from outbox.models import RecapSideEffect
 from recaps.models import RecapStatus, RecapVideo
@@ -285,7 +285,7 @@ def test_two_workers_and_a_batch_outliving_the_stale_threshold_run_each_handler_
                 (running,) = head.filter(status="processing")
                 # A third worker's re-arm, with everything stale by its own clock, finds
                 # the row held by its live batch and leaves it: no second run under it.
-                assert deliveries_rearm_stale(now=timezone.now() + timedelta(days=1)) == 0
+                assert deliveries_rearm_orphaned(now=timezone.now() + timedelta(days=1)) == 0
                 # The key's next event waits behind its running head.
                 assert head.exclude(pk=running.pk).get().status == "pending"
                 operator.rollback()

@@ -12,13 +12,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from ingress.deliveries import (
-    _claim_due_deliveries,
-    _Failure,
-    _record_failure,
-    deliveries_rearm_stale,
-    deliveries_run_due,
-)
+from ingress.deliveries import deliveries_claim, deliveries_rearm_orphaned, deliveries_run_due
+from ingress.deliveries.run import HandlerFailure, record_failure
 from ingress.handlers import PermanentHandlerError, unregister, webhook_handler
 from ingress.inbox import raw_events_verify_batch
 from ingress.models import Delivery, DeliveryAttempt
@@ -101,13 +96,13 @@ def test_a_late_worker_cannot_overwrite_a_rearmed_and_reclaimed_delivery(
     receive_github(client)
     raw_events_verify_batch()
     now = timezone.now()
-    (old,) = _claim_due_deliveries(10, now)
+    (old,) = deliveries_claim(limit=10, now=now)
     later = now + timedelta(seconds=settings.DELIVERY_STALE_AFTER_SECONDS + 1)
-    assert deliveries_rearm_stale(now=later) == 1  # its worker was presumed dead…
-    (new,) = _claim_due_deliveries(10, later)  # …and another one took it
+    assert deliveries_rearm_orphaned(now=later) == 1  # its worker was presumed dead…
+    (new,) = deliveries_claim(limit=10, now=later)  # …and another one took it
     # …but the first worker comes back and records a permanent failure.
     late = PermanentHandlerError("late")
-    _record_failure(_Failure(old, classify(late), "PermanentHandlerError: late", now))
+    record_failure(HandlerFailure(old, classify(late), "PermanentHandlerError: late", now))
     delivery = Delivery.objects.get()
     assert (delivery.status, delivery.claimed_at, delivery.attempts) == (
         "processing",

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from ingress.deliveries import deliveries_rearm_stale, deliveries_run_due
+from ingress.deliveries import deliveries_rearm_orphaned, deliveries_run_due
 from ingress.handlers import PermanentHandlerError, unregister, webhook_handler
 from ingress.inbox import inbox_run_once, raw_events_verify_batch
 from ingress.models import Delivery, RawEvent
@@ -167,7 +167,7 @@ def test_stale_processing_delivery_is_rearmed(client, push_handler, settings):
     raw_events_verify_batch()
     stale = timedelta(seconds=settings.DELIVERY_STALE_AFTER_SECONDS + 60)
     Delivery.objects.update(status="processing", claimed_at=timezone.now() - stale, attempts=1)
-    assert deliveries_rearm_stale() == 1
+    assert deliveries_rearm_orphaned() == 1
     # Its worker died: no verdict about the delivery, so the attempt is given back.
     assert Delivery.objects.get().attempts == 0
     assert Delivery.objects.get().status == "pending"
@@ -179,7 +179,7 @@ def test_fresh_processing_delivery_is_left_alone(client, push_handler):
     receive_github(client)
     raw_events_verify_batch()
     Delivery.objects.update(status="processing", claimed_at=timezone.now())
-    assert deliveries_rearm_stale() == 0
+    assert deliveries_rearm_orphaned() == 0
 
 
 def test_replay_runs_the_handler_again(client, push_handler):

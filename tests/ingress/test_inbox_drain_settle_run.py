@@ -17,11 +17,13 @@ from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from ingress import deliveries
-from ingress.deliveries import _SETTLE_RUN_INSERT, deliveries_run_due
+from ingress.deliveries import deliveries_run_due
+from ingress.deliveries.create import SettleRunCooldown, settle_run_cooldown
+from ingress.deliveries.statements import SETTLE_RUN_INSERT
 from ingress.handlers import unregister, webhook_handler
 from ingress.inbox import inbox_run_once
 from ingress.models import Delivery, DeliveryAttempt, HandlerPause, RawEvent
+from kernel.queue import this_process
 from tests.support.signing import store_signed_stripe_event, stripe_event
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,7 +72,7 @@ def writer():
     yield handler
     unregister(handler.name)
     # The rest after a failure is per process: not carried into the next test.
-    deliveries._settle_cooldown = deliveries._SettleRunCooldown()
+    this_process().memo["deliveries.settle_run"] = SettleRunCooldown()
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE {EFFECTS_TABLE}")
 
@@ -89,7 +91,7 @@ def stored(count: int, prefix: str) -> list[RawEvent]:
 
 
 _DELIVERY_WRITE = re.compile(
-    r'UPDATE "ingress_delivery"(?: AS d)? SET "?status"? = \'(?:processing|done)\''
+    r'UPDATE "ingress_delivery"(?: AS [dt])? SET "?status"? = \'(?:processing|done)\''
 )
 
 
@@ -188,7 +190,7 @@ def test_a_lost_connection_at_settle_propagates_and_leaves_the_events_pending(wr
     with pytest.raises(OperationalError):  # the worker loop backs off, as for any outage
         inbox_run_once()
     # Taken for what it is, an outage: not for a COMMIT-time failure that rests settle runs.
-    assert deliveries._settle_cooldown.everything_until == 0.0
+    assert settle_run_cooldown().everything_until == 0.0
 
     connection.close()
     assert set(RawEvent.objects.values_list("signature_status", flat=True)) == {"pending"}
@@ -209,7 +211,7 @@ def test_a_paused_handler_is_not_run_at_settle(writer):
 
 
 def test_the_settle_insert_names_every_column_of_a_delivery():
-    named = _SETTLE_RUN_INSERT.split("INSERT INTO {delivery} (", 1)[1].split(")", 1)[0]
+    named = SETTLE_RUN_INSERT.split("INSERT INTO {table} (", 1)[1].split(")", 1)[0]
     columns = {column.strip() for column in named.split(",")}
     model = {f.column for f in Delivery._meta.concrete_fields if not f.primary_key}
     assert columns == model

@@ -3,7 +3,7 @@ aside `worker_died` once its worker has died INBOX_MAX_WORKER_DEATHS times in a 
 (issues 27 and 29).
 
 A worker that dies mid-delivery records nothing; the delivery stays `processing` until
-deliveries_rearm_stale finds it. The dead worker is simulated exactly as it looks in the
+deliveries_rearm_orphaned finds it. The dead worker is simulated exactly as it looks in the
 database: the delivery is claimed by the real claim (which charges the attempt) and then
 abandoned. A worker that lives gives back what it could not finish (a database failure
 under its batch), so the re-arm counts what it finds as a death — and gives the attempt
@@ -18,11 +18,11 @@ import pytest
 from django.db import OperationalError
 from django.utils import timezone
 
-from ingress import deliveries
-from ingress.deliveries import _claim_due_deliveries, deliveries_rearm_stale, deliveries_run_due
+from ingress.deliveries import deliveries_claim, deliveries_rearm_orphaned, deliveries_run_due, run
 from ingress.inbox import raw_events_verify_batch
 from ingress.models import Delivery
 from ingress.services import deliveries_rearm_batch
+from kernel.queue import WorkQuerySet, this_process
 from tests.ingress import test_inbox
 from tests.ingress.test_inbox import receive_github
 from tests.support.sql import database_dsn
@@ -41,7 +41,7 @@ def stale_after(settings):
 
 def abandon_one_claim(now) -> None:
     """A worker claims the due delivery, then dies: nothing else is written."""
-    assert len(_claim_due_deliveries(10, now)) == 1
+    assert len(deliveries_claim(limit=10, now=now)) == 1
 
 
 def test_a_delivery_whose_worker_keeps_dying_is_set_aside_uncharged(
@@ -53,7 +53,7 @@ def test_a_delivery_whose_worker_keeps_dying_is_set_aside_uncharged(
     for deaths in (1, 2):
         abandon_one_claim(now)
         now += stale_after
-        assert deliveries_rearm_stale(now=now) == 1
+        assert deliveries_rearm_orphaned(now=now) == 1
         delivery = Delivery.objects.get()
         assert (delivery.status, delivery.attempts, delivery.worker_deaths) == (
             "pending",
@@ -62,7 +62,7 @@ def test_a_delivery_whose_worker_keeps_dying_is_set_aside_uncharged(
         )
     abandon_one_claim(now)
     now += stale_after
-    assert deliveries_rearm_stale(now=now) == 1
+    assert deliveries_rearm_orphaned(now=now) == 1
     delivery = Delivery.objects.get()
     # The third death in a row: dead, visibly, with the reason — and still no attempt charged.
     assert (delivery.status, delivery.attempts, delivery.worker_deaths) == ("dead", 0, 3)
@@ -88,7 +88,7 @@ def test_recorded_failures_count_and_deaths_do_not(client, push_handler, stale_a
     for _ in range(2):  # then the worker dies twice
         abandon_one_claim(now)
         now += stale_after
-        deliveries_rearm_stale(now=now)
+        deliveries_rearm_orphaned(now=now)
     delivery = Delivery.objects.get()
     assert (delivery.status, delivery.attempts, delivery.worker_deaths) == ("pending", 1, 2)
     assert list(delivery.history.values_list("number", "outcome")) == [(1, "transient")]
@@ -110,7 +110,7 @@ def test_a_delivery_with_deaths_is_claimed_alone(client, push_handler, stale_aft
     Delivery.objects.filter(id=suspect.id).update(worker_deaths=1)
 
     # Oldest first: the claim stops before the suspect, then takes it alone, then the rest.
-    claims = [[item.id for item in _claim_due_deliveries(10, now)] for _ in range(3)]
+    claims = [[item.id for item in deliveries_claim(limit=10, now=now)] for _ in range(3)]
     assert claims == [[first.id], [suspect.id], [delivery.id for delivery in rest]]
 
 
@@ -125,13 +125,13 @@ def test_a_batch_our_database_fails_under_is_given_back_not_counted(
     def database_gone(claimed, events):
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(deliveries, "_run_claimed", database_gone)
+    monkeypatch.setattr(run, "_run_claimed", database_gone)
     with pytest.raises(OperationalError):
         deliveries_run_due()
     delivery = Delivery.objects.get()
     assert (delivery.status, delivery.attempts, delivery.claimed_at) == ("pending", 0, None)
     monkeypatch.undo()
-    assert deliveries_rearm_stale(now=timezone.now() + stale_after) == 0
+    assert deliveries_rearm_orphaned(now=timezone.now() + stale_after) == 0
     assert deliveries_run_due() == 1
     delivery.refresh_from_db()
     assert (delivery.status, delivery.attempts, delivery.worker_deaths) == ("done", 1, 0)
@@ -146,13 +146,13 @@ def test_a_give_back_the_database_refuses_is_owed_until_the_next_pass(
     def database_gone(*args, **kwargs):
         raise OperationalError("the database system is shutting down")
 
-    def give_back_refused() -> int:
-        if deliveries._unreturned:
+    def give_back_refused(queue, **kwargs) -> int:
+        if this_process().owed.get("ingress.Delivery"):
             database_gone()
         return 0
 
-    monkeypatch.setattr(deliveries, "_run_claimed", database_gone)
-    monkeypatch.setattr(deliveries, "deliveries_give_back_unreturned", give_back_refused)
+    monkeypatch.setattr(run, "_run_claimed", database_gone)
+    monkeypatch.setattr(WorkQuerySet, "pay_owed", give_back_refused)
     with pytest.raises(OperationalError):
         deliveries_run_due()
     assert Delivery.objects.get().status == "processing"  # owed, in this process
@@ -160,7 +160,7 @@ def test_a_give_back_the_database_refuses_is_owed_until_the_next_pass(
     assert deliveries_run_due() == 1  # gives it back first, then claims and runs it
     delivery = Delivery.objects.get()
     assert (delivery.status, delivery.attempts, delivery.worker_deaths) == ("done", 1, 0)
-    assert deliveries._unreturned == []
+    assert this_process().owed.get("ingress.Delivery") == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -174,7 +174,7 @@ def test_a_live_batch_holding_its_claims_is_never_rearmed(client, push_handler, 
     abandon_one_claim(now)
     with psycopg.connect(database_dsn()) as batch:  # another worker's batch, still running
         batch.execute("SELECT 1 FROM ingress_delivery FOR UPDATE")
-        assert deliveries_rearm_stale(now=now + stale_after) == 0
+        assert deliveries_rearm_orphaned(now=now + stale_after) == 0
         batch.rollback()
     assert Delivery.objects.get().status == "processing"
-    assert deliveries_rearm_stale(now=now + stale_after) == 1
+    assert deliveries_rearm_orphaned(now=now + stale_after) == 1

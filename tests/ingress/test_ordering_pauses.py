@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from ingress.deliveries import deliveries_rearm_stale, deliveries_run_due
+from ingress.deliveries import deliveries_rearm_orphaned, deliveries_run_due
 from ingress.handlers import PermanentHandlerError, unregister, webhook_handler
 from ingress.inbox import inbox_run_once, raw_events_verify_batch
 from ingress.models import Delivery, DeliveryAttempt, RawEvent
@@ -147,7 +147,7 @@ def test_a_dead_worker_holding_a_key_is_rearmed_and_its_key_keeps_order(ordered)
         status="processing", claimed_at=long_ago, attempts=1, total_attempts=1
     )
     assert deliveries_run_due() == 0  # the key's running delivery holds it
-    assert deliveries_rearm_stale() == 1
+    assert deliveries_rearm_orphaned() == 1
     deliveries_run_due()
     deliveries_run_due()
     assert ran() == [head.id, behind.id]
@@ -164,7 +164,7 @@ def test_a_stale_rearm_of_a_paused_handler_is_held_not_run(ordered):
         total_attempts=1,
     )
     handler_pause(handler=HANDLER)
-    assert deliveries_rearm_stale() == 1
+    assert deliveries_rearm_orphaned() == 1
     assert deliveries_run_due() == 0
     row = delivery_of(head)
     # Claimed once, by its dead worker (total_attempts), and not charged for its death.
@@ -244,10 +244,12 @@ def test_a_pause_while_a_delivery_runs_lets_it_finish_and_holds_its_retry(ordere
 @pytest.mark.django_db
 @pytest.mark.parametrize("max_keys", [1000, 4, 3])
 def test_the_skip_scan_and_the_sorted_read_find_the_same_key_heads(ordered, monkeypatch, max_keys):
-    from ingress import deliveries
+    from ingress.deliveries import ordering
+    from ingress.deliveries.statements import KEY_HEADS
+    from kernel.queue import statement
 
-    monkeypatch.setattr(deliveries, "_SKIP_SCAN_MAX_KEYS", max_keys)  # 4 keys; 3: falls back
-    monkeypatch.setattr(deliveries, "_head_read", deliveries._HeadReadChoice())
+    monkeypatch.setattr(ordering, "SKIP_SCAN_MAX_KEYS", max_keys)  # 4 keys; 3: falls back
+    ordering.head_read_choice().sorted_passes_left = 0
     events = {
         key: [store_ordered(key, BASE_TIME + n, n=n) for n in (1, 2)]
         for key in ("running", "backoff", "held", "due")
@@ -260,14 +262,16 @@ def test_the_skip_scan_and_the_sorted_read_find_the_same_key_heads(ordered, monk
     Delivery.objects.filter(id=heads["held"]).update(status="held")
 
     with connection.cursor() as cursor:
-        found = deliveries._key_head_candidates(cursor, 100, now)
-        cursor.execute(deliveries._KEY_HEADS, [now, 100])
+        found = ordering.key_head_candidates(cursor, 100, now)
+        cursor.execute(statement(KEY_HEADS, "ingress_delivery"), [now, 100])
         sorted_read = [row[0] for row in cursor.fetchall()]
 
     assert found == sorted_read == [heads["due"]]  # nothing behind a running/backoff/held head
     # A walk that met more keys than it may take sends the next passes to the sorted read.
-    fell_back = deliveries._SORTED_READ_PASSES - 1
-    assert deliveries._head_read.sorted_passes_left == (fell_back if max_keys < 4 else 0)
+    fell_back = ordering.SORTED_READ_PASSES - 1
+    choice = ordering.head_read_choice()
+    assert choice.sorted_passes_left == (fell_back if max_keys < 4 else 0)
+    choice.sorted_passes_left = 0  # per process: not carried into the next test
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from outbox.services import (
     side_effect_mark_dead,
     side_effect_rearm,
     side_effects_claim,
-    side_effects_rearm_stale,
+    side_effects_rearm_orphaned,
 )
 from recaps.errors import RECAP_NOT_RETRYABLE, RecapStateConflict
 from recaps.models import RecapStatus
@@ -36,8 +36,8 @@ STALE = timedelta(minutes=15)
 def test_a_stale_processing_row_goes_back_to_pending(paid_recap):
     _, side_effect = paid_recap()
     side_effects_claim(limit=1, now=T0)  # …and the worker dies
-    assert side_effects_rearm_stale(now=T0 + STALE) == 0  # not older than 15 minutes yet
-    assert side_effects_rearm_stale(now=T0 + STALE + timedelta(seconds=1)) == 1
+    assert side_effects_rearm_orphaned(now=T0 + STALE) == 0  # not older than 15 minutes yet
+    assert side_effects_rearm_orphaned(now=T0 + STALE + timedelta(seconds=1)) == 1
     side_effect.refresh_from_db()
     assert side_effect.status == "pending" and side_effect.claimed_at is None
     # A worker's death is no verdict about the row: the attempt is given back (the
@@ -55,7 +55,7 @@ def test_staleness_is_judged_by_claimed_at_alone(paid_recap):
     assert side_effect.status == "processing" and side_effect.claimed_at == T0
     assert side_effect.next_attempt_at == T0 - timedelta(minutes=5)
     RecapSideEffect.objects.filter(pk=side_effect.pk).update(next_attempt_at=T0 + STALE * 4)
-    assert side_effects_rearm_stale(now=T0 + STALE + timedelta(seconds=1)) == 1
+    assert side_effects_rearm_orphaned(now=T0 + STALE + timedelta(seconds=1)) == 1
 
 
 def test_a_late_worker_cannot_overwrite_a_rearmed_and_reclaimed_row(paid_recap):
@@ -64,7 +64,7 @@ def test_a_late_worker_cannot_overwrite_a_rearmed_and_reclaimed_row(paid_recap):
 
     _, side_effect = paid_recap()
     (old_claim,) = side_effects_claim(limit=1, now=T0)
-    side_effects_rearm_stale(now=T0 + STALE * 2)
+    side_effects_rearm_orphaned(now=T0 + STALE * 2)
     (new_claim,) = side_effects_claim(limit=1, now=T0 + STALE * 2)
     outcome = side_effect_fail(
         claim=old_claim,
