@@ -88,7 +88,7 @@ from ingress.payloads import (
 from ingress.providers import dedup_key_for, verify
 from ingress.reconcile.verdict import backfilled_verdict
 from ingress.rejected_payloads import rejected_payloads_cap
-from ingress.replays import signature_replay_verdicts
+from ingress.signature_replays import signature_replay_verdicts
 from ingress.sources import all_sources
 from ingress.verifiers import StoredRequest, Verdict
 from kernel.db.json_rows import json_rows
@@ -133,8 +133,9 @@ def raw_events_settle(events: list[RawEvent], now: datetime, *, run_handlers: bo
     Returns how many deliveries it ran.
     """
     verdicts = {event.id: _verdict_for(event) for event in events}
-    # A body-only signature seen under another delivery id is a replay (ingress/replays.py);
-    # junk past its source's cap keeps its row but not its payload (rejected_payloads.py).
+    # A body-only signature seen under another delivery id is a replay
+    # (ingress/signature_replays.py); junk past its source's cap keeps its row but not its
+    # payload (rejected_payloads.py).
     verdicts |= signature_replay_verdicts(events, verdicts, now)
     rejected_payloads_cap(events, verdicts, now)
     accepted: list[RawEvent] = []

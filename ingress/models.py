@@ -41,7 +41,7 @@ class RejectionReason(models.TextChoices):
     PROCESSING_FAILED = "processing_failed", "processing raised repeatedly (a bug; re-verify)"
     # Signed, but its signature covers the body only (GitHub, generic HMAC) and an earlier
     # request carried the same one under another delivery id: a captured request sent again
-    # (ingress/replays.py). Never dispatched.
+    # (ingress/signature_replays.py). Never dispatched.
     REPLAYED_SIGNATURE = "replayed_signature", "signature already seen under another delivery id"
     # Its worker died INBOX_MAX_WORKER_DEATHS times in a row while settling it, every time
     # but the first with this row alone in its batch (killed, out of memory, a crash in a

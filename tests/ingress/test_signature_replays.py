@@ -1,4 +1,4 @@
-"""Body-only signatures replayed under a new delivery id (issue 30, ingress/replays.py).
+"""Body-only signatures replayed under a new delivery id (issue 30, ingress/signature_replays.py).
 
 GitHub signs the body only, and X-GitHub-Delivery is not signed: a captured delivery sent
 again with a made-up delivery id verified, and dedup (on that id) dispatched it again.
