@@ -32,7 +32,7 @@ import threading
 import uuid
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 import requests
 
@@ -170,14 +170,14 @@ class FakeGitHub(LocalHTTPService):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    def log_message(self, format, *args):
+    def log_message(self, format: str, *args: object) -> None:
         return None
 
     @property
     def fake(self) -> FakeGitHub:
         return self.server.fake  # type: ignore[attr-defined]
 
-    def _send(self, status: int, data, headers: dict[str, str] | None = None) -> None:
+    def _send(self, status: int, data: object, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(data).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -208,7 +208,7 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         return True
 
-    def _record(self, url) -> int:
+    def _record(self, url: SplitResult) -> int:
         fake = self.fake
         with fake.lock:
             fake.requests.append(

@@ -1,7 +1,8 @@
 import os
+from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from fakes.github import FakeGitHub
 from fakes.local_service import sender_secret
@@ -16,7 +17,7 @@ class Command(BaseCommand):
         "(GITHUB_API_BASE points here, GITHUB_API_TOKEN is its token)."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, default=8400)
         parser.add_argument("--page-size", type=int, default=100)
         parser.add_argument(
@@ -26,7 +27,9 @@ class Command(BaseCommand):
             "(default http://127.0.0.1:$PORT/webhooks/github/, PORT being our web server's)",
         )
 
-    def handle(self, *args, port, page_size, webhook_url, **options):
+    def handle(
+        self, *args: Any, port: int, page_size: int, webhook_url: str | None, **options: Any
+    ) -> None:
         webhook_url = (
             webhook_url or f"http://127.0.0.1:{os.environ.get('PORT') or 8000}/webhooks/github/"
         )
