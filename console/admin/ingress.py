@@ -238,6 +238,11 @@ NEXT_BODY = (
     "it, let reconciliation fetch the event from {provider}'s API."
 )
 NEXT_UNKNOWN_SOURCE = "Configure source “{source}” again, then Re-verify this event."
+NEXT_REPLAYED = (
+    "Nothing: its signature was seen before under another delivery id, and {provider}'s "
+    "delivery log (or an operator) answered that {provider} never sent this one — a captured "
+    "request sent again. The signature question below says what decided it."
+)
 NEXT_BUG = "A bug on our side (see the processing error): fix and deploy, then Re-verify."
 NEXT_WAIT_VERIFY = (
     "Nothing yet: the inbox worker (manage.py process_inbox) verifies it within seconds. If it "
@@ -320,6 +325,8 @@ def raw_event_state(
             step = NEXT_BODY
         elif reason == RejectionReason.UNKNOWN_SOURCE:
             step = NEXT_UNKNOWN_SOURCE
+        elif reason == RejectionReason.REPLAYED_SIGNATURE:
+            step = NEXT_REPLAYED
         else:
             step = NEXT_BUG
         return RawEventState(f"rejected: {reason}", "bad", step.format(**what))
