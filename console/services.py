@@ -60,7 +60,8 @@ REVERIFY_VERIFIED = "verified with secret #{index}; {dispatch}"
 REVERIFY_STILL_REJECTED = "still rejected: {reason}"
 # A `worker_died` event is not settled in the console's process: the inbox worker takes it.
 REVERIFY_HANDED_BACK = "handed back to the inbox worker, to be settled alone (its worker died)"
-REPEAT_ANSWERED = "{answer}: {status}{reason}, {dispatch}"
+REPEAT_GENUINE = "genuine: handed to the inbox worker, which handles it as any event"
+REPEAT_REPLAYED = "a replay: {status} {reason}, never handled"
 # Who answered, on the question; the operator action beside it names the person.
 OPERATOR = "operator"
 SIDE_EFFECT_REARMED = "re-armed: {status}, due now"
@@ -297,11 +298,12 @@ def _answer_repeat(*, genuine: bool) -> Callable[[RawEvent, str], ItemResult]:
         event = signature_question_answer(
             raw_event_id=raw_event.pk, genuine=genuine, answered_by=OPERATOR, evidence=note
         )
-        detail = REPEAT_ANSWERED.format(
-            answer="genuine" if genuine else "a replay",
-            status=event.signature_status,
-            reason=f" {event.rejection_reason}" if event.rejection_reason else "",
-            dispatch=event.get_dispatch_status_display(),
+        detail = (
+            REPEAT_GENUINE
+            if genuine
+            else REPEAT_REPLAYED.format(
+                status=event.signature_status, reason=event.rejection_reason
+            )
         )
         return ItemResult(
             outcome=ItemOutcome.OK,

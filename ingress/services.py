@@ -401,9 +401,11 @@ def raw_event_reverify(*, raw_event: RawEvent) -> RawEvent:
 def signature_question_answer(
     *, raw_event_id: int, genuine: bool, answered_by: str, evidence: str
 ) -> RawEvent:
-    """Answer a questioned event's signature question and settle it by the answer, in one
-    transaction (ingress/signature_replays.py): genuine, it is verified, deduplicated on its
-    delivery id and routed as any other; a replay, it is rejected `replayed_signature`.
+    """Answer a questioned event's signature question and act on the answer, in one
+    transaction (ingress/signature_replays.py). Genuine: the event is handed back to the
+    inbox, `pending`, whose settle verifies it, deduplicates it on its delivery id and runs
+    its handlers as for any event (in the process that runs handlers, under its claim). A
+    replay: it is settled here, rejected `replayed_signature`.
 
     Fenced: the event is locked and must still be `questioned`, so two answers (a scheduled
     run and an operator, two hosts) settle it once; the later one is refused (AnswerRefused).
@@ -437,7 +439,13 @@ def signature_question_answer(
             raise AnswerRefused(
                 ANSWER_NOT_QUESTIONED.format(id=event.id, status=event.signature_status)
             )
-        raw_events_settle([event], now)
+        if genuine:
+            RawEvent.objects.filter(id=event.id, received_at=event.received_at).update(
+                signature_status=SignatureStatus.PENDING, retry_not_before=None
+            )
+            event.signature_status = SignatureStatus.PENDING
+        else:
+            raw_events_settle([event], now)
     logger.info(
         "ingress.signature_question.answered",
         extra={

@@ -65,6 +65,8 @@ def test_an_operator_accepts_one_from_the_admin_with_a_reason(admin_client, ques
     admin_client.post(
         changelist, {**form, "post": "yes", "note": "a member was re-added: GitHub log"}
     )
+    assert status(again) == ("pending", "", "waiting")  # handed to the inbox
+    inbox_run_once()
     assert status(again) == ("verified", "", "dispatched")
     record = OperatorAction.objects.get()
     assert (record.action, record.via, record.succeeded, record.note) == (

@@ -81,6 +81,8 @@ def test_a_user_blocked_three_times_is_handled_three_times_and_a_replay_never(
     # Asked at once: the listed ones are genuine, the invented one is too young to judge.
     outcome = signature_questions_ask()
     assert (outcome.asked, outcome.genuine, outcome.replayed, outcome.waiting) == (3, 2, 0, 1)
+    assert state(second) == state(third) == ("pending", "", "waiting")  # to the inbox
+    inbox_run_once()
     assert state(second) == state(third) == ("verified", "", "dispatched")
     assert state(forged) == ("questioned", "", "waiting")
     question = SignatureQuestion.objects.get(raw_event_id=forged.id)
@@ -162,7 +164,7 @@ def test_the_command_prints_each_answer(client, github_api, blocked):
     repeat = sent(github_api, REPO_HOOK, "github_app_authorization.revoked", "g-revoked-2", client)
     inbox_run_once()
     output = run("answer_signature_questions")
-    assert f"#{repeat.id} g-revoked-2: genuine (verified); GitHub lists it" in output
+    assert f"#{repeat.id} g-revoked-2: genuine (pending); GitHub lists it" in output
     assert "1 asked, 1 genuine, 0 replayed, 0 waiting" in output
 
 
