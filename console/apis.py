@@ -54,6 +54,7 @@ from ingress.models import (
     DispatchStatus,
     RawEvent,
     RejectionReason,
+    SignatureQuestion,
     SignatureStatus,
 )
 from ingress.payloads import raw_event_body, raw_event_headers
@@ -151,6 +152,25 @@ class IdsInputSerializer(serializers.Serializer):
 
 class MarkDeadInputSerializer(IdsInputSerializer):
     reason = serializers.CharField(max_length=1000, trim_whitespace=True)
+
+
+class AnswerRepeatInputSerializer(IdsInputSerializer):
+    # What shows that the provider sent the delivery, or never did: the answer's evidence.
+    reason = serializers.CharField(max_length=1000, trim_whitespace=True)
+
+
+class SignatureQuestionOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = SignatureQuestion
+        fields = (
+            "repeats",
+            "asked_at",
+            "answer",
+            "answered_at",
+            "answered_by",
+            "evidence",
+            "checked_at",
+        )
 
 
 class RecapIdsInputSerializer(serializers.Serializer):
@@ -303,9 +323,15 @@ class RawEventWithDeliveriesSerializer(RawEventWithPayloadOutputSerializer):
     permission)."""
 
     deliveries = DeliveryOutputSerializer(many=True)
+    # A questioned event's (ingress/signature_replays.py), and its answer once given; else null.
+    signature_question = SignatureQuestionOutputSerializer(allow_null=True)
 
     class Meta(RawEventWithPayloadOutputSerializer.Meta):
-        fields = (*RawEventWithPayloadOutputSerializer.Meta.fields, "deliveries")
+        fields = (
+            *RawEventWithPayloadOutputSerializer.Meta.fields,
+            "deliveries",
+            "signature_question",
+        )
 
 
 def _raw_event_serializer(request: Request) -> type[RawEventOutputSerializer]:
@@ -435,6 +461,10 @@ class RawEventDetailApi(ConsoleApi):
             many=True,
             context={"may_read_payload": may_read_payload(request.user)},
         ).data
+        question = SignatureQuestion.objects.filter(raw_event_id=event.pk).first()
+        data["signature_question"] = (
+            SignatureQuestionOutputSerializer(question).data if question else None
+        )
         return Response(data)
 
 
@@ -474,6 +504,20 @@ class RawEventReplayApi(OperatorActionApi):
 
 class RawEventReverifyApi(OperatorActionApi):
     action = OperatorActionKind.RAW_EVENT_REVERIFY
+
+
+class RawEventAcceptRepeatApi(OperatorActionApi):
+    """Questioned events answered genuine: handled as any event (the reason is recorded)."""
+
+    input_serializer = AnswerRepeatInputSerializer
+    action = OperatorActionKind.RAW_EVENT_ACCEPT_REPEAT
+
+
+class RawEventRejectRepeatApi(OperatorActionApi):
+    """Questioned events answered replays: rejected `replayed_signature`, never handled."""
+
+    input_serializer = AnswerRepeatInputSerializer
+    action = OperatorActionKind.RAW_EVENT_REJECT_REPEAT
 
 
 class SideEffectRearmApi(OperatorActionApi):

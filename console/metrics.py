@@ -150,6 +150,7 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
         day[(source, SignatureStatus.PENDING.value)] += volume.pending_24h
         day[(source, SignatureStatus.VERIFIED.value)] += volume.verified_24h
         day[(source, SignatureStatus.REJECTED.value)] += volume.rejected_24h
+        day[(source, SignatureStatus.QUESTIONED.value)] += volume.questioned_24h
     for rejection in snapshot.rejections:
         reason = rejection.reason if rejection.reason in RejectionReason.values else OTHER
         rejected[(source_label(rejection.source), reason)] += rejection.last_24h
@@ -183,6 +184,18 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
         "eventdrop_raw_events_oldest_pending_age_seconds",
         "Age of the oldest raw event waiting for verification (0: none waiting).",
         inbox["raw_events_oldest_pending_age_seconds"] or 0.0,
+    )
+    yield _gauge(
+        "eventdrop_raw_events_questioned",
+        "Raw events whose body-only signature was seen before under another delivery id, "
+        "waiting for the provider's delivery log or an operator to answer (neither handled "
+        "nor rejected).",
+        inbox["raw_events_questioned"],
+    )
+    yield _gauge(
+        "eventdrop_raw_events_oldest_questioned_age_seconds",
+        "Age of the oldest questioned raw event (0: none waiting).",
+        inbox["raw_events_oldest_questioned_age_seconds"] or 0.0,
     )
     yield _labelled(
         "eventdrop_deliveries",

@@ -13,6 +13,9 @@ from django.utils import timezone
 class OperatorActionKind(models.TextChoices):
     RAW_EVENT_REPLAY = "raw_event_replay", "replay raw events"
     RAW_EVENT_REVERIFY = "raw_event_reverify", "re-verify raw events"
+    # The answer to questioned events' repeated signatures (ingress/signature_replays.py).
+    RAW_EVENT_ACCEPT_REPEAT = "raw_event_accept_repeat", "accept repeated signatures as genuine"
+    RAW_EVENT_REJECT_REPEAT = "raw_event_reject_repeat", "reject repeated signatures as replays"
     SIDE_EFFECT_REARM = "side_effect_rearm", "re-arm side effects"
     SIDE_EFFECT_MARK_DEAD = "side_effect_mark_dead", "mark side effects dead"
     RECAP_RETRY_RENDER = "recap_retry_render", "retry recap render"

@@ -154,6 +154,14 @@ SLOS: dict[str, Slo] = {
             "verification SLO: an event waiting longer has already missed it",
         ),
         Slo(
+            "raw_events_oldest_questioned_age",
+            "Oldest event waiting on a repeated-signature question",
+            1800,
+            "seconds",
+            "GitHub's delivery log answers within the 10 min listing lag and a 5 min run; "
+            "an event waiting longer waits for an operator",
+        ),
+        Slo(
             "deliveries_oldest_due_age",
             "Oldest due delivery",
             300,
@@ -208,6 +216,7 @@ class SourceVolume:
     pending_24h: int
     verified_24h: int
     rejected_24h: int
+    questioned_24h: int = 0
 
 
 @dataclass(frozen=True)
@@ -248,6 +257,7 @@ def _volume_by_source(rows: list[dict]) -> list[SourceVolume]:
             pending_24h=counts[SignatureStatus.PENDING],
             verified_24h=counts[SignatureStatus.VERIFIED],
             rejected_24h=counts[SignatureStatus.REJECTED],
+            questioned_24h=counts[SignatureStatus.QUESTIONED],
         )
         for source, counts in sorted(totals.items())
     ]
@@ -523,6 +533,10 @@ class OpsSnapshot:
             "verification_lag_p95": self.lags.verification_p95,
             "processing_lag_p95": self.lags.processing_p95,
             "raw_events_oldest_pending_age": self.inbox["raw_events_oldest_pending_age_seconds"]
+            or 0.0,
+            "raw_events_oldest_questioned_age": self.inbox[
+                "raw_events_oldest_questioned_age_seconds"
+            ]
             or 0.0,
             "deliveries_oldest_due_age": self.inbox["deliveries_oldest_due_age_seconds"] or 0.0,
             "side_effects_oldest_due_age": self.outbox["oldest_due_age_seconds"] or 0.0,

@@ -35,7 +35,7 @@ from console.models import (
 )
 from console.selectors import PAYLOAD_FIELDS
 from ingress.models import RawEvent, SignatureStatus
-from ingress.services import raw_event_replay, raw_event_reverify
+from ingress.services import raw_event_replay, raw_event_reverify, signature_question_answer
 from kernel.errors import EventDropError
 from kernel.processing import require_processing_region
 from outbox.models import RecapSideEffect
@@ -60,6 +60,10 @@ REVERIFY_VERIFIED = "verified with secret #{index}; {dispatch}"
 REVERIFY_STILL_REJECTED = "still rejected: {reason}"
 # A `worker_died` event is not settled in the console's process: the inbox worker takes it.
 REVERIFY_HANDED_BACK = "handed back to the inbox worker, to be settled alone (its worker died)"
+REPEAT_GENUINE = "genuine: handed to the inbox worker, which handles it as any event"
+REPEAT_REPLAYED = "a replay: {status} {reason}, never handled"
+# Who answered, on the question; the operator action beside it names the person.
+OPERATOR = "operator"
 SIDE_EFFECT_REARMED = "re-armed: {status}, due now"
 SIDE_EFFECT_MARKED_DEAD = "marked {status}; the recap is failed with the reason"
 RECAP_RENDER_QUEUED = "render queued; recap is {status}"
@@ -286,6 +290,34 @@ def _reverify(raw_event: RawEvent, note: str) -> ItemResult:
     )
 
 
+def _answer_repeat(*, genuine: bool) -> Callable[[RawEvent, str], ItemResult]:
+    """Answer a questioned event's signature question (the operator's reason is the
+    evidence) and settle it by the answer: handled as any event, or rejected as a replay."""
+
+    def perform(raw_event: RawEvent, note: str) -> ItemResult:
+        event = signature_question_answer(
+            raw_event_id=raw_event.pk, genuine=genuine, answered_by=OPERATOR, evidence=note
+        )
+        detail = (
+            REPEAT_GENUINE
+            if genuine
+            else REPEAT_REPLAYED.format(
+                status=event.signature_status, reason=event.rejection_reason
+            )
+        )
+        return ItemResult(
+            outcome=ItemOutcome.OK,
+            detail=detail,
+            data={
+                "signature_status": event.signature_status,
+                "rejection_reason": event.rejection_reason,
+                "dispatch_status": event.dispatch_status,
+            },
+        )
+
+    return perform
+
+
 # --- recap side effects and recaps -----------------------------------------------------------
 
 
@@ -356,6 +388,18 @@ OPERATOR_ACTIONS = {
     for service in (
         OperatorActionService(OperatorActionKind.RAW_EVENT_REPLAY, _raw_events, _replay),
         OperatorActionService(OperatorActionKind.RAW_EVENT_REVERIFY, _raw_events, _reverify),
+        OperatorActionService(
+            OperatorActionKind.RAW_EVENT_ACCEPT_REPEAT,
+            _raw_events,
+            _answer_repeat(genuine=True),
+            note_required=True,
+        ),
+        OperatorActionService(
+            OperatorActionKind.RAW_EVENT_REJECT_REPEAT,
+            _raw_events,
+            _answer_repeat(genuine=False),
+            note_required=True,
+        ),
         OperatorActionService(
             OperatorActionKind.SIDE_EFFECT_REARM, RecapSideEffect.objects.all, _rearm
         ),

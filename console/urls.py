@@ -15,6 +15,16 @@ urlpatterns = [
     ),
     path("raw-events/replay/", apis.RawEventReplayApi.as_view(), name="raw-event-replay"),
     path("raw-events/reverify/", apis.RawEventReverifyApi.as_view(), name="raw-event-reverify"),
+    path(
+        "raw-events/accept-repeat/",
+        apis.RawEventAcceptRepeatApi.as_view(),
+        name="raw-event-accept-repeat",
+    ),
+    path(
+        "raw-events/reject-repeat/",
+        apis.RawEventRejectRepeatApi.as_view(),
+        name="raw-event-reject-repeat",
+    ),
     path("deliveries/", apis_reads.DeliveryListApi.as_view(), name="delivery-list"),
     path(
         "deliveries/<int:delivery_id>/",

@@ -627,6 +627,11 @@ GITHUB_API_TOKEN = os.environ.get("GITHUB_API_TOKEN", "")
 GITHUB_CONNECT_TIMEOUT_SECONDS = env_float("GITHUB_CONNECT_TIMEOUT_SECONDS", 3.0)
 GITHUB_READ_TIMEOUT_SECONDS = env_float("GITHUB_READ_TIMEOUT_SECONDS", 10.0)
 GITHUB_MAX_RETRIES = env_int("GITHUB_MAX_RETRIES", 1)
+# A repeated body-only signature (ingress/signature_replays.py) is answered from the delivery
+# logs of RECONCILE_GITHUB_HOOKS (every 5 minutes, ingress/reconcile/signature_questions.py):
+# a GUID GitHub lists is genuine; one it does not list is a replay only once the event is
+# older than this (a delivery GitHub made a moment ago may not be listed yet).
+SIGNATURE_QUESTION_LISTING_LAG_SECONDS = env_int("SIGNATURE_QUESTION_LISTING_LAG_SECONDS", 600)
 
 # --- Bulk jobs and handler pauses (console/bulk_jobs.py, console/pauses.py) ----------------
 # A bulk replay or re-arm runs on django-q2 in batches of BULK_JOB_BATCH_SIZE rows, each in

@@ -88,7 +88,7 @@ from ingress.payloads import (
 from ingress.providers import dedup_key_for, verify
 from ingress.reconcile.verdict import backfilled_verdict
 from ingress.rejected_payloads import rejected_payloads_cap
-from ingress.replays import signature_replay_verdicts
+from ingress.signature_replays import signature_replays_settle
 from ingress.sources import all_sources
 from ingress.verifiers import StoredRequest, Verdict
 from kernel.db.json_rows import json_rows
@@ -142,9 +142,15 @@ def raw_events_settle(events: list[RawEvent], now: datetime, *, run_handlers: bo
     Returns how many deliveries it ran.
     """
     verdicts = {event.id: _verdict_for(event) for event in events}
-    # A body-only signature seen under another delivery id is a replay (ingress/replays.py);
-    # junk past its source's cap keeps its row but not its payload (rejected_payloads.py).
-    verdicts |= signature_replay_verdicts(events, verdicts, now)
+    # A body-only signature seen under another delivery id is a question for its provider:
+    # such events are written `questioned` there and settled later by the answer, a replay
+    # answered so is rejected (ingress/signature_replays.py); junk past its source's cap
+    # keeps its row but not its payload (rejected_payloads.py).
+    replays = signature_replays_settle(events, verdicts, now)
+    verdicts |= replays.verdicts
+    events = [event for event in events if event.id not in replays.questioned]
+    if not events:
+        return 0
     rejected_payloads_cap(events, verdicts, now)
     accepted: list[RawEvent] = []
     ran: dict[int, int] = {}  # event id -> deliveries run at settle

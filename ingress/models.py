@@ -20,6 +20,11 @@ class SignatureStatus(models.TextChoices):
     PENDING = "pending", "pending"
     VERIFIED = "verified", "verified"
     REJECTED = "rejected", "rejected"
+    # Signed, but its signature covers the body only and an earlier event of another
+    # delivery id carried the same one: the same thing happening twice, or a captured request
+    # sent again. Neither handled nor rejected until the provider's delivery log or an
+    # operator answers its SignatureQuestion (ingress/signature_replays.py).
+    QUESTIONED = "questioned", "questioned (signature seen before)"
 
 
 class RejectionReason(models.TextChoices):
@@ -43,8 +48,11 @@ class RejectionReason(models.TextChoices):
     PROCESSING_FAILED = "processing_failed", "processing raised repeatedly (a bug; re-verify)"
     # Signed, but its signature covers the body only (GitHub, generic HMAC) and an earlier
     # request carried the same one under another delivery id: a captured request sent again
-    # (ingress/replays.py). Never dispatched.
-    REPLAYED_SIGNATURE = "replayed_signature", "signature already seen under another delivery id"
+    # (ingress/signature_replays.py). Never dispatched.
+    REPLAYED_SIGNATURE = (
+        "replayed_signature",
+        "signature seen before, and the provider never sent this delivery",
+    )
     # Its worker died INBOX_MAX_WORKER_DEATHS times in a row while settling it, every time
     # but the first with this row alone in its batch (killed, out of memory, a crash in a
     # verifier): set aside, with the count on the row; re-verify hands it back to the worker.
@@ -173,6 +181,12 @@ class RawEvent(models.Model):
                 condition=Q(signature_status="pending"),
                 name="rawevent_pending",
             ),
+            # Rows waiting on a question are few: lists, figures and retention find them here.
+            models.Index(
+                fields=["received_at"],
+                condition=Q(signature_status="questioned"),
+                name="rawevent_questioned",
+            ),
             models.Index(fields=["dedup_key"], name="rawevent_dedup_key"),
         ]
         constraints = [
@@ -245,6 +259,84 @@ class DedupKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source}:{self.key}"
+
+
+class SignatureAnswer(models.TextChoices):
+    OPEN = "", "not answered yet"
+    # The provider's delivery log lists this delivery (or an operator says it was sent):
+    # verified, deduplicated on its delivery id and handled as usual.
+    GENUINE = "genuine", "genuine (the provider sent it)"
+    # The provider's delivery log, read over the whole window in which it would list it,
+    # does not (or an operator says so): rejected `replayed_signature`.
+    REPLAYED = "replayed", "replayed (the provider never sent it)"
+
+
+class SignatureQuestion(models.Model):
+    """Whether a `questioned` raw event was really sent by its provider: its body-only
+    signature was first carried by `repeats`, under another delivery id.
+
+    Written by ingress/signature_replays.py when the inbox questions the event, answered
+    once (ingress.services.signature_question_answer, fenced on the event still being
+    `questioned`): by the provider's delivery log (ingress/reconcile/signature_questions.py)
+    or an operator. The answer stays, so settling the event again (a re-verify) gives the
+    same verdict. Deleted with its event (ingress/partitions.py).
+    """
+
+    raw_event = models.OneToOneField(
+        RawEvent,
+        primary_key=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,  # the raw store is partitioned (see the module docstring)
+        related_name="+",
+    )
+    # The event's, copied: the provider is asked about a delivery id, over a window of time,
+    # without reading the raw store; received_at also finds the event's partition.
+    source = models.CharField(max_length=64)
+    delivery_id = models.CharField(max_length=255, blank=True, default="")
+    received_at = models.DateTimeField()
+    # The event that first carried the signature; an id that may dangle after its retention.
+    repeats = models.ForeignKey(
+        RawEvent,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
+    asked_at = models.DateTimeField(default=timezone.now)
+    answer = models.CharField(
+        max_length=16, choices=SignatureAnswer.choices, blank=True, default=SignatureAnswer.OPEN
+    )
+    answered_at = models.DateTimeField(null=True, blank=True)
+    # "github" (its delivery log) or the operator's username.
+    answered_by = models.CharField(max_length=150, blank=True, default="")
+    # What decided it, or, while open, what the provider said last and when it is asked again.
+    evidence = models.TextField(blank=True, default="")
+    checked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(answer__in=SignatureAnswer.values),
+                name="signaturequestion_answer_valid",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(answer="", answered_at__isnull=True)
+                    | ~Q(answer="") & Q(answered_at__isnull=False) & ~Q(answered_by="")
+                ),
+                name="signaturequestion_answered_when_answer",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["source", "received_at"],
+                condition=Q(answer=""),
+                name="signaturequestion_open",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"signature question of raw event #{self.raw_event_id} ({self.answer or 'open'})"
 
 
 class RejectedPayloadMinute(models.Model):

@@ -10,8 +10,9 @@ because this maintenance lagged. `raw_event_partitions_maintain` (hourly, django
    one for every day whose rows sit in the DEFAULT partition, moving those rows in;
 2. delete rejected events older than RAW_EVENT_REJECTED_RETENTION_DAYS (forensics only);
 3. drop the partitions whose whole day is older than RAW_EVENT_RETENTION_DAYS, unless one of
-   their events is still in flight: not yet verified (`signature_status='pending'`) or with a
-   delivery that has not finished (`pending`/`processing`). Such a partition is kept and
+   their events is still in flight: not yet verified (`signature_status='pending'`), waiting
+   on a signature question (`questioned`) or with a delivery that has not finished
+   (`pending`/`processing`). Such a partition is kept and
    retried on the next run.
    With RAW_EVENT_ARCHIVE_ENABLED, a partition is first archived to object storage and read
    back (ingress/archive.py); it is dropped only once that archive is verified, and kept
@@ -19,7 +20,8 @@ because this maintenance lagged. `raw_event_partitions_maintain` (hourly, django
    holds events restored from an archive is kept RAW_EVENT_RESTORED_RETENTION_DAYS after
    their restore, and they are not archived again.
 
-Deleting or dropping an event deletes its dedup key, its deliveries and their attempts first:
+Deleting or dropping an event deletes its dedup key, its signature question, its deliveries
+and their attempts first:
 they point at raw events without a database foreign key (see ingress/models.py), so nothing
 else would.
 
@@ -54,6 +56,7 @@ from ingress.models import (
     RawEvent,
     RawEventClaim,
     RawEventOrigin,
+    SignatureQuestion,
 )
 from ingress.models import SignatureStatus as Status
 
@@ -168,17 +171,19 @@ def _with_unfinished_delivery() -> QuerySet:
 
 
 def _has_in_flight(events: QuerySet[RawEvent]) -> bool:
-    # Not yet verified, or with an unfinished delivery: two queries, since ORed in one they
-    # force a scan of the whole day; apart, each is an index lookup.
+    # Not yet verified, waiting on a question, or with an unfinished delivery: apart, since
+    # ORed in one query they force a scan of the whole day; apart, each is an index lookup.
     return (
         events.filter(signature_status=Status.PENDING).exists()
+        or events.filter(signature_status=Status.QUESTIONED).exists()
         or events.filter(id__in=_with_unfinished_delivery()).exists()
     )
 
 
 def _delete_dependents(events: QuerySet[RawEvent]) -> None:
-    """Delete the dedup keys, deliveries and attempts of `events`, and any claim of theirs
-    (only pending events have one, and their partitions are kept); they would dangle.
+    """Delete the dedup keys, signature questions, deliveries and attempts of `events`, and
+    any claim of theirs (only pending events have one, and their partitions are kept); they
+    would dangle.
 
     Plain DELETEs with the events as a subquery rather than QuerySet.delete(): to cascade
     from deliveries to attempts, Django's collector would load every delivery of a whole day
@@ -186,11 +191,12 @@ def _delete_dependents(events: QuerySet[RawEvent]) -> None:
     """
     ids_sql, params = events.values("id").query.sql_with_params()
     qn = connection.ops.quote_name
-    attempt, delivery, dedup, claim = (
+    attempt, delivery, dedup, claim, question = (
         qn(DeliveryAttempt._meta.db_table),
         qn(Delivery._meta.db_table),
         qn(DedupKey._meta.db_table),
         qn(RawEventClaim._meta.db_table),
+        qn(SignatureQuestion._meta.db_table),
     )
     # Table names come from model metadata and the subquery from the ORM: no input here.
     statements = [
@@ -199,6 +205,7 @@ def _delete_dependents(events: QuerySet[RawEvent]) -> None:
         f"DELETE FROM {delivery} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
         f"DELETE FROM {dedup} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
         f"DELETE FROM {claim} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
+        f"DELETE FROM {question} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
     ]
     with connection.cursor() as cursor:
         for statement in statements:

@@ -14,7 +14,7 @@ One row per provider says all the project knows about it:
 - `body_signature` — for a provider whose signature covers the body only (no timestamp, no
   delivery id in what is signed: GitHub, generic HMAC), the verified signature itself, which
   identifies the request: the same signature under a new delivery id is a replay
-  (ingress/replays.py). The others bound replays themselves (a signed timestamp or id);
+  (ingress/signature_replays.py). The others bound replays themselves (a signed timestamp or id);
 - `timeout_seconds` — how long the provider waits for our answer before it counts the delivery
   as failed (its own documentation): a source's request budget, overridable per source
   (ingress/sources.py; the arithmetic in kernel/budgets.py). None: it publishes none, and

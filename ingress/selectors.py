@@ -25,6 +25,11 @@ def inbox_depths(*, now: datetime | None = None) -> dict:
     pending = RawEvent.objects.filter(signature_status=SignatureStatus.PENDING).aggregate(
         count=Count("id"), oldest=Min("received_at")
     )
+    # Repeated body-only signatures waiting for an answer (ingress/signature_replays.py):
+    # verified, neither handled nor rejected. Their own partial index, as pending's.
+    questioned = RawEvent.objects.filter(signature_status=SignatureStatus.QUESTIONED).aggregate(
+        count=Count("id"), oldest=Min("received_at")
+    )
     # Only the statuses that are work or need a human: each count reads its own partial
     # index. `done` is volume, not depth, and counting it would scan every delivery ever made.
     deliveries = {
@@ -36,6 +41,8 @@ def inbox_depths(*, now: datetime | None = None) -> dict:
     return {
         "raw_events_pending": pending["count"],
         "raw_events_oldest_pending_age_seconds": _age(now, pending["oldest"]),
+        "raw_events_questioned": questioned["count"],
+        "raw_events_oldest_questioned_age_seconds": _age(now, questioned["oldest"]),
         "deliveries": deliveries,
         "deliveries_oldest_due_age_seconds": _age(now, oldest_due),
     }

@@ -34,6 +34,8 @@ from ingress.models import (
     RawEvent,
     RawEventClaim,
     RejectionReason,
+    SignatureAnswer,
+    SignatureQuestion,
     SignatureStatus,
 )
 from ingress.sources import Source, all_sources
@@ -46,6 +48,10 @@ logger = logging.getLogger(__name__)
 REPLAY_NOT_VERIFIED = "Event #{id} is {status}, not verified: only verified events are replayed."
 REPLAY_DUPLICATE = "Event #{id} is a duplicate of #{original}: replay the original instead."
 REVERIFY_NOT_REJECTED = "Event #{id} is {status}: only rejected events are re-verified."
+ANSWER_NOT_QUESTIONED = (
+    "Event #{id} is {status}, not questioned: only an event whose repeated signature waits "
+    "for an answer is answered."
+)
 
 
 class ReplayRefused(EventDropError):
@@ -53,6 +59,10 @@ class ReplayRefused(EventDropError):
 
 
 class ReverifyRefused(EventDropError):
+    pass
+
+
+class AnswerRefused(EventDropError):
     pass
 
 
@@ -386,6 +396,73 @@ def raw_event_reverify(*, raw_event: RawEvent) -> RawEvent:
         return event
     raw_events_settle([event], timezone.now())
     return event
+
+
+def signature_question_answer(
+    *, raw_event_id: int, genuine: bool, answered_by: str, evidence: str
+) -> RawEvent:
+    """Answer a questioned event's signature question and act on the answer, in one
+    transaction (ingress/signature_replays.py). Genuine: the event is handed back to the
+    inbox, `pending`, whose settle verifies it, deduplicates it on its delivery id and runs
+    its handlers as for any event (in the process that runs handlers, under its claim). A
+    replay: it is settled here, rejected `replayed_signature`.
+
+    Fenced: the event is locked and must still be `questioned`, so two answers (a scheduled
+    run and an operator, two hosts) settle it once; the later one is refused (AnswerRefused).
+    `answered_by`: "github" or the operator's username; `evidence`: what decided it.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        question = SignatureQuestion.objects.filter(raw_event_id=raw_event_id).first()
+        # Locked before its question, as the inbox's settle locks events first.
+        event = (
+            RawEvent.objects.select_for_update()
+            .filter(id=raw_event_id, **_partition_of(question))
+            .first()
+        )
+        if event is None:
+            raise RawEvent.DoesNotExist(f"raw event #{raw_event_id} does not exist")
+        answered = (
+            question is not None
+            and event.signature_status == SignatureStatus.QUESTIONED
+            and SignatureQuestion.objects.filter(
+                pk=question.pk, answer=SignatureAnswer.OPEN
+            ).update(
+                answer=SignatureAnswer.GENUINE if genuine else SignatureAnswer.REPLAYED,
+                answered_at=now,
+                answered_by=answered_by[:150],
+                evidence=evidence,
+                checked_at=now,
+            )
+        )
+        if not answered:
+            raise AnswerRefused(
+                ANSWER_NOT_QUESTIONED.format(id=event.id, status=event.signature_status)
+            )
+        if genuine:
+            RawEvent.objects.filter(id=event.id, received_at=event.received_at).update(
+                signature_status=SignatureStatus.PENDING, retry_not_before=None
+            )
+            event.signature_status = SignatureStatus.PENDING
+        else:
+            raw_events_settle([event], now)
+    logger.info(
+        "ingress.signature_question.answered",
+        extra={
+            "raw_event_id": event.id,
+            "source": event.source,
+            "genuine": genuine,
+            "answered_by": answered_by,
+            "signature_status": event.signature_status,
+            "dispatch_status": event.dispatch_status,
+        },
+    )
+    return event
+
+
+def _partition_of(question: SignatureQuestion | None) -> dict[str, object]:
+    # The event's received_at, when known, prunes the lookup to its day's partition.
+    return {"received_at": question.received_at} if question is not None else {}
 
 
 # --- pause and resume ----------------------------------------------------------------------

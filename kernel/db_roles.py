@@ -80,7 +80,13 @@ class RoleSpec:
     description: str = ""
 
 
-INGRESS_PIPELINE = ("ingress.DedupKey", "ingress.Delivery", "ingress.DeliveryAttempt")
+INGRESS_PIPELINE = (
+    "ingress.DedupKey",
+    "ingress.Delivery",
+    "ingress.DeliveryAttempt",
+    # Asked by the inbox's settle, answered by the scheduled run or an operator.
+    "ingress.SignatureQuestion",
+)
 # The processing gate (regions/services.py): its region's row beats and holds the lease
 # (SELECT … FOR UPDATE, then UPDATE; region_setup, as the owner, creates it), decisions read.
 PROCESSING_GATE = (

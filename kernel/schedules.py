@@ -62,4 +62,12 @@ SCHEDULES: list[Recurring] = [
         Schedule.DAILY,
         daily_at=time(3, 40),
     ),
+    # Repeated body-only signatures (ingress/signature_replays.py), answered from GitHub's
+    # delivery logs; nothing is asked while none waits.
+    Recurring(
+        "ingress.signature_questions_github",
+        "ingress.reconcile.tasks.signature_questions_github",
+        Schedule.MINUTES,
+        minutes=5,
+    ),
 ]

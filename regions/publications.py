@@ -30,6 +30,7 @@ STATE_MODELS = (
     "ingress.HandlerPause",
     "ingress.RejectedPayloadMinute",
     "ingress.ReconciliationRun",
+    "ingress.SignatureQuestion",
     "recaps.Event",
     "recaps.Photo",
     "recaps.RecapVideo",

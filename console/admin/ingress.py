@@ -69,6 +69,7 @@ from ingress.models import (
     RawEventOrigin,
     ReconciliationRun,
     RejectionReason,
+    SignatureQuestion,
     SignatureStatus,
 )
 from ingress.payloads import raw_event_body, raw_event_headers
@@ -96,6 +97,18 @@ REVERIFY_DESCRIPTION = (
     "deduplicated and dispatched to their handlers."
 )
 REVERIFY_WARNING = "Events that are not rejected are refused and reported."
+ACCEPT_REPEAT_DESCRIPTION = (
+    "Each questioned event is answered genuine: its provider sent it (the same thing happened "
+    "twice). It is verified, deduplicated on its delivery id and handled as any event."
+)
+REJECT_REPEAT_DESCRIPTION = (
+    "Each questioned event is answered a replay: its provider never sent this delivery. It "
+    "is rejected replayed_signature and never handled."
+)
+ANSWER_REPEAT_WARNING = (
+    "Answer from evidence about the delivery (the provider's delivery log, its sender); "
+    "events that are not questioned are refused and reported."
+)
 
 
 # A body's hash and a dedup key made from it confirm a guessed body: staff who may not read
@@ -225,6 +238,11 @@ NEXT_BODY = (
     "it, let reconciliation fetch the event from {provider}'s API."
 )
 NEXT_UNKNOWN_SOURCE = "Configure source “{source}” again, then Re-verify this event."
+NEXT_REPLAYED = (
+    "Nothing: its signature was seen before under another delivery id, and {provider}'s "
+    "delivery log (or an operator) answered that {provider} never sent this one — a captured "
+    "request sent again. The signature question below says what decided it."
+)
 NEXT_BUG = "A bug on our side (see the processing error): fix and deploy, then Re-verify."
 NEXT_WAIT_VERIFY = (
     "Nothing yet: the inbox worker (manage.py process_inbox) verifies it within seconds. If it "
@@ -252,6 +270,13 @@ NEXT_HELD = (
     "then run in received order."
 )
 NEXT_NONE = "Nothing: every delivery is done."
+NEXT_QUESTIONED = (
+    "Its signature covers the body only, and #{repeats} carried the same one under another "
+    "delivery id: the same thing happening twice, or a captured request sent again. GitHub's "
+    "delivery log answers within minutes where it is configured (answer_signature_questions); "
+    "else check the provider's log and Accept as genuine or Reject as a replay, with your "
+    "reason."
+)
 
 
 @dataclass(frozen=True)
@@ -264,9 +289,13 @@ class RawEventState:
 
 
 def raw_event_state(
-    event: RawEvent, delivery_statuses: list[str], held_by: str = ""
+    event: RawEvent,
+    delivery_statuses: list[str],
+    held_by: str = "",
+    question: SignatureQuestion | None = None,
 ) -> RawEventState:
-    """`held_by` names the pauses holding the event's held deliveries ("handler x")."""
+    """`held_by` names the pauses holding the event's held deliveries ("handler x");
+    `question` is a questioned event's signature question."""
     provider = event.provider or "the provider"
     what = {"source": event.source, "provider": provider}
     if event.signature_status == SignatureStatus.PENDING:
@@ -279,6 +308,11 @@ def raw_event_state(
         else:
             step = NEXT_WAIT_VERIFY
         return RawEventState("waiting for verification", "wait", step)
+    if event.signature_status == SignatureStatus.QUESTIONED:
+        repeats = question.repeats_id if question is not None else "?"
+        return RawEventState(
+            "questioned: signature seen before", "warn", NEXT_QUESTIONED.format(repeats=repeats)
+        )
     if event.signature_status == SignatureStatus.REJECTED:
         reason = event.rejection_reason
         if reason in _SECRET_REASONS:
@@ -291,6 +325,8 @@ def raw_event_state(
             step = NEXT_BODY
         elif reason == RejectionReason.UNKNOWN_SOURCE:
             step = NEXT_UNKNOWN_SOURCE
+        elif reason == RejectionReason.REPLAYED_SIGNATURE:
+            step = NEXT_REPLAYED
         else:
             step = NEXT_BUG
         return RawEventState(f"rejected: {reason}", "bad", step.format(**what))
@@ -362,7 +398,12 @@ class RawEventAdmin(OperatorAdmin):
     list_per_page = 50
     # COUNT(*) over the unfiltered store on every page view is the one query to avoid.
     show_full_result_count = False
-    actions = ("replay_selected", "reverify_selected")
+    actions = (
+        "replay_selected",
+        "reverify_selected",
+        "accept_repeat_selected",
+        "reject_repeat_selected",
+    )
     change_form_template = "console/admin/raw_event_change_form.html"
     change_list_template = "console/admin/change_list.html"
 
@@ -394,6 +435,8 @@ class RawEventAdmin(OperatorAdmin):
         "processing_failures",
         "processing_error",
         "retry_not_before_display",
+        # A repeated body-only signature: the event it repeats, the answer or why it waits.
+        "signature_question",
     )
     dispatch_fields = (
         "dedup_key",
@@ -413,6 +456,7 @@ class RawEventAdmin(OperatorAdmin):
     VERDICT_AT_FIELDS: dict[str, str] = {
         SignatureStatus.VERIFIED: "verified_at_display",
         SignatureStatus.REJECTED: "rejected_at",
+        SignatureStatus.QUESTIONED: "questioned_at",
     }
 
     def get_fieldsets(self, request, obj=None):
@@ -566,6 +610,23 @@ class RawEventAdmin(OperatorAdmin):
                     "console-reverify", "Re-verify", "reverify_selected", changelist, event.pk
                 )
             )
+        if event.signature_status == SignatureStatus.QUESTIONED:
+            actions += [
+                ObjectAction(
+                    "console-accept-repeat",
+                    "Accept as genuine",
+                    "accept_repeat_selected",
+                    changelist,
+                    event.pk,
+                ),
+                ObjectAction(
+                    "console-reject-repeat",
+                    "Reject as a replay",
+                    "reject_repeat_selected",
+                    changelist,
+                    event.pk,
+                ),
+            ]
         return actions
 
     replay_selected = operator_action(
@@ -588,6 +649,28 @@ class RawEventAdmin(OperatorAdmin):
         ),
         menu_label="Re-verify selected rejected events",
     )
+    accept_repeat_selected = operator_action(
+        ConfirmSpec(
+            action=OperatorActionKind.RAW_EVENT_ACCEPT_REPEAT,
+            verb="Accept as genuine",
+            description=ACCEPT_REPEAT_DESCRIPTION,
+            warnings=(ANSWER_REPEAT_WARNING,),
+            breakdown=_breakdown,
+            note_label="What shows that the provider sent it",
+        ),
+        menu_label="Accept selected questioned events as genuine",
+    )
+    reject_repeat_selected = operator_action(
+        ConfirmSpec(
+            action=OperatorActionKind.RAW_EVENT_REJECT_REPEAT,
+            verb="Reject as a replay",
+            description=REJECT_REPEAT_DESCRIPTION,
+            warnings=(ANSWER_REPEAT_WARNING,),
+            breakdown=_breakdown,
+            note_label="What shows that the provider never sent it",
+        ),
+        menu_label="Reject selected questioned events as replays",
+    )
 
     # --- columns and detail fields -------------------------------------------------------
 
@@ -601,9 +684,31 @@ class RawEventAdmin(OperatorAdmin):
             if DeliveryStatus.HELD in statuses:
                 held = {d.handler for d in deliveries if d.status == DeliveryStatus.HELD}
                 held_by = pauses_holding(source=obj.source, handlers=held)
-            cached = raw_event_state(obj, statuses, held_by)
+            cached = raw_event_state(obj, statuses, held_by, self._question(obj))
             setattr(obj, "_console_state", cached)  # noqa: B010  (not a field of the model)
         return cached
+
+    def _question(self, obj: RawEvent) -> SignatureQuestion | None:
+        if obj.signature_status == SignatureStatus.PENDING:
+            return None  # no question yet, and the common case on a busy page
+        return SignatureQuestion.objects.filter(raw_event_id=obj.pk).first()
+
+    @admin.display(description="signature question")
+    def signature_question(self, obj: RawEvent) -> str:
+        question = self._question(obj)
+        if question is None:
+            return EMPTY
+        now = timezone.now()
+        answer = question.get_answer_display()
+        if question.answer:
+            answer += f" — by {question.answered_by}, {format_time(question.answered_at, now)}"
+        return format_html(
+            '<span id="raw-event-question">repeats {} (asked {}); {}<br>{}</span>',
+            _raw_event_link(question.repeats_id),
+            format_time(question.asked_at, now),
+            answer,
+            question.evidence or "not asked yet",
+        )
 
     @admin.display(description="verdict", ordering="signature_status")
     def signature_badge(self, obj: RawEvent) -> str:
@@ -626,6 +731,7 @@ class RawEventAdmin(OperatorAdmin):
     received_at_display = time_field("received_at", "received at")
     verified_at_display = time_field("verified_at", "verified at")
     rejected_at = time_field("verified_at", "rejected at")  # the verdict's time, a rejection
+    questioned_at = time_field("verified_at", "questioned at")  # its signature checked
     handled_at_display = time_field("handled_at", "handled at")
     retry_not_before_display = time_field("retry_not_before", "tried again from")
 
@@ -764,6 +870,8 @@ class RawEventAdmin(OperatorAdmin):
             )
         elif obj.signature_status == SignatureStatus.REJECTED:
             verdict = f"rejected: {obj.rejection_reason} ({obj.get_rejection_reason_display()})"
+        elif obj.signature_status == SignatureStatus.QUESTIONED:
+            verdict = "signature matches, seen before under another delivery id: questioned"
         else:
             verdict = "waiting for verification"
         counts = Counter(d.status for d in raw_event_deliveries(raw_event_id=obj.pk))

@@ -363,6 +363,47 @@ def _compare_pages(
         state.notes.append(FAILED_BUT_HERE.format(count=failed_but_here))
 
 
+@dataclass
+class HookListing:
+    """What one walk of a hook's deliveries, newest first, found of some GUIDs."""
+
+    hook: GitHubHook
+    listed: dict[str, _Attempt]  # the newest attempt of each GUID asked about that it lists
+    oldest_seen: datetime | None = None  # the oldest `delivered_at` the walk reached
+    ended: bool = False  # the walk read GitHub's last page: nothing older is kept
+    stopped: str = ""  # why it stopped early (rate limit, page limit, budget, GitHub down)
+
+    def covers(self, moment: datetime) -> bool:
+        """Whether every delivery GitHub made from `moment` on was on the pages read."""
+        if self.stopped:
+            return False
+        return self.ended or (self.oldest_seen is not None and self.oldest_seen < moment)
+
+
+def github_hook_listing(
+    api: GitHubAPI, hook: GitHubHook, *, guids: set[str], back_to: datetime
+) -> HookListing:
+    """Walk `hook`'s deliveries newest first until every GUID in `guids` is found or the walk
+    reaches a delivery made before `back_to`. A walk stopped early (ReconcileStopped) keeps
+    what it found and covers nothing; a failure to compare (ReconcileFailed) propagates."""
+    listing = HookListing(hook=hook, listed={})
+    try:
+        for page in api.delivery_pages(hook):
+            for attempt in filter(None, map(_Attempt.of, page)):
+                if attempt.guid in guids and attempt.guid not in listing.listed:
+                    listing.listed[attempt.guid] = attempt
+                if listing.oldest_seen is None or attempt.delivered_at < listing.oldest_seen:
+                    listing.oldest_seen = attempt.delivered_at
+            reached = listing.oldest_seen is not None and listing.oldest_seen < back_to
+            if reached or listing.listed.keys() >= guids:
+                break
+        else:
+            listing.ended = True
+    except ReconcileStopped as exc:
+        listing.stopped = str(exc)
+    return listing
+
+
 def github_reconcile(
     *,
     hook: GitHubHook,

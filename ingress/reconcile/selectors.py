@@ -35,7 +35,9 @@ def dedup_known_ids(*, source: str, provider_ids: Collection[str]) -> set[str]:
 
 
 def pending_delivery_ids(*, source: str, delivery_ids: Collection[str]) -> set[str]:
-    """Delivery ids (e.g. X-GitHub-Delivery) of stored events still waiting for verification.
+    """Delivery ids (e.g. X-GitHub-Delivery) of stored events still waiting for verification,
+    or for the answer to their signature question (stored too: asking for a redelivery
+    would only add a copy).
 
     Uses the (source, delivery_id) index: the receive path stores the header on the row.
     """
@@ -43,7 +45,7 @@ def pending_delivery_ids(*, source: str, delivery_ids: Collection[str]) -> set[s
         RawEvent.objects.filter(
             source=source,
             delivery_id__in=list(delivery_ids),
-            signature_status=SignatureStatus.PENDING,
+            signature_status__in=[SignatureStatus.PENDING, SignatureStatus.QUESTIONED],
         ).values_list("delivery_id", flat=True)
     )
 

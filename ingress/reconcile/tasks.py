@@ -1,4 +1,5 @@
-"""django-q2 entry points for the nightly runs (thin: they call stripe.py / github.py)."""
+"""django-q2 entry points for the nightly runs (thin: they call stripe.py / github.py) and
+for the signature questions (signature_questions.py)."""
 
 import logging
 
@@ -6,6 +7,7 @@ from django.conf import settings
 
 from ingress.reconcile.errors import ReconcileBusy, ReconcileInvalid
 from ingress.reconcile.github import GitHubHook, github_reconcile
+from ingress.reconcile.signature_questions import signature_questions_ask
 from ingress.reconcile.stripe import stripe_reconcile
 from kernel.processing import ProcessingWritesRefused
 
@@ -43,3 +45,15 @@ def reconcile_github_nightly() -> str:
             continue
         lines.append(outcome.summary(settings.RECONCILE_DRIFT_SLO))
     return "\n".join(lines) or NO_GITHUB_HOOKS
+
+
+def signature_questions_github() -> str:
+    """Every 5 minutes: the `github` source's open signature questions, asked of GitHub."""
+    try:
+        outcome = signature_questions_ask(source="github", scheduled=True)
+    except ProcessingWritesRefused as exc:
+        logger.info("ingress.signature_questions.standby", extra={"source": "github"})
+        return str(exc)
+    except ReconcileInvalid as exc:
+        return str(exc)  # no `github` source configured: nothing to ask about
+    return outcome.summary()

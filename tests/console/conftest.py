@@ -91,7 +91,7 @@ def receive_github(
     """POST a signed GitHub webhook through the real receive path; returns the stored row."""
     if body is None:
         # Distinct events, distinct bodies: the same signature under another delivery id is
-        # a replay (ingress/replays.py).
+        # a replay (ingress/signature_replays.py).
         body = json.dumps(payload or {"ref": "refs/heads/main", "delivery": delivery}).encode()
     response = client.generic(
         "POST",

@@ -116,6 +116,19 @@ ENDPOINTS: dict[str, tuple[Any, ...]] = {
     "operator_actions": ("get", "/api/operator-actions/", None, "console.view_operatoraction"),
     "replay": ("post", "/api/raw-events/replay/", {"ids": ["{event}"]}, "console.operate"),
     "reverify": ("post", "/api/raw-events/reverify/", {"ids": ["{event}"]}, "console.operate"),
+    # The event is not questioned: admitted, run, and its refusal recorded (200).
+    "accept_repeat": (
+        "post",
+        "/api/raw-events/accept-repeat/",
+        {"ids": ["{event}"], "reason": "GitHub lists it"},
+        "console.operate",
+    ),
+    "reject_repeat": (
+        "post",
+        "/api/raw-events/reject-repeat/",
+        {"ids": ["{event}"], "reason": "GitHub does not list it"},
+        "console.operate",
+    ),
     "rearm": ("post", "/api/side-effects/rearm/", {"ids": ["{side_effect}"]}, "console.operate"),
     "mark_dead": (
         "post",

@@ -201,7 +201,7 @@ def test_the_runbook_end_to_end(page, live_server, push_handler, enqueued, admin
         "select => [...select.querySelectorAll('optgroup:not([disabled]) option')]"
         ".map(option => option.value)"
     )
-    assert offered == ["pending", "verified", "rejected"], offered
+    assert offered == ["pending", "verified", "rejected", "questioned"], offered
     page.click("#jobs-preview")
     expect(page.locator("#job-total")).to_have_text("9")
     page.click("#job-start")

@@ -227,7 +227,8 @@ def run_topology(tmp_path, direct, replica, bouncer, replica_bouncer, redis, rec
     # The burst's events, and one renderer callback per recap.
     assert originals == EVENTS + 2 * len(recaps), (originals, summary)
     # One dedup key per original; a body-only signature (GitHub, HMAC) also claims its
-    # signature's key (ingress/replays.py), so that a replay under a new delivery id is refused.
+    # signature's key (ingress/signature_replays.py), so that a replay under a new delivery
+    # id is questioned.
     assert scalar(direct, "SELECT count(*) FROM ingress_dedupkey "
                           "WHERE key NOT LIKE 'sig:%'") == originals
     # Handled once: one delivery per (event, handler), each done.

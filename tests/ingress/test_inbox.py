@@ -66,7 +66,7 @@ def stripe_handler():
 
 def receive_github(client, payload=None, *, delivery="d-1", event="push", secret=None):
     # Two GitHub events never have the same body (the same body and signature under another
-    # delivery id is a replay, ingress/replays.py): the default body names its delivery.
+    # delivery id is a replay, ingress/signature_replays.py): the default body names its delivery.
     body = json.dumps(payload or {"ref": "refs/heads/main", "delivery": delivery}).encode()
     headers = github_headers(body, secret=secret, event=event, delivery=delivery)
     response = client.post("/webhooks/github/", body, content_type="application/json", **headers)

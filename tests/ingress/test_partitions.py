@@ -13,7 +13,14 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils.module_loading import import_string
 
-from ingress.models import DedupKey, Delivery, DeliveryAttempt, RawEvent, RawEventClaim
+from ingress.models import (
+    DedupKey,
+    Delivery,
+    DeliveryAttempt,
+    RawEvent,
+    RawEventClaim,
+    SignatureQuestion,
+)
 from ingress.partitions import (
     DEFAULT_PARTITION,
     MAINTENANCE_LOCK_KEY,
@@ -137,7 +144,8 @@ def test_every_table_pointing_at_raw_events_is_cleaned_up_by_retention():
         return {f.related_model for f in fields if f.auto_created and not f.concrete}
 
     into_raw, into_delivery = pointing_at(RawEvent), pointing_at(Delivery)
-    assert into_raw == {RawEvent, DedupKey, Delivery, RawEventClaim}  # RawEvent: duplicate_of
+    # RawEvent: duplicate_of; SignatureQuestion: its event and the one it repeats.
+    assert into_raw == {RawEvent, DedupKey, Delivery, RawEventClaim, SignatureQuestion}
     # Delivery: superseded_by (no constraint; an id left dangling by retention is history)
     assert into_delivery == {DeliveryAttempt, Delivery}
 

@@ -12,9 +12,9 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
+from fakes.github import FakeGitHub
 from ingress.handlers import unregister, webhook_handler
 from ingress.models import RawEvent
-from tests.ingress.reconcile.fake_github import FakeGitHub
 from tests.ingress.reconcile.fake_stripe_events import FakeStripeEvents
 from tests.support.signing import github_headers, stripe_headers
 

@@ -7,6 +7,7 @@ import pytest
 from django.core.management import CommandError
 from django.utils import timezone
 
+from fakes.github import github_time
 from ingress.inbox import inbox_run_once
 from ingress.models import RawEvent, ReconciliationRun
 from ingress.reconcile.errors import (
@@ -19,7 +20,6 @@ from ingress.reconcile.errors import (
 )
 from ingress.reconcile.github import FAILED_BUT_HERE, REDELIVERY_REFUSED
 from tests.ingress.reconcile.conftest import GITHUB_TOKEN, REPO_HOOK, receive_github, run
-from tests.ingress.reconcile.fake_github import github_time
 
 pytestmark = pytest.mark.django_db
 
