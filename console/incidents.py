@@ -28,7 +28,7 @@ from functools import partial
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, Func, Max, Min, Q, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.urls import reverse
@@ -42,8 +42,9 @@ from console.models import (
     IncidentKind,
     OperatorAction,
     OperatorActionKind,
+    VolumeBucket,
 )
-from console.ops import SLOS
+from console.ops import SLOS, bucket_floor
 from console.services import operator_action_one
 from ingress.models import Delivery, DeliveryStatus, RawEvent, SignatureStatus
 from kernel.errors import EventDropError
@@ -219,7 +220,41 @@ GROUPS: dict[str, GroupQuery] = {
 }
 
 
+# Rejections per (source, reason) as the database counts them (console.models.VolumeBucket),
+# each group's first and newest row read from the rejected rows' index: bounded by the number
+# of groups, not by how many events were rejected.
+REJECTED_GROUPS = """
+SELECT g.source, g.reason, g.rows, f.seen, l.seen, l.id
+FROM (SELECT source, reason, sum(rows) AS rows FROM {buckets}
+      WHERE kind = 'events' AND status = 'rejected' AND bucket >= %(since)s AND bucket <= %(now)s
+      GROUP BY source, reason HAVING sum(rows) > 0) AS g
+CROSS JOIN LATERAL (
+    SELECT coalesce(r.verified_at, r.received_at) AS seen FROM {events} AS r
+    WHERE r.signature_status = 'rejected' AND r.rejection_reason = g.reason
+      AND r.source = g.source AND r.received_at >= %(since)s AND r.received_at <= %(now)s
+    ORDER BY r.received_at LIMIT 1) AS f
+CROSS JOIN LATERAL (
+    SELECT coalesce(r.verified_at, r.received_at) AS seen, r.id FROM {events} AS r
+    WHERE r.signature_status = 'rejected' AND r.rejection_reason = g.reason
+      AND r.source = g.source AND r.received_at >= %(since)s AND r.received_at <= %(now)s
+    ORDER BY r.received_at DESC LIMIT 1) AS l
+"""
+
+
+def _rejected_groups(now: datetime) -> list[dict]:
+    since = bucket_floor(now - INCIDENT_WINDOW)
+    sql = REJECTED_GROUPS.format(
+        buckets=VolumeBucket._meta.db_table, events=RawEvent._meta.db_table
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"since": since, "now": now})
+        names = ("group_scope", "group_class", "rows", "first", "last", "sample")
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
 def _grouped(kind: str, now: datetime) -> list[dict]:
+    if kind == IncidentKind.REJECTED_EVENTS:
+        return _rejected_groups(now)
     query = GROUPS[kind]
     return list(
         query.rows(now)

@@ -28,7 +28,8 @@ from ingress.selectors import rejected_payloads_dropped
 from ingress.sources import all_sources
 from kernel.routers import ReplicaStatus, replica_status
 from outbox.breaker import RENDER_SERVICE_BREAKER
-from outbox.models import BreakerState, SideEffectStatus
+from outbox.models import BreakerState
+from outbox.selectors import QUEUE_STATUSES
 from regions.selectors import ReplicationLag, replication_lags
 
 OTHER = "other"
@@ -199,7 +200,7 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
         "eventdrop_side_effects",
         "Recap side effects (render requests) per status (dead: gave up, needs a human).",
         ["status"],
-        {(status,): outbox[status] for status in SideEffectStatus.values},
+        {(status,): outbox[status] for status in QUEUE_STATUSES},
     )
     yield _gauge("eventdrop_side_effects_due", "Side effects due now.", outbox["due"])
     yield _gauge(

@@ -460,3 +460,45 @@ class Incident(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()}: {self.scope} {self.error_class}"
+
+
+class VolumeKind(models.TextChoices):
+    # Raw events with a verdict, by the 5 minutes they were received in and their verdict now.
+    EVENTS = "events", "raw events by receipt and verdict"
+    # Verdicts given, by the minute they were given in.
+    VERDICTS = "verdicts", "verdicts by minute"
+    # Deliveries finished (done, dead, superseded), by the minute they finished in.
+    FINISHED = "finished", "deliveries finished by minute"
+
+
+class VolumeBucket(models.Model):
+    """Counts kept as rows change, for the ops page and /metrics: never a count over a day of
+    the store per request.
+
+    Written only by the database: statement triggers on the raw store and the deliveries
+    (migration 0008) add each statement's changes, one row per writing connection (`shard`:
+    its backend pid), so two writers never wait for each other's commit. Pending events are
+    not counted here (the pending index counts them); rows older than 48 h are pruned by the
+    console's minute sweep.
+    """
+
+    kind = models.CharField(max_length=16, choices=VolumeKind.choices)
+    bucket = models.DateTimeField()
+    source = models.CharField(max_length=64, blank=True, default="")
+    status = models.CharField(max_length=16)
+    reason = models.CharField(max_length=32, blank=True, default="")
+    shard = models.IntegerField()
+    rows = models.BigIntegerField()
+
+    class Meta:
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(
+                fields=["kind", "bucket", "source", "status", "reason", "shard"],
+                name="volumebucket_one_row",
+            )
+        ]
+        indexes = [models.Index(fields=["bucket"], name="volumebucket_bucket")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.bucket:%Y-%m-%d %H:%M} {self.source} {self.status}: {self.rows}"

@@ -26,14 +26,26 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from django.conf import settings
-from django.db.models import Count, F, FloatField, Func, Min, Q, Value
-from django.db.models.aggregates import Aggregate
+from django.db import connection
+from django.db.models import (
+    Case,
+    Count,
+    ExpressionWrapper,
+    F,
+    FloatField,
+    Func,
+    Q,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Trunc
 from django.utils import timezone
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from console.bulk_jobs import ReplaySlo, bulk_jobs_active_counts, replay_slo
-from console.models import ACK_ROLLUP_BUCKETS, AckLatencyHour
+from console.models import ACK_ROLLUP_BUCKETS, AckLatencyHour, VolumeBucket, VolumeKind
 from console.pauses import PauseRow, pauses_active
 from console.presentation import EMPTY, format_seconds
 from console.selectors import inbox_queue_depths
@@ -220,16 +232,35 @@ class RejectionCount:
 
 def raw_event_volume(*, now: datetime) -> list[dict]:
     """Events received in the last 24 h per (clock hour, source, status, reason), and of
-    those in the last hour. One grouped scan of the day's partitions serves the volume
-    table, the rejections, /metrics and the volume charts (hourly_volume)."""
-    return list(
-        RawEvent.objects.filter(received_at__gte=now - DAY, received_at__lte=now)
-        .annotate(hour=_hour("received_at"))
+    those in the last hour: the verdicts from the counts the database keeps as rows change
+    (console.models.VolumeBucket, by 5 minutes received), the pending ones from their index.
+    One query; it serves the volume table, the rejections, /metrics and the volume chart."""
+    day, hour = bucket_floor(now - DAY), bucket_floor(now - HOUR)
+    counted = (
+        VolumeBucket.objects.filter(kind=VolumeKind.EVENTS, bucket__gte=day, bucket__lte=now)
+        .annotate(hour=_hour("bucket"), signature_status=F("status"), rejection_reason=F("reason"))
         .values("hour", "source", "signature_status", "rejection_reason")
         .annotate(
-            last_hour=Count("id", filter=Q(received_at__gte=now - HOUR)), last_24h=Count("id")
+            last_hour=Coalesce(Sum("rows", filter=Q(bucket__gte=hour)), 0), last_24h=Sum("rows")
         )
         .order_by()
+    )
+    pending = (
+        RawEvent.objects.filter(
+            signature_status=SignatureStatus.PENDING, received_at__gte=day, received_at__lte=now
+        )
+        .annotate(hour=_hour("received_at"))
+        .values("hour", "source", "signature_status", "rejection_reason")
+        .annotate(last_hour=Count("id", filter=Q(received_at__gte=hour)), last_24h=Count("id"))
+        .order_by()
+    )
+    return [row for row in counted.union(pending, all=True) if row["last_24h"]]
+
+
+def bucket_floor(moment: datetime) -> datetime:
+    """The start of the 5-minute bucket `moment` falls in (as the database's date_bin)."""
+    return moment - timedelta(
+        minutes=moment.minute % 5, seconds=moment.second, microseconds=moment.microsecond
     )
 
 
@@ -267,18 +298,6 @@ def _rejections(rows: list[dict]) -> list[RejectionCount]:
     return sorted(rejected, key=lambda r: (-r.last_24h, r.source, r.reason))
 
 
-class PercentileCont(Aggregate):
-    """PostgreSQL's percentile_cont: the interpolated percentile, computed in the database."""
-
-    function = "percentile_cont"
-    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
-    output_field = FloatField()
-
-    def __init__(self, expression, *, fraction: float, **extra):
-        # A float we own, formatted into the SQL (never user input).
-        super().__init__(expression, fraction=repr(float(fraction)), **extra)
-
-
 class EpochSeconds(Func):
     """An interval in seconds."""
 
@@ -294,24 +313,54 @@ class Lags:
     processing_events: int
 
 
+# The lags are percentiles over at most this many of the newest events of their window: exact
+# up to that many an hour, a sample of the newest beyond, and a bounded read at any volume.
+LAG_SAMPLE = 2000
+CHART_LAG_SAMPLE = 500
+
+
+def _verification_lag(now: datetime) -> EpochSeconds:
+    return EpochSeconds(Coalesce(F("verified_at"), Value(now)) - F("received_at"))
+
+
+def _processing_lag(now: datetime) -> ExpressionWrapper:
+    dispatched = Q(dispatch_status=DispatchStatus.DISPATCHED, verified_at__isnull=False)
+    processing = EpochSeconds(Coalesce(F("handled_at"), Value(now)) - F("verified_at"))
+    return ExpressionWrapper(
+        Case(When(dispatched, then=processing), default=None), output_field=FloatField()
+    )
+
+
 def raw_event_lags(*, now: datetime) -> Lags:
-    """p95 of received → verdict and verdict → handled for events received in LAG_WINDOW.
+    """p95 of received → verdict and verdict → handled for the newest LAG_SAMPLE events
+    received in LAG_WINDOW.
 
     An event still waiting counts with the time it has waited so far (the lag it will have
     at least), so a stalled worker turns the figure red at once instead of hiding its backlog
     behind the few events that did get through. Processing lag counts dispatched events only:
     rejected, duplicate and unhandled events have nothing to process.
     """
-    since = now - LAG_WINDOW
-    dispatched = Q(dispatch_status=DispatchStatus.DISPATCHED, verified_at__isnull=False)
-    verification = EpochSeconds(Coalesce(F("verified_at"), Value(now)) - F("received_at"))
-    processing = EpochSeconds(Coalesce(F("handled_at"), Value(now)) - F("verified_at"))
-    row = RawEvent.objects.filter(received_at__gte=since, received_at__lte=now).aggregate(
-        verification_p95=PercentileCont(verification, fraction=LAG_PERCENTILE),
-        processing_p95=PercentileCont(processing, fraction=LAG_PERCENTILE, filter=dispatched),
-        verification_events=Count("id"),
-        processing_events=Count("id", filter=dispatched),
+    newest = (
+        RawEvent.objects.filter(received_at__gte=now - LAG_WINDOW, received_at__lte=now)
+        .order_by("-received_at")
+        .annotate(verification=_verification_lag(now), processing=_processing_lag(now))
+        .values("verification", "processing")[:LAG_SAMPLE]
     )
+    with connection.cursor() as cursor:
+        sql, params = newest.query.sql_with_params()
+        cursor.execute(
+            "SELECT percentile_cont(%s) WITHIN GROUP (ORDER BY verification), "  # noqa: S608
+            "percentile_cont(%s) WITHIN GROUP (ORDER BY processing), count(*), "
+            f"count(processing) FROM ({sql}) AS newest",
+            (LAG_PERCENTILE, LAG_PERCENTILE, *params),
+        )
+        row = dict(
+            zip(
+                ("verification_p95", "processing_p95", "verification_events", "processing_events"),
+                cursor.fetchone(),
+                strict=True,
+            )
+        )
     return Lags(**row)
 
 
@@ -320,11 +369,6 @@ def raw_event_lags(*, now: datetime) -> Lags:
 # The drain rate is measured over this window: short enough to follow a recovery, long
 # enough not to swing with one batch.
 DRAIN_WINDOW = timedelta(minutes=5)
-FINISHED_DELIVERY_STATUSES = (
-    DeliveryStatus.DONE,
-    DeliveryStatus.DEAD,
-    DeliveryStatus.SUPERSEDED,
-)
 
 
 @dataclass(frozen=True)
@@ -355,29 +399,20 @@ class QueueDrain:
 
 
 def queue_drains(*, now: datetime, inbox: dict, outbox: dict) -> list[QueueDrain]:
-    """Backlog, drain and time to clear of the three queues. Three counts, each bounded:
-
-    - raw events: verdicts given in the window, among events received in the last day (a
-      received_at window, pruned to two partitions; verified_at has no index of its own);
-    - deliveries: finished in the window, among deliveries of events received in the last
-      day (their raw_event_id range, on its index: ids grow with received_at);
-    - side effects: finished in the window (one row per recap).
-
-    An event or delivery finished in the window whose event is older than a day is not
-    counted: during a backlog older than a day the rate is understated, never overstated.
-    """
+    """Backlog, drain and time to clear of the three queues. Verdicts and finished
+    deliveries are counted by the minute as they happen (console.models.VolumeBucket): the
+    window is the minutes that began in the last DRAIN_WINDOW (a minute more at most); side
+    effects finished in the window are read from their finished_at index."""
     since = now - DRAIN_WINDOW
-    day = RawEvent.objects.filter(received_at__gte=now - DAY, received_at__lte=now)
-    verdicts = day.filter(verified_at__gte=since, verified_at__lte=now).count()
-    first_id = day.aggregate(first=Min("id"))["first"]
-    finished = 0
-    if first_id is not None:
-        finished = Delivery.objects.filter(
-            raw_event_id__gte=first_id,
-            status__in=FINISHED_DELIVERY_STATUSES,
-            finished_at__gte=since,
-            finished_at__lte=now,
-        ).count()
+    minute = since.replace(second=0, microsecond=0)
+    counted = dict(
+        VolumeBucket.objects.filter(
+            kind__in=[VolumeKind.VERDICTS, VolumeKind.FINISHED], bucket__gte=minute, bucket__lte=now
+        )
+        .values("kind")
+        .annotate(rows=Sum("rows"))
+        .values_list("kind", "rows")
+    )
     side_effects = RecapSideEffect.objects.filter(
         finished_at__gte=since, finished_at__lte=now
     ).count()
@@ -385,13 +420,17 @@ def queue_drains(*, now: datetime, inbox: dict, outbox: dict) -> list[QueueDrain
     window = DRAIN_WINDOW.total_seconds()
     return [
         QueueDrain(
-            "raw_events", "Raw events to verify", inbox["raw_events_pending"], verdicts, window
+            "raw_events",
+            "Raw events to verify",
+            inbox["raw_events_pending"],
+            counted.get(VolumeKind.VERDICTS, 0),
+            window,
         ),
         QueueDrain(
             "deliveries",
             "Deliveries to run (pending and processing; held ones wait for a resume)",
             deliveries[DeliveryStatus.PENDING] + deliveries[DeliveryStatus.PROCESSING],
-            finished,
+            counted.get(VolumeKind.FINISHED, 0),
             window,
         ),
         QueueDrain(
@@ -636,27 +675,33 @@ def _hourly_volume(rows: list[dict], *, now: datetime) -> HourlySeries:
 
 def hourly_lags(*, now: datetime) -> HourlySeries:
     """p95 verification and processing lag of the events received in each hour, counted as
-    raw_event_lags() counts them (a waiting event with the time it has waited so far): one
-    GROUP BY over the received_at window."""
+    raw_event_lags() counts them (a waiting event with the time it has waited so far), over
+    the newest CHART_LAG_SAMPLE events of each hour: one query, 24 bounded index reads."""
     hours = chart_hours(now=now)
-    start, end = _hour_window(now)
-    window = RawEvent.objects.filter(received_at__gte=start, received_at__lte=end)
-    dispatched = Q(dispatch_status=DispatchStatus.DISPATCHED, verified_at__isnull=False)
-    verification = EpochSeconds(Coalesce(F("verified_at"), Value(now)) - F("received_at"))
-    processing = EpochSeconds(Coalesce(F("handled_at"), Value(now)) - F("verified_at"))
-    rows = (
-        window.annotate(hour=_hour("received_at"))
-        .values("hour")
-        .annotate(
-            verification=PercentileCont(verification, fraction=LAG_PERCENTILE),
-            processing=PercentileCont(processing, fraction=LAG_PERCENTILE, filter=dispatched),
+    newest = (
+        RawEvent.objects.filter(
+            received_at__gte=RawSQL("hours.start", ()),
+            received_at__lt=RawSQL("hours.start + interval '1 hour'", ()),
+            received_at__lte=now,
         )
-        .order_by()
+        .order_by("-received_at")
+        .annotate(verification=_verification_lag(now), processing=_processing_lag(now))
+        .values("verification", "processing")[:CHART_LAG_SAMPLE]
     )
+    sql, params = newest.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT hours.start, percentile_cont(%s) WITHIN GROUP (ORDER BY verification), "  # noqa: S608
+            "percentile_cont(%s) WITHIN GROUP (ORDER BY processing) "
+            "FROM unnest(%s::timestamptz[]) AS hours(start), "
+            f"LATERAL ({sql}) AS newest GROUP BY hours.start",
+            (LAG_PERCENTILE, LAG_PERCENTILE, hours, *params),
+        )
+        rows = cursor.fetchall()
     pairs = []
-    for row in rows:
-        pairs.append((row["hour"], "verification lag p95", row["verification"]))
-        pairs.append((row["hour"], "processing lag p95", row["processing"]))
+    for hour, verification, processing in rows:
+        pairs.append((hour, "verification lag p95", verification))
+        pairs.append((hour, "processing lag p95", processing))
     series = _by_hour(hours, pairs)
     return HourlySeries(
         hours=hours,
