@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.views.main import PAGE_VAR
+from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 
@@ -58,12 +61,46 @@ class NoWrites:
         return False
 
 
+class UncountedPaginator(Paginator):
+    """Pages without a total: counts the rows no further than one past the next page, so a
+    list costs its page (and the pages before it) at any size of the store. The list says
+    "more" instead of a total (console/admin/change_list.html)."""
+
+    def __init__(self, object_list, per_page, *, page_number: int = 1, **kwargs) -> None:
+        super().__init__(object_list, per_page, **kwargs)
+        self.page_number = page_number
+
+    @cached_property
+    def count(self) -> int:
+        limit = (self.page_number + 1) * self.per_page + 1
+        return self.object_list[:limit].count()
+
+    @property
+    def has_more(self) -> bool:
+        return self.count > self.page_number * self.per_page
+
+
 class OperatorAdmin(NoWrites, admin.ModelAdmin):
     """Rows written only by services: no add, change or delete (so no "delete selected").
 
     Actions declared with `permissions=["operate"]` are offered to users holding
     `console.operate`, and every one of them goes through confirm_operator_action().
+    Lists never count the store: no total, no facets (docs/console.md, "What a page costs").
     """
+
+    paginator = UncountedPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+
+    def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
+        page = request.GET.get(PAGE_VAR, "1")
+        return self.paginator(
+            queryset,
+            per_page,
+            page_number=int(page) if page.isdigit() else 1,
+            orphans=orphans,
+            allow_empty_first_page=allow_empty_first_page,
+        )
 
     def has_operate_permission(self, request):
         return request.user.has_perm(OPERATE_PERMISSION)

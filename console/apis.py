@@ -39,6 +39,7 @@ from console.selectors import (
     raw_event_deliveries,
     raw_event_list,
     raw_event_search,
+    search_terms,
 )
 from console.services import (
     BULK_LIMIT,
@@ -391,19 +392,14 @@ class RawEventListApi(ConsoleApi):
         params["rejection_reason"] = params.pop("reason", "")
         queryset = raw_event_list(**params, include_payload=include_payload)
         if query:
-            # Encrypted bodies: q matches ids and keys only (docs/security.md).
-            queryset = raw_event_search(
-                queryset=queryset,
-                query=query,
-                include_body=may_read and not bodies_may_be_encrypted(),
-                may_read_payload=may_read,
-            )
-        # Each payload search is audited with its term: q searches bodies for these users,
-        # and a content-hash key is a body's hash.
+            queryset = raw_event_search(queryset=queryset, query=query, may_read_payload=may_read)
+        # Each payload search is audited with its term: a content-hash key is a body's hash.
         searched = [params.get("body_contains", "")]
         if may_read:
             dedup_key = params.get("dedup_key", "")
-            searched += [query, dedup_key if is_content_hash_key(dedup_key) else ""]
+            searched += [dedup_key if is_content_hash_key(dedup_key) else ""]
+            if any(is_content_hash_key(term) for term in search_terms(query)):
+                searched.append(query)
         for term in searched:
             if term:
                 _audit(request, PayloadAccessKind.SEARCH, search_term=term)

@@ -2,14 +2,16 @@
 
 import json
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import (
     BinaryField,
     BooleanField,
     Count,
+    Exists,
     F,
     Func,
+    OuterRef,
     Prefetch,
     Q,
     QuerySet,
@@ -21,9 +23,18 @@ from knox.models import AuthToken
 
 from console.models import OperatorAction
 from ingress.encryption import bodies_may_be_encrypted
-from ingress.models import Delivery, DeliveryAttempt, DeliveryStatus, RawEvent
+from ingress.handlers import all_handlers
+from ingress.models import (
+    Delivery,
+    DeliveryAttempt,
+    DeliveryStatus,
+    DispatchStatus,
+    RawEvent,
+    SignatureStatus,
+)
 from ingress.providers import is_content_hash_key
 from ingress.selectors import deliveries_held_count, inbox_depths
+from ingress.sources import all_sources
 from kernel.errors import EventDropError
 from outbox.models import RecapSideEffect
 from outbox.selectors import side_effect_depths
@@ -91,14 +102,11 @@ def search_terms(query: str) -> list[str]:
 
 
 def raw_event_search(
-    *, queryset: QuerySet[RawEvent], query: str, include_body: bool, may_read_payload: bool
+    *, queryset: QuerySet[RawEvent], query: str, may_read_payload: bool
 ) -> QuerySet[RawEvent]:
-    """Every term must match the event id, delivery id, dedup key or (if allowed) the body.
-
-    Ids and keys match exactly, so they can use their indexes. Body text is only searched for
-    operators who may read bodies, and a content-hash dedup key only matched for them: a
-    search is an oracle for what a body contains.
-    """
+    """Every term must match the event id, delivery id or dedup key, exactly: each an index
+    lookup, for everyone. A content-hash dedup key is matched only for payload readers (a
+    search is an oracle for what a body contains). Body text is raw_event_body_search's."""
     for term in search_terms(query):
         condition = Q(delivery_id=term)
         if may_read_payload or not is_content_hash_key(term):
@@ -106,10 +114,77 @@ def raw_event_search(
         identifier = term.removeprefix("#")
         if identifier.isdigit() and len(identifier) < 19:
             condition |= Q(id=int(identifier))
-        if include_body:
-            condition |= _body_contains(term)
         queryset = queryset.filter(condition)
     return queryset
+
+
+# A body search reads every body received in its window: at most this long a window.
+BODY_SEARCH_WINDOW = timedelta(hours=1)
+BODY_SEARCH_FORBIDDEN = "Searching body text needs the permission ingress.view_raw_payload."
+BODY_SEARCHED = (
+    "Body text searched in the events received {start} (an hour at most per search: "
+    "choose another hour with the received filter, received_at__gte)."
+)
+BODY_SEARCH_TOO_LONG = "A body search covers at most an hour: narrow the received window."
+
+
+def body_search_window(
+    *, after: datetime | None, before: datetime | None, now: datetime | None = None
+) -> tuple[datetime, datetime]:
+    """The received window a body search reads: the one asked for, cut to BODY_SEARCH_WINDOW
+    from its start; the last hour when none is asked for."""
+    now = now or timezone.now()
+    if after is None:
+        end = min(before or now, now)
+        return end - BODY_SEARCH_WINDOW, end
+    return after, min(before or after + BODY_SEARCH_WINDOW, after + BODY_SEARCH_WINDOW)
+
+
+def format_time_window(start: datetime, end: datetime) -> str:
+    fmt = "%Y-%m-%d %H:%M:%S"
+    return f"from {timezone.localtime(start):{fmt}} to {timezone.localtime(end):{fmt} %Z}"
+
+
+def raw_event_body_search(
+    *, queryset: QuerySet[RawEvent], term: str, start: datetime, end: datetime
+) -> QuerySet[RawEvent]:
+    """Events received in [start, end) whose body holds every term of `term` (bytes)."""
+    queryset = queryset.filter(received_at__gte=start, received_at__lt=end)
+    for part in search_terms(term):
+        queryset = queryset.filter(_body_contains(part))
+    return queryset
+
+
+# --- filters served by an index (the admin's and the API's) -------------------------------------
+
+
+def sources_of(provider: str) -> list[str]:
+    """The configured sources of a provider: its filter, on the (source, received_at) index."""
+    return sorted(name for name, source in all_sources().items() if source.provider == provider)
+
+
+def rejected_for(reason: str) -> Q:
+    """Rejected for `reason`: on the rejected rows' partial index (the CHECK that ties a
+    reason to `rejected` is no proof the planner takes)."""
+    return Q(signature_status=SignatureStatus.REJECTED, rejection_reason=reason)
+
+
+def dispatched_as(status: str) -> Q:
+    """`waiting` is `pending` (the pending index), the others have their partial index."""
+    if status == DispatchStatus.WAITING:
+        return Q(dispatch_status=status, signature_status=SignatureStatus.PENDING)
+    return Q(dispatch_status=status)
+
+
+def deliveries_of_source(source: str) -> Q:
+    """Deliveries of a source's events: to its provider's handlers (the handler index),
+    each checked against its event."""
+    configured = all_sources().get(source)
+    events = Exists(RawEvent.objects.filter(id=OuterRef("raw_event_id"), source=source))
+    if configured is None:
+        return events & Q(pk__in=[])
+    handlers = [spec.name for spec in all_handlers() if spec.provider == configured.provider]
+    return Q(handler__in=handlers) & events
 
 
 def raw_event_list(
@@ -147,7 +222,10 @@ def raw_event_list(
     if received_before is not None:
         queryset = queryset.filter(received_at__lt=received_before)
     if body_contains:
-        queryset = queryset.filter(_body_contains(body_contains))
+        start, end = body_search_window(after=received_after, before=received_before)
+        queryset = raw_event_body_search(
+            queryset=queryset, term=body_contains, start=start, end=end
+        )
     return queryset
 
 
