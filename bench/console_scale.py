@@ -25,6 +25,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +121,8 @@ def _case(column_sql: str, mapping: dict[str, str]) -> str:
 RAW_EVENTS_SQL = """
 WITH spec AS (
     SELECT g,
-           %(start)s::timestamptz + (%(span)s::interval * ((g - 1)::float8 / %(total)s::float8)) AS at,
+           %(start)s::timestamptz
+               + (%(span)s::interval * ((g - 1)::float8 / %(total)s::float8)) AS at,
            (g * 7919) %% 1000 AS roll,
            CASE WHEN (g * 31) %% 100 < 50 THEN 'stripe' WHEN (g * 31) %% 100 < 80 THEN 'github'
                 WHEN (g * 31) %% 100 < 95 THEN 'slack' ELSE 'renderer' END AS source
@@ -203,17 +205,15 @@ def _fill(events: int, days: int) -> dict:
         _partitions(cursor, now, days)
         for first in range(1, events + 1, CHUNK):
             last = min(first + CHUNK - 1, events)
-            cursor.execute(
-                sql,
-                {
-                    "start": now - span,
-                    "span": span,
-                    "total": events,
-                    "first": first,
-                    "last": last,
-                    "now": now,
-                },
-            )
+            params: dict[str, Any] = {
+                "start": now - span,
+                "span": span,
+                "total": events,
+                "first": first,
+                "last": last,
+                "now": now,
+            }
+            cursor.execute(sql, params)
             rate = last / (time.monotonic() - started)
             print(f"  {last:,} raw events ({rate:,.0f}/s)", file=sys.stderr, flush=True)
     _fill_recaps(events // 100, now)

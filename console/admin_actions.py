@@ -12,6 +12,7 @@ filter": rows arriving between the two clicks are not silently included.
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -73,7 +74,7 @@ class UncountedPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         limit = (self.page_number + 1) * self.per_page + 1
-        return self.object_list[:limit].count()
+        return cast(QuerySet, self.object_list)[:limit].count()
 
     @property
     def has_more(self) -> bool:

@@ -50,6 +50,7 @@ from django.db import InterfaceError, OperationalError, models, transaction
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
+from console.ack_rollup import ack_rollup_prune
 from console.models import (
     BULK_JOB_ACTIVE_STATES,
     BULK_JOB_FINAL_STATES,
@@ -61,6 +62,7 @@ from console.models import (
     OperatorAction,
     OperatorActionKind,
     OperatorActionOutcome,
+    VolumeBucket,
 )
 from console.presentation import EMPTY
 from ingress.handlers import all_handlers
@@ -91,6 +93,8 @@ BREAKDOWN_TOP = 20
 SLO_PERCENTILE = 0.99
 # Items are read back in chunks when the SLO is measured: a bounded IN list per query.
 SLO_CHUNK = 2000
+# The figures' counts by 5 minutes (console.models.VolumeBucket) are read for 24 h at most.
+VOLUME_RETENTION = timedelta(hours=48)
 # Acted-on rows are kept this long after the job's SLO was measured, then pruned.
 ITEM_RETENTION = timedelta(days=7)
 
@@ -827,9 +831,12 @@ def bulk_jobs_measure_slo(*, now: datetime | None = None) -> int:
 
 
 def bulk_jobs_sweep() -> None:
-    """The minute schedule (kernel/schedules.py)."""
+    """The minute schedule (kernel/schedules.py); it also prunes the figures' roll-ups."""
     bulk_jobs_resume_stale()
     bulk_jobs_measure_slo()
+    now = timezone.now()
+    ack_rollup_prune(now=now)
+    VolumeBucket.objects.filter(bucket__lt=now - VOLUME_RETENTION).delete()
 
 
 # --- reads for the pages, the API, the ops page and /metrics -----------------------------------

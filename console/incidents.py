@@ -272,23 +272,25 @@ def incident_groups(
     each with its acknowledgement and resolution; `state` keeps one state only."""
     now = now or timezone.now()
     kinds = [kind] if kind else list(GROUPS)
-    stored = {(i.kind, i.scope, i.error_class): i for i in Incident.objects.filter(kind__in=kinds)}
-    groups = []
-    for name in kinds:
-        for row in _grouped(name, now):
-            key = (name, row["group_scope"], row["group_class"])
-            groups.append(
-                IncidentGroup(
-                    kind=name,
-                    scope=row["group_scope"],
-                    error_class=row["group_class"],
-                    rows=row["rows"],
-                    first_seen=row["first"],
-                    last_seen=row["last"],
-                    sample_id=row["sample"],
-                    incident=stored.get(key),
-                )
-            )
+    found = [(name, row) for name in kinds for row in _grouped(name, now)]
+    # Their acknowledgements, read only when there is a group to show them on.
+    stored = {}
+    if found:
+        incidents = Incident.objects.filter(kind__in=kinds)
+        stored = {(i.kind, i.scope, i.error_class): i for i in incidents}
+    groups = [
+        IncidentGroup(
+            kind=name,
+            scope=row["group_scope"],
+            error_class=row["group_class"],
+            rows=row["rows"],
+            first_seen=row["first"],
+            last_seen=row["last"],
+            sample_id=row["sample"],
+            incident=stored.get((name, row["group_scope"], row["group_class"])),
+        )
+        for name, row in found
+    ]
     groups.sort(key=lambda group: group.last_seen, reverse=True)
     return [group for group in groups if not state or group.state == state]
 

@@ -222,9 +222,9 @@ ACK_ROLLUP_BUCKETS: tuple[tuple[float, str], ...] = (
 class AckLatencyHour(models.Model):
     """ACKs of one source in one clock hour, counted per histogram bucket (not cumulative).
 
-    Every web process adds what its histogram counted since its last flush
-    (console/ack_rollup.py, INSERT … ON CONFLICT DO UPDATE adding), so rows sum over
-    processes and hosts; the ops page charts p99 per hour from them. Kept 48 h.
+    Whoever reads a host's histogram for /metrics or /ops/ adds what it counted since its
+    last reading (console/ack_rollup.py, INSERT … ON CONFLICT DO UPDATE adding), so rows sum
+    over hosts; the ops page charts p99 per hour from them. Kept 48 h.
     """
 
     source = models.CharField(max_length=64)
@@ -257,6 +257,22 @@ class AckLatencyHour(models.Model):
 
     def bucket_counts(self) -> list[int]:
         return [getattr(self, column) for _, column in ACK_ROLLUP_BUCKETS]
+
+
+class AckRollupMark(models.Model):
+    """What one ACK histogram (a host's, for one run of its web server) had counted when it
+    was last rolled up, per source and bucket: console/ack_rollup.py adds only what it
+    counted since, under this row's lock."""
+
+    key = models.CharField(max_length=255, unique=True)
+    counts = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class BulkJobKind(models.TextChoices):

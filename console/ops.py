@@ -17,6 +17,7 @@ same kind of closed window, so they prune as the figures do.
 """
 
 import itertools
+import logging
 import math
 import os
 from collections import defaultdict
@@ -26,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import (
     Case,
     Count,
@@ -44,6 +45,7 @@ from django.db.models.functions import Coalesce, Trunc
 from django.utils import timezone
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from console.ack_rollup import ack_rollup_collect
 from console.bulk_jobs import ReplaySlo, bulk_jobs_active_counts, replay_slo
 from console.models import ACK_ROLLUP_BUCKETS, AckLatencyHour, VolumeBucket, VolumeKind
 from console.pauses import PauseRow, pauses_active
@@ -63,6 +65,8 @@ from ingress.views import ACK_SECONDS
 from outbox.breaker import RENDER_SERVICE_BREAKER
 from outbox.models import BreakerState, CircuitBreaker, RecapSideEffect, SideEffectStatus
 from outbox.selectors import circuit_breaker_get, side_effect_depths
+
+logger = logging.getLogger(__name__)
 
 VIEW_OPS_PERMISSION = "console.view_ops"
 
@@ -590,8 +594,19 @@ class OpsSnapshot:
         return Level.NO_DATA
 
 
+def ack_rollup_now(*, now: datetime) -> None:
+    """Roll this host's ACK histogram up for the 24 h chart (console/ack_rollup.py): done by
+    every read of the figures, so no process runs a thread for it. Our database failing
+    costs the chart an interval, never the page."""
+    try:
+        ack_rollup_collect(*ack_latency_collectors(), now=now)
+    except DatabaseError as error:
+        logger.warning("console.ack_rollup.failed", extra={"error_class": type(error).__name__})
+
+
 def ops_snapshot(*, now: datetime | None = None) -> OpsSnapshot:
     now = now or timezone.now()
+    ack_rollup_now(now=now)
     volume = raw_event_volume(now=now)
     inbox = inbox_queue_depths(now=now)
     outbox = side_effect_depths(now=now)
@@ -742,7 +757,7 @@ def hourly_dead(*, now: datetime) -> HourlySeries:
 
 
 def hourly_ack_p99(*, now: datetime) -> HourlySeries:
-    """ACK p99 per hour per source, from the web processes' roll-up (console/ack_rollup.py):
+    """ACK p99 per hour per source, from the ACK histogram's roll-up (console/ack_rollup.py):
     the buckets of each (source, hour) row through histogram_quantile, as the running ACK
     p99 figure and Prometheus compute it. One indexed read of at most 24 rows per source."""
     hours = chart_hours(now=now)

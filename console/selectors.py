@@ -27,13 +27,12 @@ from ingress.handlers import all_handlers
 from ingress.models import (
     Delivery,
     DeliveryAttempt,
-    DeliveryStatus,
     DispatchStatus,
     RawEvent,
     SignatureStatus,
 )
 from ingress.providers import is_content_hash_key
-from ingress.selectors import deliveries_held_count, inbox_depths
+from ingress.selectors import inbox_depths
 from ingress.sources import all_sources
 from kernel.errors import EventDropError
 from outbox.models import RecapSideEffect
@@ -180,9 +179,9 @@ def deliveries_of_source(source: str) -> Q:
     """Deliveries of a source's events: to its provider's handlers (the handler index),
     each checked against its event."""
     configured = all_sources().get(source)
-    events = Exists(RawEvent.objects.filter(id=OuterRef("raw_event_id"), source=source))
+    events = Q(Exists(RawEvent.objects.filter(id=OuterRef("raw_event_id"), source=source)))
     if configured is None:
-        return events & Q(pk__in=[])
+        return events
     handlers = [spec.name for spec in all_handlers() if spec.provider == configured.provider]
     return Q(handler__in=handlers) & events
 
@@ -283,11 +282,9 @@ def operator_actions_on(*, target_model: str, object_id: int | str, limit: int =
 
 
 def inbox_queue_depths(*, now: datetime | None = None) -> dict:
-    """The inbox's depths with the held deliveries among them: a delivery a pause holds is
-    waiting too, and leaving it out made a paused handler's backlog invisible."""
-    depths = inbox_depths(now=now)
-    depths["deliveries"][DeliveryStatus.HELD.value] = deliveries_held_count()
-    return depths
+    """The inbox's depths, the held deliveries among them (a delivery a pause holds is
+    waiting too)."""
+    return inbox_depths(now=now)
 
 
 def queue_depths() -> dict:

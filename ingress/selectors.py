@@ -4,7 +4,7 @@ the API and /metrics."""
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, Exists, Min, OuterRef, Sum
+from django.db.models import Count, Exists, Min, OuterRef, Q, Sum
 from django.utils import timezone
 
 from ingress.models import (
@@ -16,7 +16,12 @@ from ingress.models import (
     SignatureStatus,
 )
 
-QUEUE_STATUSES = (DeliveryStatus.PENDING, DeliveryStatus.PROCESSING, DeliveryStatus.DEAD)
+QUEUE_STATUSES = (
+    DeliveryStatus.PENDING,
+    DeliveryStatus.PROCESSING,
+    DeliveryStatus.DEAD,
+    DeliveryStatus.HELD,
+)
 
 
 def inbox_depths(*, now: datetime | None = None) -> dict:
@@ -25,14 +30,17 @@ def inbox_depths(*, now: datetime | None = None) -> dict:
     pending = RawEvent.objects.filter(signature_status=SignatureStatus.PENDING).aggregate(
         count=Count("id"), oldest=Min("received_at")
     )
-    # Only the statuses that are work or need a human: each count reads its own partial
-    # index. `done` is volume, not depth, and counting it would scan every delivery ever made.
-    deliveries = {
-        status: Delivery.objects.filter(status=status).count() for status in QUEUE_STATUSES
-    }
-    oldest_due = Delivery.objects.filter(
-        status=DeliveryStatus.PENDING, next_attempt_at__lte=now
-    ).aggregate(oldest=Min("next_attempt_at"))["oldest"]
+    # Only the statuses that are work or need a human, in one query on their partial indexes.
+    # `done` is volume, not depth, and counting it would scan every delivery ever made.
+    counted = Delivery.objects.filter(status__in=QUEUE_STATUSES).aggregate(
+        **{str(status): Count("id", filter=Q(status=status)) for status in QUEUE_STATUSES},
+        oldest_due=Min(
+            "next_attempt_at",
+            filter=Q(status=DeliveryStatus.PENDING, next_attempt_at__lte=now),
+        ),
+    )
+    oldest_due = counted.pop("oldest_due")
+    deliveries = {status: counted[status] for status in QUEUE_STATUSES}
     return {
         "raw_events_pending": pending["count"],
         "raw_events_oldest_pending_age_seconds": _age(now, pending["oldest"]),

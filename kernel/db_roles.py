@@ -130,8 +130,6 @@ ROLES: tuple[RoleSpec, ...] = (
             Grant(("ingress.RawEvent",), ("INSERT",)),
             # INSERT … RETURNING needs SELECT on the returned columns, and only on them.
             Grant(("ingress.RawEvent",), ("SELECT",), returning=True),
-            # The ACK roll-up its flusher thread adds to and prunes (console/ack_rollup.py).
-            Grant(("console.AckLatencyHour",), ALL),
         ),
     ),
     RoleSpec(
@@ -162,6 +160,11 @@ ROLES: tuple[RoleSpec, ...] = (
             Grant(("console.BulkJob",), UPDATE),
             Grant(("console.BulkJobItem",), ALL),
             Grant(("console.OperatorAction",), UPDATE),
+            # The minute sweep prunes the figures' roll-ups past their 48 h.
+            Grant(
+                ("console.AckLatencyHour", "console.AckRollupMark", "console.VolumeBucket"),
+                ("SELECT", "DELETE"),
+            ),
             *PROCESSING_GATE,
         ),
     ),
@@ -177,6 +180,8 @@ ROLES: tuple[RoleSpec, ...] = (
             Grant(("admin.LogEntry",), APPEND),
             Grant(("console.OperatorAction",), WRITE),
             Grant(("console.PayloadAccess",), APPEND),
+            # The ACK roll-up, written by the reads of /metrics and /ops/ (console/ack_rollup.py).
+            Grant(("console.AckLatencyHour", "console.AckRollupMark"), WRITE),
             # The operator services: replay, re-verify, re-arm, mark dead, retry render,
             # pause and resume; bulk jobs previewed, started and cancelled here, their
             # batches queued for the worker (django-q2's ORM broker).

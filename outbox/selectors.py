@@ -22,9 +22,10 @@ WAIT_REASONS = [reason for reason in WaitReason.values if reason]
 def side_effect_depths(*, now: datetime | None = None) -> dict:
     """Rows per status, how many are due, and how long the oldest due row has waited.
 
-    One aggregate query over the pending, processing and dead rows. `stale_processing` counts rows a dead worker left behind (they are
-    re-armed by the next dispatcher run); `oldest_due_age_seconds` is None when nothing is
-    due, and is the figure to alert on: it grows when the dispatcher is not running.
+    One aggregate query over the pending, processing and dead rows. `stale_processing`
+    counts rows a dead worker left behind (they are re-armed by the next dispatcher run);
+    `oldest_due_age_seconds` is None when nothing is due, and is the figure to alert on: it
+    grows when the dispatcher is not running.
     `waiting` counts pending rows by why they wait: `breaker` (the render service or its
     deploy answered about itself, or its breaker is open), `ambiguous` (an answer neither a
     render nor a verdict), `database` (our own database failed), `configuration` (ours was
@@ -39,7 +40,7 @@ def side_effect_depths(*, now: datetime | None = None) -> dict:
     # Only the rows that wait or need a human, each status from its partial index: `done` is
     # volume, not depth, and counting it would read every side effect ever made.
     row = RecapSideEffect.objects.filter(status__in=QUEUE_STATUSES).aggregate(
-        **{status: Count("id", filter=Q(status=status)) for status in QUEUE_STATUSES},
+        **{str(status): Count("id", filter=Q(status=status)) for status in QUEUE_STATUSES},
         due=Count("id", filter=due),
         stale_processing=Count(
             "id", filter=Q(status=SideEffectStatus.PROCESSING, claimed_at__lt=stale_before)

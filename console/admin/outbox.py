@@ -32,6 +32,7 @@ from outbox.models import (
     RecapSideEffectAttempt,
     SideEffectStatus,
 )
+from outbox.selectors import QUEUE_STATUSES
 
 REARM_DESCRIPTION = (
     "Each row becomes due now with a fresh set of attempts, under the same idempotency key "
@@ -47,6 +48,28 @@ MARK_DEAD_DESCRIPTION = (
     "failure reason the buyer's support sees."
 )
 MARK_DEAD_WARNING = "Done and already dead rows are refused and reported."
+
+
+class ErrorClassFilter(admin.SimpleListFilter):
+    """The error classes of the rows that wait or are dead (their partial indexes), not a
+    SELECT DISTINCT over every side effect ever made."""
+
+    title = "last error class"
+    parameter_name = "last_error_class"
+
+    def lookups(self, request, model_admin):
+        classes = (
+            RecapSideEffect.objects.filter(status__in=QUEUE_STATUSES)
+            .exclude(last_error_class="")
+            .values_list("last_error_class", flat=True)
+            .distinct()
+            .order_by("last_error_class")
+        )
+        return [(name, name) for name in classes]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        return queryset.filter(last_error_class=value) if value else queryset
 
 
 class AttemptsFilter(admin.SimpleListFilter):
@@ -107,7 +130,7 @@ class RecapSideEffectAdmin(LastErrorColumn, OperatorAdmin):
     )
     list_filter = (
         "status",
-        "last_error_class",
+        ErrorClassFilter,
         AttemptsFilter,
         AgeFilter,
         "effect_type",
@@ -115,7 +138,8 @@ class RecapSideEffectAdmin(LastErrorColumn, OperatorAdmin):
     )
     search_fields = ("recap__id",)
     search_help_text = "Side effect id or recap id (exact)."
-    ordering = ("status", "next_attempt_at", "id")
+    # Newest first on the primary key: an order no index served read every row per page.
+    ordering = ("-id",)
     list_select_related = ("recap",)
     inlines = (AttemptInline,)
     actions = ("rearm_selected", "mark_dead_selected")

@@ -13,7 +13,7 @@ import uuid
 from typing import TYPE_CHECKING, TypedDict
 
 from django.contrib import admin, messages
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
@@ -97,6 +97,13 @@ class ProcessingStateWrites(admin.ModelAdmin):
         return self._refused(request) or super().changelist_view(request, extra_context)
 
 
+def _count(rows: QuerySet) -> Subquery:
+    return Subquery(
+        rows.order_by().values("event").annotate(n=Count("pk")).values("n")[:1],
+        output_field=IntegerField(),
+    )
+
+
 class EventCounts(TypedDict):
     photo_total: int
     recap_total: int
@@ -112,12 +119,13 @@ class EventAdmin(ProcessingStateWrites):
     actions = ("free_recap_for_me",)
 
     def get_queryset(self, request):
+        # A count per row of the page (correlated), not a GROUP BY over every photo and recap.
         return (
             super()
             .get_queryset(request)
             .annotate(
-                photo_total=Count("photos", distinct=True),
-                recap_total=Count("recaps", distinct=True),
+                photo_total=_count(Photo.objects.filter(event=OuterRef("pk"))),
+                recap_total=_count(RecapVideo.objects.filter(event=OuterRef("pk"))),
             )
         )
 

@@ -5,7 +5,7 @@ in UTC with its age (`{{ value|when }}`), and a status as the console's badge
 from datetime import datetime
 
 from django import template
-from django.contrib.admin.views.main import PAGE_VAR
+from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
@@ -26,7 +26,7 @@ def badge(status: str, label: str = "") -> SafeString:
 
 
 @register.simple_tag
-def console_pager(cl) -> dict:
+def console_pager(cl: ChangeList) -> dict:
     """A list's way to the page before and after (console.admin_actions.UncountedPaginator)."""
     previous = cl.get_query_string({PAGE_VAR: cl.page_num - 1}) if cl.page_num > 1 else ""
     has_more = getattr(cl.paginator, "has_more", cl.page_num < cl.paginator.num_pages)

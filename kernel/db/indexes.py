@@ -9,10 +9,12 @@ CREATE. Each step is idempotent, so a migration stopped half-way is run again.
 
 from django.db import migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
-from django.db.models import Index
+from django.db.backends.utils import CursorWrapper
+from django.db.migrations.state import ProjectState
+from django.db.models import Index, Model
 
 
-def _partitions(cursor, table: str) -> list[str]:
+def _partitions(cursor: CursorWrapper, table: str) -> list[str]:
     cursor.execute(
         "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
         "WHERE i.inhparent = %s::regclass ORDER BY c.relname",
@@ -21,7 +23,9 @@ def _partitions(cursor, table: str) -> list[str]:
     return [name for (name,) in cursor.fetchall()]
 
 
-def _index_sql(schema_editor: BaseDatabaseSchemaEditor, model, index: Index) -> tuple[str, str]:
+def _index_sql(
+    schema_editor: BaseDatabaseSchemaEditor, model: type[Model], index: Index
+) -> tuple[str, str]:
     """(the columns and WHERE of `index`, as Django writes them) for a table of our own."""
     statement = str(index.create_sql(model, schema_editor))
     columns = statement[statement.index("(") :]
@@ -29,7 +33,7 @@ def _index_sql(schema_editor: BaseDatabaseSchemaEditor, model, index: Index) -> 
 
 
 def create_partitioned_index(
-    schema_editor: BaseDatabaseSchemaEditor, model, index: Index
+    schema_editor: BaseDatabaseSchemaEditor, model: type[Model], index: Index
 ) -> None:
     quote = schema_editor.quote_name
     table = model._meta.db_table
@@ -60,12 +64,24 @@ def create_partitioned_index(
 class AddPartitionedIndexConcurrently(migrations.AddIndex):
     """migrations.AddIndex, built as the module docstring says (its migration: atomic=False)."""
 
-    def database_forwards(self, app_label: str, schema_editor, from_state, to_state) -> None:
+    def database_forwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: ProjectState,
+        to_state: ProjectState,
+    ) -> None:
         model = to_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             create_partitioned_index(schema_editor, model, self.index)
 
-    def database_backwards(self, app_label: str, schema_editor, from_state, to_state) -> None:
+    def database_backwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: ProjectState,
+        to_state: ProjectState,
+    ) -> None:
         model = from_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             schema_editor.execute(
