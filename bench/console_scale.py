@@ -394,6 +394,7 @@ def pages(sample: dict) -> dict[str, str]:
         "admin raw events, search delivery id": raw + q(q=sample["delivery_id"]),
         "admin raw events, search dedup key": raw + q(q=sample["dedup_key"]),
         "admin raw events, search nothing found": raw + q(q="no-such-delivery-id"),
+        "admin raw events, body text (an hour)": raw + q(body="cs_bench_424242"),
         "admin raw event": f"{raw}{sample['raw_id']}/change/",
         "admin deliveries": deliveries,
         "admin deliveries, page 50": deliveries + q(p=49),
@@ -421,6 +422,8 @@ def pages(sample: dict) -> dict[str, str]:
         "api raw events, source renderer": "/api/raw-events/" + q(source="renderer"),
         "api raw events, delivery id": "/api/raw-events/" + q(delivery_id=sample["delivery_id"]),
         "api raw events, q delivery id": "/api/raw-events/" + q(q=sample["delivery_id"]),
+        "api raw events, body text (an hour)": "/api/raw-events/"
+        + q(body_contains="cs_bench_424242"),
         "api raw event": f"/api/raw-events/{sample['raw_id']}/",
         "api deliveries": "/api/deliveries/",
         "api deliveries, status dead": "/api/deliveries/" + q(status="dead"),

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
+from ingress.selectors import any_status
 from outbox.models import (
     CircuitBreaker,
     RecapSideEffect,
@@ -39,7 +40,7 @@ def side_effect_depths(*, now: datetime | None = None) -> dict:
     due = Q(status=SideEffectStatus.PENDING, next_attempt_at__lte=now)
     # Only the rows that wait or need a human, each status from its partial index: `done` is
     # volume, not depth, and counting it would read every side effect ever made.
-    row = RecapSideEffect.objects.filter(status__in=QUEUE_STATUSES).aggregate(
+    row = RecapSideEffect.objects.filter(any_status(*QUEUE_STATUSES)).aggregate(
         **{str(status): Count("id", filter=Q(status=status)) for status in QUEUE_STATUSES},
         due=Count("id", filter=due),
         stale_processing=Count(

@@ -26,6 +26,7 @@ from console.admin_actions import (
 from console.models import OperatorActionKind
 from console.presentation import format_seconds, format_time
 from console.selectors import side_effects_by_status
+from ingress.selectors import any_status
 from outbox.models import (
     CircuitBreaker,
     RecapSideEffect,
@@ -59,7 +60,7 @@ class ErrorClassFilter(admin.SimpleListFilter):
 
     def lookups(self, request, model_admin):
         classes = (
-            RecapSideEffect.objects.filter(status__in=QUEUE_STATUSES)
+            RecapSideEffect.objects.filter(any_status(*QUEUE_STATUSES))
             .exclude(last_error_class="")
             .values_list("last_error_class", flat=True)
             .distinct()
