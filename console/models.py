@@ -16,7 +16,7 @@ class OperatorActionKind(models.TextChoices):
     SIDE_EFFECT_REARM = "side_effect_rearm", "re-arm side effects"
     SIDE_EFFECT_MARK_DEAD = "side_effect_mark_dead", "mark side effects dead"
     RECAP_RETRY_RENDER = "recap_retry_render", "retry recap render"
-    # Bulk jobs (console/bulk_jobs.py) record one action each, with the job's final counts.
+    # Bulk jobs (console/jobs/services.py) record one action each, with the job's final counts.
     DELIVERY_REARM = "delivery_rearm", "re-arm deliveries"
     HANDLER_PAUSE = "handler_pause", "pause handlers"
     HANDLER_RESUME = "handler_resume", "resume handlers"
@@ -98,7 +98,7 @@ class OperatorAction(ActorRecord):
         permissions = [
             ("operate", "Can replay, re-verify, re-arm, mark dead and retry from the console"),
             # Read-only, but it reveals volumes per source and failure reasons: not every
-            # staff member needs it (console/ops.py, the /ops/ page and /metrics).
+            # staff member needs it (console/ops/figures.py, the /ops/ page and /metrics).
             ("view_ops", "Can view the operations page and /metrics"),
         ]
         indexes = [
@@ -223,7 +223,7 @@ class AckLatencyHour(models.Model):
     """ACKs of one source in one clock hour, counted per histogram bucket (not cumulative).
 
     Whoever reads a host's histogram for /metrics or /ops/ adds what it counted since its
-    last reading (console/ack_rollup.py, INSERT … ON CONFLICT DO UPDATE adding), so rows sum
+    last reading (console/ops/ack_rollup.py, INSERT … ON CONFLICT DO UPDATE adding), so rows sum
     over hosts; the ops page charts p99 per hour from them. Kept 48 h.
     """
 
@@ -261,7 +261,7 @@ class AckLatencyHour(models.Model):
 
 class AckRollupMark(models.Model):
     """What one ACK histogram (a host's, for one run of its web server) had counted when it
-    was last rolled up, per source and bucket: console/ack_rollup.py adds only what it
+    was last rolled up, per source and bucket: console/ops/ack_rollup.py adds only what it
     counted since, under this row's lock."""
 
     key = models.CharField(max_length=255, unique=True)
@@ -296,7 +296,7 @@ BULK_JOB_FINAL_STATES = (BulkJobState.CANCELLED, BulkJobState.DONE, BulkJobState
 
 
 class BulkJob(ActorRecord):
-    """A replay or re-arm of any size, run by django-q2 in batches (console/bulk_jobs.py).
+    """A replay or re-arm of any size, run by django-q2 in batches (console/jobs/services.py).
 
     The selection is either a filter (`filters`) over the rows with ids up to `upper_id`
     (what existed at the preview: rows arriving later are not part of what was previewed)
@@ -409,7 +409,7 @@ class BulkJobItem(models.Model):
     """One row a bulk job acted on successfully: what the replay SLO is measured over.
 
     Written in the batch's own transaction (unique per job, so a batch run twice adds
-    nothing); pruned with the job's SLO window long past (console/bulk_jobs.py).
+    nothing); pruned with the job's SLO window long past (console/jobs/services.py).
     """
 
     job = models.ForeignKey(BulkJob, on_delete=models.CASCADE, related_name="items")
@@ -437,9 +437,9 @@ class Incident(models.Model):
     """Who acknowledged and who resolved one group of failures, and when.
 
     The group itself — its rows, count, first and last seen — is a query over the failed rows
-    (console/incidents.py), keyed by (kind, scope, error class): nothing here is kept in step
-    with the rows. A row is written the first time an operator acknowledges or resolves the
-    group, through console.incidents (recorded as an operator action). A failure newer than
+    (console/incidents/services.py), keyed by (kind, scope, error class): nothing here is kept
+    in step with the rows. A row is written the first time an operator acknowledges or resolves the
+    group, through console.incidents.services (recorded as an operator action). A failure newer than
     `resolved_at` reopens the group: that is read from the rows, not written.
     """
 

@@ -105,6 +105,8 @@ def format_seconds(seconds: float | None) -> str:
 # Bodies, headers, body search and handler messages (which may quote a body) are shown only
 # with this permission (ingress.models.RawEvent's Meta), in the admin and the API alike.
 VIEW_PAYLOAD_PERMISSION = "ingress.view_raw_payload"
+# Columns a list never needs: a page of 100 rows must not drag 100 MiB of bodies along.
+PAYLOAD_FIELDS = ("body", "headers")
 
 
 def may_read_payload(user) -> bool:

@@ -3,7 +3,7 @@
 Each action wraps one domain service (ingress.services, outbox.services, recaps.services),
 runs it once per selected object and records the whole action — who, when, what, on which
 objects, and each object's outcome — as one console.OperatorAction row. OPERATOR_ACTIONS is
-the one table of them: the admin (console/admin_actions.py) and the API (console/apis.py)
+the one table of them: the admin (console/admin/base.py) and the API (console/apis.py)
 both run an action from it by its kind.
 
 Transaction boundaries, on purpose:
@@ -33,7 +33,7 @@ from console.models import (
     OperatorActionOutcome,
     PayloadAccess,
 )
-from console.selectors import PAYLOAD_FIELDS
+from console.presentation import PAYLOAD_FIELDS
 from ingress.models import RawEvent, SignatureStatus
 from ingress.services import raw_event_replay, raw_event_reverify
 from kernel.errors import EventDropError

@@ -11,10 +11,15 @@ import pytest
 from django.db import OperationalError, connection
 from prometheus_client import Histogram
 
-from console import ack_rollup
-from console.ack_rollup import BOUNDS, ack_rollup_add, ack_rollup_collect, histogram_bucket_counts
 from console.models import ACK_ROLLUP_BUCKETS, AckLatencyHour, AckRollupMark
-from console.ops import hourly_ack_p99
+from console.ops import ack_rollup
+from console.ops.ack_rollup import (
+    BOUNDS,
+    ack_rollup_add,
+    ack_rollup_collect,
+    histogram_bucket_counts,
+)
+from console.ops.figures import hourly_ack_p99
 from ingress.views import ACK_SECONDS
 from tests.console.conftest import grant
 from tests.support.processes import app_env, free_port, start_procfile

@@ -272,7 +272,7 @@ def test_acknowledged_webhooks_show_in_the_histogram(client, token):
 def test_multiprocess_mode_merges_every_worker_process(client, token, tmp_path, monkeypatch):
     """With PROMETHEUS_MULTIPROC_DIR each worker writes its own file; a scrape served by any
     one of them reads them all (and the ops page's ACK p99 does too)."""
-    from console.ops import ack_latency
+    from console.ops.figures import ack_latency
 
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     buckets = (0.005, 0.25, 0.5)

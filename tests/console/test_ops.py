@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 from prometheus_client import Histogram
 
-from console.ops import (
+from console.ops.figures import (
     ACK_PERCENTILE,
     LAG_WINDOW,
     SLOS,
@@ -428,7 +428,7 @@ def _private_ack_histogram() -> Histogram:
     ("slow", "level"), [(0, Level.GREEN), (2, Level.RED)], ids=["fast", "two-slow"]
 )
 def test_ack_p99_colour_from_the_histogram(client, ops_viewer, monkeypatch, slow, level):
-    from console import ops
+    from console.ops import figures as ops
 
     histogram = _private_ack_histogram()
     for n in range(100):
@@ -462,7 +462,7 @@ def test_refused_webhooks_are_not_acks(client):
 
 
 def ops_snapshot_ack_count() -> int:
-    from console.ops import ack_latency
+    from console.ops.figures import ack_latency
 
     return ack_latency().count
 

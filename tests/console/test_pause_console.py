@@ -8,10 +8,10 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from console.bulk_jobs import bulk_job_preview
+from console.jobs.services import bulk_job_preview
 from console.models import BulkJob, OperatorAction
-from console.ops import SLOS, Level, ops_snapshot
-from console.pauses import SOURCE_DISABLE_COST, handlers_pause, pause_level
+from console.ops.figures import SLOS, Level, ops_snapshot
+from console.pauses.services import SOURCE_DISABLE_COST, handlers_pause, pause_level
 from ingress.models import HandlerPause
 from tests.console.conftest import OPERATOR_PERMISSIONS, grant
 from tests.console.test_bulk_jobs import stored_events

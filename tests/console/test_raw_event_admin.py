@@ -368,7 +368,7 @@ def test_actions_need_the_operate_permission(client, django_user_model):
 
 
 def test_bulk_actions_over_the_limit_are_refused(admin_client, settings, monkeypatch):
-    monkeypatch.setattr("console.admin_actions.BULK_LIMIT", 2)
+    monkeypatch.setattr("console.admin.base.BULK_LIMIT", 2)
     events = [stored() for _ in range(3)]
     response = post_action(admin_client, "replay_selected", events, index="0")
     assert response.status_code == 302

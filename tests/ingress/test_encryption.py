@@ -19,7 +19,7 @@ from django.db import connection
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from console.selectors import BODY_SEARCH_ENCRYPTED
+from console.raw_events.selectors import BODY_SEARCH_ENCRYPTED
 from ingress.checks import check_raw_event_encryption_keys
 from ingress.deliveries import deliveries_run_due
 from ingress.encryption import BodyUndecryptable, key_id
