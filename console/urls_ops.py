@@ -6,6 +6,7 @@ from django.urls import path
 from console.incidents import views as views_incidents
 from console.jobs import views as views_jobs
 from console.pauses import views as views_pauses
+from console.regions import views as views_regions
 
 INCIDENT = "incidents/<str:kind>/<str:scope>/<str:error_class>/"
 
@@ -19,6 +20,8 @@ urlpatterns = [
     path("pauses/pause/", views_pauses.pause_handlers, name="console-pause"),
     path("pauses/resume/", views_pauses.resume_handlers, name="console-resume"),
     path("incidents/", views_incidents.incident_list, name="console-incidents"),
+    path("regions/", views_regions.region_list, name="console-regions"),
+    path("regions/switch/", views_regions.region_switch, name="console-region-switch"),
     path(INCIDENT, views_incidents.incident_detail, name="console-incident"),
     path(
         f"{INCIDENT}acknowledge/",
