@@ -415,6 +415,7 @@ def pages(sample: dict) -> dict[str, str]:
         "/ops/incidents/": "/ops/incidents/",
         "/ops/jobs/": "/ops/jobs/",
         "/ops/pauses/": "/ops/pauses/",
+        "/ops/regions/": "/ops/regions/",
         "/metrics": "/metrics",
         "/api/queues/": "/api/queues/",
         "api raw events": "/api/raw-events/",
@@ -437,6 +438,7 @@ def pages(sample: dict) -> dict[str, str]:
         "api jobs": "/api/jobs/",
         "api incidents": "/api/incidents/",
         "api pauses": "/api/pauses/",
+        "api root": "/api/",
     }
 
 

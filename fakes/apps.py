@@ -1,4 +1,7 @@
+import os
+
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class FakesConfig(AppConfig):
@@ -6,3 +9,8 @@ class FakesConfig(AppConfig):
     # found; it has no models and registers no checks.
     name = "fakes"
     verbose_name = "Local fakes"
+
+    def ready(self) -> None:
+        # The demo's failing handler (fakes/handlers.py): local only, never in production.
+        if os.environ.get("EVENTDROP_DEMO_FAILING_HANDLER", "1" if settings.DEBUG else "") == "1":
+            from fakes import handlers  # noqa: F401  (registers it)
