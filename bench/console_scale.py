@@ -67,6 +67,9 @@ def _setup_django() -> None:
     import django
 
     django.setup()
+    from kernel.db.plans import serve_pages
+
+    serve_pages()  # as the web process serving the console does
 
 
 def _built_size() -> int | None:

@@ -16,6 +16,9 @@ django_application = get_asgi_application()  # sets Django up: only then may mod
 
 from eventdrop.web import WebServerConfig  # noqa: E402
 from ingress.asgi import PATH_PREFIX, WebhookApp  # noqa: E402
+from kernel.db.plans import serve_pages  # noqa: E402
+
+serve_pages()  # the console's pages and APIs: plans with the values (kernel/db/plans.py)
 
 _config = WebServerConfig.from_environ()
 webhooks = WebhookApp(
