@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.contrib.auth.models import AnonymousUser, User
+from django.contrib.auth.models import AnonymousUser, Group, Permission, User
 from django.core.exceptions import PermissionDenied
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 from knox.models import AuthToken
 from knox.settings import CONSTANTS
@@ -474,3 +474,67 @@ def payload_access_record(
         },
     )
     return record
+
+
+# --- staff users by role (manage.py console_user) -------------------------------------------
+
+VIEWING = (
+    "ingress.view_rawevent",
+    "ingress.view_delivery",
+    "ingress.view_reconciliationrun",
+    "outbox.view_recapsideeffect",
+    "outbox.view_circuitbreaker",
+    "recaps.view_recapvideo",
+    "console.view_operatoraction",
+    "console.view_ops",
+)
+
+
+@dataclass(frozen=True)
+class Role:
+    group: str
+    permissions: tuple[str, ...]
+
+
+ROLES = {
+    "viewer": Role("console viewers", VIEWING),
+    "operator": Role("console operators", (*VIEWING, "console.operate")),
+    "payload-reader": Role(
+        "console payload readers", (*VIEWING, "console.operate", "ingress.view_raw_payload")
+    ),
+}
+UNKNOWN_ROLE = "No role {role!r}: one of {roles}."
+
+
+def _permissions(names: Sequence[str]) -> list[Permission]:
+    found = []
+    for name in names:
+        app_label, codename = name.split(".")
+        found.append(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return found
+
+
+@transaction.atomic
+def staff_user_set_role(
+    *, username: str, role: str, password: str | None = None
+) -> tuple[User, bool]:
+    """The user (made when missing), staff, in the role's group only of the console's three;
+    each group holds exactly its role's permissions."""
+    if role not in ROLES:
+        raise OperatorActionError(UNKNOWN_ROLE.format(role=role, roles=", ".join(ROLES)))
+    groups = {}
+    for name, spec in ROLES.items():
+        group, _ = Group.objects.get_or_create(name=spec.group)
+        group.permissions.set(_permissions(spec.permissions))
+        groups[name] = group
+    user, created = User.objects.get_or_create(username=username)
+    user.is_staff = True
+    if password is not None:
+        user.set_password(password)
+    elif created:
+        user.set_unusable_password()
+    user.save()
+    user.groups.remove(*groups.values())
+    user.groups.add(groups[role])
+    logger.info("console.staff_user", extra={"username": username, "role": role})
+    return user, created
