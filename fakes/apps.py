@@ -11,6 +11,7 @@ class FakesConfig(AppConfig):
     verbose_name = "Local fakes"
 
     def ready(self) -> None:
-        # The demo's failing handler (fakes/handlers.py): local only, never in production.
+        # The demo's failing handler (fakes/failing.py): local only, never in production. Not
+        # in a handlers.py, which ingress imports from every app, everywhere.
         if os.environ.get("EVENTDROP_DEMO_FAILING_HANDLER", "1" if settings.DEBUG else "") == "1":
-            from fakes import handlers  # noqa: F401  (registers it)
+            from fakes import failing  # noqa: F401  (registers it)

@@ -167,13 +167,13 @@ def demo_hint(recap: RecapVideo) -> str:
     return HINTS.get(RecapStatus(recap.status), "")
 
 
-# --- a failing handler, to see an incident (fakes/handlers.py) ---------------------------------
+# --- a failing handler, to see an incident (fakes/failing.py) ---------------------------------
 
 
 def demo_failing(*, web_url: str, events: int = 3) -> list[int]:
     """Post `events` signed GitHub webhooks that the demo's failing handler gives up on: one
     dead delivery each, one incident. Returns the raw event ids."""
-    from fakes.handlers import DEMO_FAILURE_EVENT, demo_failure
+    from fakes.failing import DEMO_FAILURE_EVENT, demo_failure
 
     if not any(spec.name == f"{demo_failure.__module__}.demo_failure" for spec in all_handlers()):
         raise DemoUnavailable(FAILING_OFF)

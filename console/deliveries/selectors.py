@@ -42,19 +42,22 @@ def delivery_handlers() -> list[str]:
 
 
 def deliveries_of_source(source: str) -> Q:
-    """Deliveries of a source's events: to its provider's handlers and to handlers no longer
-    registered (on the handler index), each checked against its event."""
+    """Deliveries of a source's events, on the handler index: to its provider's handlers and
+    to handlers no longer registered. Each is checked against its event (a probe per
+    partition) unless the source is its provider's only one and no delivery names a handler
+    no longer registered: then its provider's handlers are exactly its own."""
     configured = all_sources().get(source)
     events = Q(Exists(RawEvent.objects.filter(id=OuterRef("raw_event_id"), source=source)))
     if configured is None:
         return events
     registered = {spec.name: spec.provider for spec in all_handlers()}
-    handlers = [
-        name
-        for name in delivery_handlers()
-        if registered.get(name, configured.provider) == configured.provider
-    ]
-    return Q(handler__in=handlers) & events
+    named = delivery_handlers()
+    unknown = [name for name in named if name not in registered]
+    handlers = [name for name in named if registered.get(name) == configured.provider]
+    sole = [n for n, s in all_sources().items() if s.provider == configured.provider] == [source]
+    if sole and not unknown:
+        return Q(handler__in=handlers)
+    return Q(handler__in=handlers + unknown) & events
 
 
 def _of_events(**lookups: object) -> Q:

@@ -124,7 +124,7 @@ def test_without_the_fake_stripe_the_demo_names_it_and_writes_nothing(settings, 
 
 def test_demo_failing_makes_one_incident_of_dead_deliveries(live_server):
     from console.incidents.services import incident_groups
-    from fakes import handlers
+    from fakes import failing as handlers
     from ingress.handlers import unregister
 
     name = f"{handlers.demo_failure.__module__}.demo_failure"

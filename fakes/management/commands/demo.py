@@ -37,7 +37,7 @@ class Command(BaseCommand):
             "--failing",
             action="store_true",
             help="instead: send GitHub webhooks that the demo's failing handler gives up on "
-            "(fakes/handlers.py), to see an incident on /ops/incidents/",
+            "(fakes/failing.py), to see an incident on /ops/incidents/",
         )
         parser.add_argument(
             "--web-url",
