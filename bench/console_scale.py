@@ -67,9 +67,11 @@ def _setup_django() -> None:
     import django
 
     django.setup()
+    from bench import register_console_bench_handlers
     from kernel.db.plans import serve_pages
 
     serve_pages()  # as the web process serving the console does
+    register_console_bench_handlers()
 
 
 def _built_size() -> int | None:
