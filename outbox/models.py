@@ -125,7 +125,7 @@ class RecapSideEffect(models.Model):
             ),
             # The console: dead rows, rows finished lately (the drain rate), an error class.
             models.Index(
-                fields=["finished_at"],
+                fields=["id"],
                 condition=Q(status=SideEffectStatus.DEAD),
                 name="recap_side_effect_dead",
             ),

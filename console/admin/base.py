@@ -77,8 +77,7 @@ class UncountedPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         limit = (self.page_number + 1) * self.per_page + 1
-        # Unordered: with few matching rows, an ordered LIMIT may walk the whole sort index.
-        return cast(QuerySet, self.object_list).order_by()[:limit].count()
+        return cast(QuerySet, self.object_list)[:limit].count()
 
     @property
     def has_more(self) -> bool:

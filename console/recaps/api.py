@@ -2,13 +2,14 @@
 
 from django.db.models import QuerySet
 from rest_framework import serializers
+from rest_framework.request import Request
 
 from console.api import DetailApi, ListApi, OperatorActionApi
 from console.models import OperatorActionKind
 from console.recaps.selectors import RecapFilter, recaps_with_render_status
 from console.services import BULK_LIMIT
 from console.side_effects.api import SideEffectSerializer
-from recaps.models import RecapVideo
+from recaps.models import RecapStatus, RecapVideo
 
 
 class RecapSerializer(serializers.ModelSerializer):
@@ -58,6 +59,11 @@ class RecapListApi(ListApi):
 
     def get_queryset(self) -> QuerySet[RecapVideo]:
         return recaps_with_render_status()
+
+    def count_is_cheap(self, request: Request) -> bool:
+        # A search, or a status other than the one most recaps end in: on an index.
+        status = request.query_params.get("status")
+        return bool(request.query_params.get("q")) or bool(status and status != RecapStatus.READY)
 
 
 class RecapDetailApi(DetailApi):

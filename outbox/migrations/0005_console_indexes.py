@@ -17,7 +17,7 @@ class Migration(migrations.Migration):
             model_name="recapsideeffect",
             index=models.Index(
                 condition=models.Q(("status", "dead")),
-                fields=["finished_at"],
+                fields=["id"],
                 name="recap_side_effect_dead",
             ),
         ),
