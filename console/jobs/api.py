@@ -21,6 +21,9 @@ from rest_framework.response import Response
 from console.api import MAX_ID, ConsoleApi, ConsoleFilterSet, ListApi, choice
 from console.jobs.services import (
     MAX_SELECTED_IDS,
+    READ_PERMISSION,
+    STATUSES_PER_KIND,
+    WRITE_PERMISSION,
     BulkJobError,
     bulk_job_cancel,
     bulk_job_list,
@@ -30,18 +33,8 @@ from console.jobs.services import (
 from console.models import BulkJob, BulkJobKind, BulkJobState, OperatorActionVia
 from console.services import acting_user
 from ingress.models import DeliveryStatus, RejectionReason, SignatureStatus
-from outbox.models import SideEffectStatus
 
-# The `status` filter is the row's own status: which values that is, per kind.
-STATUSES_PER_KIND = {
-    BulkJobKind.REPLAY_RAW_EVENTS: SignatureStatus.values,
-    BulkJobKind.REARM_DELIVERIES: DeliveryStatus.values,
-    BulkJobKind.REARM_SIDE_EFFECTS: SideEffectStatus.values,
-}
 NOT_A_STATUS = "Not a status of {kind}; one of: {statuses}."
-
-READ_PERMISSION = "console.view_operatoraction"
-WRITE_PERMISSION = "console.operate"
 
 
 class JobsApi(ConsoleApi):

@@ -101,6 +101,15 @@ VOLUME_RETENTION = timedelta(hours=48)
 # Acted-on rows are kept this long after the job's SLO was measured, then pruned.
 ITEM_RETENTION = timedelta(days=7)
 
+# The `status` filter is the row's own status: which values that is, per kind.
+STATUSES_PER_KIND = {
+    BulkJobKind.REPLAY_RAW_EVENTS: SignatureStatus.values,
+    BulkJobKind.REARM_DELIVERIES: DeliveryStatus.values,
+    BulkJobKind.REARM_SIDE_EFFECTS: SideEffectStatus.values,
+}
+READ_PERMISSION = "console.view_operatoraction"  # a job is an operator action
+WRITE_PERMISSION = "console.operate"
+
 NOTHING_SELECTED = "The selection is empty: nothing to preview."
 TOO_MANY_IDS = "{count} ids given; at most {limit} can be selected by id (use a filter)."
 NOT_A_FILTER = "{name} does not apply to {kind}."

@@ -2,9 +2,9 @@
 
 Staff only (the admin login otherwise). Reading jobs needs `console.view_operatoraction`,
 previewing, starting and cancelling them, and pausing or resuming handlers,
-`console.operate`; pauses are shown with `console.view_ops`. Input is validated by the same
-serializers as the API (console/jobs/api.py), so a page and a script are held to one rule;
-the work is in console/jobs/services.py. Every write is a POST with the admin's CSRF
+`console.operate`. The form's filters are validated by the kind's FilterSet, as the job's
+rows are selected by it and the API's are (console/jobs/services.py): a page and a script are
+held to one rule. Every write is a POST with the admin's CSRF
 protection and answers with a redirect (no resubmission on reload).
 """
 
@@ -22,15 +22,12 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from console.jobs.api import (
-    READ_PERMISSION,
-    STATUSES_PER_KIND,
-    WRITE_PERMISSION,
-    BulkJobInputSerializer,
-)
 from console.jobs.services import (
     FILTER_NAMES,
     KINDS,
+    READ_PERMISSION,
+    STATUSES_PER_KIND,
+    WRITE_PERMISSION,
     BulkJobError,
     bulk_job_cancel,
     bulk_job_list,
@@ -97,25 +94,32 @@ def _form_choices() -> dict:
     }
 
 
-def _input_from_post(post) -> dict:
-    data: dict = {"kind": post.get("kind", "")}
-    filters = {name: post.get(name, "").strip() for name in FORM_FILTERS}
-    filters = {name: value for name, value in filters.items() if value}
+BAD_KIND = "kind: choose what the job does."
+BAD_IDS = "ids: whole numbers, separated by spaces or commas."
+
+
+def _preview_from_post(request: HttpRequest) -> tuple[BulkJob | None, list[str]]:
+    """The form's kind, filters or ids, previewed: the kind's FilterSet validates the filters
+    (console/jobs/services.py), as it selects the job's rows."""
+    post = request.POST
+    kind = post.get("kind", "")
+    if kind not in BulkJobKind.values:
+        return None, [BAD_KIND]
     ids = post.get("ids", "").replace(",", " ").split()
-    if ids:
-        data["ids"] = ids
-    elif filters:
-        data["filters"] = filters
-    return data
-
-
-def _errors(detail) -> list[str]:
-    """DRF's nested error dict, flattened to "field: message" lines for the page."""
-    if isinstance(detail, dict):
-        return [f"{name}: {line}" for name, value in detail.items() for line in _errors(value)]
-    if isinstance(detail, list):
-        return [line for item in detail for line in _errors(item)]
-    return [str(detail)]
+    if not all(pk.isdigit() for pk in ids):
+        return None, [BAD_IDS]
+    filters = {name: post.get(name, "").strip() for name in FORM_FILTERS}
+    try:
+        job = bulk_job_preview(
+            actor=acting_user(request.user),
+            kind=kind,
+            via=OperatorActionVia.ADMIN,
+            filters={} if ids else {name: value for name, value in filters.items() if value},
+            target_ids=[int(pk) for pk in ids],
+        )
+    except BulkJobError as exc:
+        return None, [f"{exc.field}: {exc}" if exc.field != "non_field_errors" else str(exc)]
+    return job, []
 
 
 @never_cache
@@ -152,23 +156,9 @@ def job_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and PREFILL_FIELD in request.POST:
         values, errors = _prefill_from_selection(request.POST)
     elif request.method == "POST":
-        serializer = BulkJobInputSerializer(data=_input_from_post(request.POST))
-        if serializer.is_valid():
-            data = serializer.validated_data
-            try:
-                job = bulk_job_preview(
-                    actor=acting_user(request.user),
-                    kind=data["kind"],
-                    via=OperatorActionVia.ADMIN,
-                    filters=dict(data.get("filters") or {}),
-                    target_ids=data.get("ids", ()),
-                )
-            except BulkJobError as exc:
-                errors = [f"{exc.field}: {exc}" if exc.field != "non_field_errors" else str(exc)]
-            else:
-                return HttpResponseRedirect(reverse("console-job-detail", args=[job.id]))
-        else:
-            errors = _errors(serializer.errors)
+        job, errors = _preview_from_post(request)
+        if job is not None:
+            return HttpResponseRedirect(reverse("console-job-detail", args=[job.id]))
     context = page_context(request, "New bulk job", errors=errors, values=values, **_form_choices())
     return TemplateResponse(
         request, "console/jobs_form.html", context, status=400 if errors else 200
