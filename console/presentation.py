@@ -198,13 +198,6 @@ def status_tone(status: str) -> str:
     return STATUS_TONES.get(status, "quiet")
 
 
-def format_age(start, now) -> str:
-    """How long ago, compact: `42 s ago`, `3.5 min ago`."""
-    if start is None:
-        return EMPTY
-    return f"{format_seconds(max((now - start).total_seconds(), 0.0))} ago"
-
-
 def format_time_parts(value, now) -> tuple[str, str]:
     """(`2026-12-01 10:03:12 UTC`, `5.0 min ago`): a stored time to the second, in the
     server's zone (UTC), and how long ago it was (`in …` for a future time)."""

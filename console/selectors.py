@@ -38,10 +38,6 @@ def recaps_by_status(*, ids: Iterable[object]) -> list[tuple[str, int]]:
     return _by_status(RecapVideo.objects.all(), ids)
 
 
-def operator_action_list() -> QuerySet[OperatorAction]:
-    return OperatorAction.objects.order_by("-started_at", "-id")
-
-
 def operator_actions_on(*, target_model: str, object_id: int | str, limit: int = 10) -> list:
     """The latest operator actions that touched one object: "has someone replayed this?"."""
     actions = OperatorAction.objects.filter(target_model=target_model).order_by(

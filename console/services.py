@@ -384,26 +384,6 @@ def raw_events_reverify(*, actor: User, raw_event_ids: Sequence[int], via: str) 
     return service(actor=actor, ids=raw_event_ids, via=via)
 
 
-def side_effects_rearm(*, actor: User, side_effect_ids: Sequence[int], via: str) -> OperatorAction:
-    """Make each row due now with fresh attempts; a failed recap goes back to paid."""
-    service = OPERATOR_ACTIONS[OperatorActionKind.SIDE_EFFECT_REARM]
-    return service(actor=actor, ids=side_effect_ids, via=via)
-
-
-def side_effects_mark_dead(
-    *, actor: User, side_effect_ids: Sequence[int], reason: str, via: str
-) -> OperatorAction:
-    """Give up on each row by hand; its recap is failed with the reason (recorded here too)."""
-    service = OPERATOR_ACTIONS[OperatorActionKind.SIDE_EFFECT_MARK_DEAD]
-    return service(actor=actor, ids=side_effect_ids, via=via, note=reason)
-
-
-def recaps_retry_render(*, actor: User, recap_ids: Sequence[object], via: str) -> OperatorAction:
-    """Render each recap (again) through the outbox; ready and unpaid recaps are refused."""
-    service = OPERATOR_ACTIONS[OperatorActionKind.RECAP_RETRY_RENDER]
-    return service(actor=actor, ids=recap_ids, via=via)
-
-
 # --- API tokens for scripts ------------------------------------------------------------------
 
 ISSUE_REFUSED_NOT_STAFF = "{username} is not staff: the console API answers staff only."

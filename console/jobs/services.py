@@ -817,10 +817,6 @@ def bulk_job_list() -> QuerySet[BulkJob]:
     return BulkJob.objects.select_related("operator_action").defer("target_ids")
 
 
-def bulk_job_get(*, job_id: int) -> BulkJob:
-    return BulkJob.objects.select_related("operator_action").get(pk=job_id)
-
-
 @dataclass(frozen=True)
 class ReplaySlo:
     """The replay SLO over the jobs measured in a window: the ops page's and /metrics' figure."""
