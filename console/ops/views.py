@@ -93,8 +93,8 @@ def ops_charts(*, now: datetime, volume: HourlySeries | None = None) -> list[cha
             fmt=format_seconds,
             red_lines={f"{ack_slo.label}: red from {ack_slo.display_red}": ack_slo.red_at},
             note=(
-                "From the web processes' histogram buckets, added up per hour every "
-                "ACK_ROLLUP_FLUSH_SECONDS: the p99 is interpolated inside the bucket that holds "
+                "From the ACK histogram's buckets, added up per hour by every scrape of /metrics "
+                "and opening of this page: the p99 is interpolated inside the bucket that holds "
                 "the 99th percentile, as Prometheus' histogram_quantile does, so the true value "
                 "lies within that bucket's bounds (…, 125 ms, 250 ms, 500 ms, …)."
             ),
