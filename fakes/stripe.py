@@ -169,7 +169,9 @@ class FakeStripe(LocalHTTPService):
         for attempt in range(1, _WEBHOOK_ATTEMPTS + 1):
             if self.stopping.is_set():
                 break
-            signature = stripe.WebhookSignature.generate_signature_header(body, self.webhook_secret)
+            signature = stripe.WebhookSignature.generate_signature_header(
+                body, self.webhook_secret
+            )
             try:
                 response = requests.post(
                     self.webhook_url,

@@ -33,7 +33,7 @@ SCHEDULES: list[Recurring] = [
     # Bulk jobs (console/jobs/services.py): resume a job whose worker died, measure the replay
     # SLO of finished jobs once their two minutes have passed.
     Recurring(
-        "console.jobs.services_sweep", "console.tasks.bulk_jobs_sweep", Schedule.MINUTES, minutes=1
+        "console.bulk_jobs_sweep", "console.tasks.bulk_jobs_sweep", Schedule.MINUTES, minutes=1
     ),
     # Flow 3: the recap outbox dispatcher (one budgeted run) and the nightly recovery.
     Recurring(

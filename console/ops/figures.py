@@ -601,7 +601,7 @@ def ack_rollup_now(*, now: datetime) -> None:
     try:
         ack_rollup_collect(*ack_latency_collectors(), now=now)
     except DatabaseError as error:
-        logger.warning("console.ops.ack_rollup.failed", extra={"error_class": type(error).__name__})
+        logger.warning("console.ack_rollup.failed", extra={"error_class": type(error).__name__})
 
 
 def ops_snapshot(*, now: datetime | None = None) -> OpsSnapshot:

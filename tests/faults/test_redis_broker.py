@@ -37,7 +37,7 @@ SCHEDULER_WAIT_SECONDS = 75
 ENQUEUED = re.compile(r"created task (\S+) from schedule \[([^\]]+)\]")
 MINUTE_SCHEDULES = {
     "ingress.inbox_pass", "ingress.raw_event_partitions", "outbox.dispatch_side_effects",
-    "console.jobs.services_sweep",
+    "console.bulk_jobs_sweep",
 }
 
 
