@@ -152,7 +152,7 @@ def main() -> int:
     django.setup()
     from django.contrib.auth import get_user_model
 
-    from console import bulk_jobs
+    from console.jobs import services as bulk_jobs
     from ingress.models import Delivery
 
     loaded = time.monotonic()

@@ -457,8 +457,6 @@ def bench_env(database_url: str) -> dict[str, str]:
         GITHUB_WEBHOOK_SECRET=secrets.token_hex(16),
         SLACK_SIGNING_SECRET=secrets.token_hex(16),
         RENDERER_WEBHOOK_SECRET="whsec_" + secrets.token_hex(16),
-        # One process-wide flush a minute would land in the middle of a phase.
-        ACK_ROLLUP_FLUSH_SECONDS="0",
     )
     return env
 

@@ -320,7 +320,7 @@ def _volume_query_partitions(read=None) -> tuple[int, int]:
     from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
 
-    from console.ops import raw_event_volume
+    from console.ops.figures import raw_event_volume
 
     with CaptureQueriesContext(connection) as captured:
         (read or raw_event_volume)(now=timezone.now())
@@ -367,14 +367,14 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     print(f"24 h volume query reads {scanned} of {attached} raw event partitions")
-    from console.ops import hourly_lags, hourly_volume
+    from console.ops.figures import hourly_lags, hourly_volume
 
     for read in (hourly_volume, hourly_lags):
         scanned, attached = _volume_query_partitions(read)
         print(f"chart query {read.__name__} reads {scanned} of {attached} raw event partitions")
     from django.utils import timezone
 
-    from console.ops import hourly_ack_p99
+    from console.ops.figures import hourly_ack_p99
 
     for read in (hourly_volume, hourly_lags, hourly_ack_p99):
         took = []

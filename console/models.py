@@ -19,7 +19,7 @@ class OperatorActionKind(models.TextChoices):
     SIDE_EFFECT_REARM = "side_effect_rearm", "re-arm side effects"
     SIDE_EFFECT_MARK_DEAD = "side_effect_mark_dead", "mark side effects dead"
     RECAP_RETRY_RENDER = "recap_retry_render", "retry recap render"
-    # Bulk jobs (console/bulk_jobs.py) record one action each, with the job's final counts.
+    # Bulk jobs (console/jobs/services.py) record one action each, with the job's final counts.
     DELIVERY_REARM = "delivery_rearm", "re-arm deliveries"
     HANDLER_PAUSE = "handler_pause", "pause handlers"
     HANDLER_RESUME = "handler_resume", "resume handlers"
@@ -101,7 +101,7 @@ class OperatorAction(ActorRecord):
         permissions = [
             ("operate", "Can replay, re-verify, re-arm, mark dead and retry from the console"),
             # Read-only, but it reveals volumes per source and failure reasons: not every
-            # staff member needs it (console/ops.py, the /ops/ page and /metrics).
+            # staff member needs it (console/ops/figures.py, the /ops/ page and /metrics).
             ("view_ops", "Can view the operations page and /metrics"),
         ]
         indexes = [
@@ -225,9 +225,9 @@ ACK_ROLLUP_BUCKETS: tuple[tuple[float, str], ...] = (
 class AckLatencyHour(models.Model):
     """ACKs of one source in one clock hour, counted per histogram bucket (not cumulative).
 
-    Every web process adds what its histogram counted since its last flush
-    (console/ack_rollup.py, INSERT … ON CONFLICT DO UPDATE adding), so rows sum over
-    processes and hosts; the ops page charts p99 per hour from them. Kept 48 h.
+    Whoever reads a host's histogram for /metrics or /ops/ adds what it counted since its
+    last reading (console/ops/ack_rollup.py, INSERT … ON CONFLICT DO UPDATE adding), so rows sum
+    over hosts; the ops page charts p99 per hour from them. Kept 48 h.
     """
 
     source = models.CharField(max_length=64)
@@ -262,6 +262,22 @@ class AckLatencyHour(models.Model):
         return [getattr(self, column) for _, column in ACK_ROLLUP_BUCKETS]
 
 
+class AckRollupMark(models.Model):
+    """What one ACK histogram (a host's, for one run of its web server) had counted when it
+    was last rolled up, per source and bucket: console/ops/ack_rollup.py adds only what it
+    counted since, under this row's lock."""
+
+    key = models.CharField(max_length=255, unique=True)
+    counts = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return self.key
+
+
 class BulkJobKind(models.TextChoices):
     REPLAY_RAW_EVENTS = "replay_raw_events", "replay raw events"
     REARM_DELIVERIES = "rearm_deliveries", "re-arm deliveries"
@@ -283,7 +299,7 @@ BULK_JOB_FINAL_STATES = (BulkJobState.CANCELLED, BulkJobState.DONE, BulkJobState
 
 
 class BulkJob(ActorRecord):
-    """A replay or re-arm of any size, run by django-q2 in batches (console/bulk_jobs.py).
+    """A replay or re-arm of any size, run by django-q2 in batches (console/jobs/services.py).
 
     The selection is either a filter (`filters`) over the rows with ids up to `upper_id`
     (what existed at the preview: rows arriving later are not part of what was previewed)
@@ -396,7 +412,7 @@ class BulkJobItem(models.Model):
     """One row a bulk job acted on successfully: what the replay SLO is measured over.
 
     Written in the batch's own transaction (unique per job, so a batch run twice adds
-    nothing); pruned with the job's SLO window long past (console/bulk_jobs.py).
+    nothing); pruned with the job's SLO window long past (console/jobs/services.py).
     """
 
     job = models.ForeignKey(BulkJob, on_delete=models.CASCADE, related_name="items")
@@ -424,9 +440,9 @@ class Incident(models.Model):
     """Who acknowledged and who resolved one group of failures, and when.
 
     The group itself — its rows, count, first and last seen — is a query over the failed rows
-    (console/incidents.py), keyed by (kind, scope, error class): nothing here is kept in step
-    with the rows. A row is written the first time an operator acknowledges or resolves the
-    group, through console.incidents (recorded as an operator action). A failure newer than
+    (console/incidents/services.py), keyed by (kind, scope, error class): nothing here is kept
+    in step with the rows. A row is written the first time an operator acknowledges or resolves the
+    group, through console.incidents.services (recorded as an operator action). A failure newer than
     `resolved_at` reopens the group: that is read from the rows, not written.
     """
 
@@ -463,3 +479,45 @@ class Incident(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()}: {self.scope} {self.error_class}"
+
+
+class VolumeKind(models.TextChoices):
+    # Raw events with a verdict, by the 5 minutes they were received in and their verdict now.
+    EVENTS = "events", "raw events by receipt and verdict"
+    # Verdicts given, by the minute they were given in.
+    VERDICTS = "verdicts", "verdicts by minute"
+    # Deliveries finished (done, dead, superseded), by the minute they finished in.
+    FINISHED = "finished", "deliveries finished by minute"
+
+
+class VolumeBucket(models.Model):
+    """Counts kept as rows change, for the ops page and /metrics: never a count over a day of
+    the store per request.
+
+    Written only by the database: statement triggers on the raw store and the deliveries
+    (migration 0008) add each statement's changes, one row per writing connection (`shard`:
+    its backend pid), so two writers never wait for each other's commit. Pending events are
+    not counted here (the pending index counts them); rows older than 48 h are pruned by the
+    console's minute sweep.
+    """
+
+    kind = models.CharField(max_length=16, choices=VolumeKind.choices)
+    bucket = models.DateTimeField()
+    source = models.CharField(max_length=64, blank=True, default="")
+    status = models.CharField(max_length=16)
+    reason = models.CharField(max_length=32, blank=True, default="")
+    shard = models.IntegerField()
+    rows = models.BigIntegerField()
+
+    class Meta:
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(
+                fields=["kind", "bucket", "source", "status", "reason", "shard"],
+                name="volumebucket_one_row",
+            )
+        ]
+        indexes = [models.Index(fields=["bucket"], name="volumebucket_bucket")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.bucket:%Y-%m-%d %H:%M} {self.source} {self.status}: {self.rows}"

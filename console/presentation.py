@@ -105,6 +105,8 @@ def format_seconds(seconds: float | None) -> str:
 # Bodies, headers, body search and handler messages (which may quote a body) are shown only
 # with this permission (ingress.models.RawEvent's Meta), in the admin and the API alike.
 VIEW_PAYLOAD_PERMISSION = "ingress.view_raw_payload"
+# Columns a list never needs: a page of 100 rows must not drag 100 MiB of bodies along.
+PAYLOAD_FIELDS = ("body", "headers")
 
 
 def may_read_payload(user) -> bool:
@@ -194,13 +196,6 @@ STATUS_TONES = {
 
 def status_tone(status: str) -> str:
     return STATUS_TONES.get(status, "quiet")
-
-
-def format_age(start, now) -> str:
-    """How long ago, compact: `42 s ago`, `3.5 min ago`."""
-    if start is None:
-        return EMPTY
-    return f"{format_seconds(max((now - start).total_seconds(), 0.0))} ago"
 
 
 def format_time_parts(value, now) -> tuple[str, str]:

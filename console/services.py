@@ -3,7 +3,7 @@
 Each action wraps one domain service (ingress.services, outbox.services, recaps.services),
 runs it once per selected object and records the whole action — who, when, what, on which
 objects, and each object's outcome — as one console.OperatorAction row. OPERATOR_ACTIONS is
-the one table of them: the admin (console/admin_actions.py) and the API (console/apis.py)
+the one table of them: the admin (console/admin/base.py) and the API (console/apis.py)
 both run an action from it by its kind.
 
 Transaction boundaries, on purpose:
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.contrib.auth.models import AnonymousUser, User
+from django.contrib.auth.models import AnonymousUser, Group, Permission, User
 from django.core.exceptions import PermissionDenied
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 from knox.models import AuthToken
 from knox.settings import CONSTANTS
@@ -33,7 +33,7 @@ from console.models import (
     OperatorActionOutcome,
     PayloadAccess,
 )
-from console.selectors import PAYLOAD_FIELDS
+from console.presentation import PAYLOAD_FIELDS
 from ingress.models import RawEvent, SignatureStatus
 from ingress.services import raw_event_replay, raw_event_reverify, signature_question_answer
 from kernel.errors import EventDropError
@@ -428,26 +428,6 @@ def raw_events_reverify(*, actor: User, raw_event_ids: Sequence[int], via: str) 
     return service(actor=actor, ids=raw_event_ids, via=via)
 
 
-def side_effects_rearm(*, actor: User, side_effect_ids: Sequence[int], via: str) -> OperatorAction:
-    """Make each row due now with fresh attempts; a failed recap goes back to paid."""
-    service = OPERATOR_ACTIONS[OperatorActionKind.SIDE_EFFECT_REARM]
-    return service(actor=actor, ids=side_effect_ids, via=via)
-
-
-def side_effects_mark_dead(
-    *, actor: User, side_effect_ids: Sequence[int], reason: str, via: str
-) -> OperatorAction:
-    """Give up on each row by hand; its recap is failed with the reason (recorded here too)."""
-    service = OPERATOR_ACTIONS[OperatorActionKind.SIDE_EFFECT_MARK_DEAD]
-    return service(actor=actor, ids=side_effect_ids, via=via, note=reason)
-
-
-def recaps_retry_render(*, actor: User, recap_ids: Sequence[object], via: str) -> OperatorAction:
-    """Render each recap (again) through the outbox; ready and unpaid recaps are refused."""
-    service = OPERATOR_ACTIONS[OperatorActionKind.RECAP_RETRY_RENDER]
-    return service(actor=actor, ids=recap_ids, via=via)
-
-
 # --- API tokens for scripts ------------------------------------------------------------------
 
 ISSUE_REFUSED_NOT_STAFF = "{username} is not staff: the console API answers staff only."
@@ -518,3 +498,67 @@ def payload_access_record(
         },
     )
     return record
+
+
+# --- staff users by role (manage.py console_user) -------------------------------------------
+
+VIEWING = (
+    "ingress.view_rawevent",
+    "ingress.view_delivery",
+    "ingress.view_reconciliationrun",
+    "outbox.view_recapsideeffect",
+    "outbox.view_circuitbreaker",
+    "recaps.view_recapvideo",
+    "console.view_operatoraction",
+    "console.view_ops",
+)
+
+
+@dataclass(frozen=True)
+class Role:
+    group: str
+    permissions: tuple[str, ...]
+
+
+ROLES = {
+    "viewer": Role("console viewers", VIEWING),
+    "operator": Role("console operators", (*VIEWING, "console.operate")),
+    "payload-reader": Role(
+        "console payload readers", (*VIEWING, "console.operate", "ingress.view_raw_payload")
+    ),
+}
+UNKNOWN_ROLE = "No role {role!r}: one of {roles}."
+
+
+def _permissions(names: Sequence[str]) -> list[Permission]:
+    found = []
+    for name in names:
+        app_label, codename = name.split(".")
+        found.append(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return found
+
+
+@transaction.atomic
+def staff_user_set_role(
+    *, username: str, role: str, password: str | None = None
+) -> tuple[User, bool]:
+    """The user (made when missing), staff, in the role's group only of the console's three;
+    each group holds exactly its role's permissions."""
+    if role not in ROLES:
+        raise OperatorActionError(UNKNOWN_ROLE.format(role=role, roles=", ".join(ROLES)))
+    groups = {}
+    for name, spec in ROLES.items():
+        group, _ = Group.objects.get_or_create(name=spec.group)
+        group.permissions.set(_permissions(spec.permissions))
+        groups[name] = group
+    user, created = User.objects.get_or_create(username=username)
+    user.is_staff = True
+    if password is not None:
+        user.set_password(password)
+    elif created:
+        user.set_unusable_password()
+    user.save()
+    user.groups.remove(*groups.values())
+    user.groups.add(groups[role])
+    logger.info("console.staff_user", extra={"username": username, "role": role})
+    return user, created

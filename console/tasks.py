@@ -1,7 +1,7 @@
-"""django-q2 entry points of the console: thin, the work is in console/bulk_jobs.py."""
+"""django-q2 entry points of the console: thin, the work is in console/jobs/services.py."""
 
-from console.bulk_jobs import bulk_job_run as _bulk_job_run
-from console.bulk_jobs import bulk_jobs_sweep as _bulk_jobs_sweep
+from console.jobs.services import bulk_job_run as _bulk_job_run
+from console.jobs.services import bulk_jobs_sweep as _bulk_jobs_sweep
 
 
 def bulk_job_run(job_id: int) -> str:

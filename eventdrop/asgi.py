@@ -3,8 +3,7 @@
 A router by path: `/webhooks/` goes to the receive path's own ASGI application
 (ingress/asgi.py), everything else (console, admin, API, metrics) to Django's own handler,
 `get_asgi_application()`. Lifespan is answered here (Django's handler takes HTTP only): at
-start-up the process's ACK roll-up flusher starts (console/ack_rollup.py), at shutdown the
-webhook store's connections are closed.
+shutdown the webhook store's connections are closed.
 """
 
 import os
@@ -17,6 +16,9 @@ django_application = get_asgi_application()  # sets Django up: only then may mod
 
 from eventdrop.web import WebServerConfig  # noqa: E402
 from ingress.asgi import PATH_PREFIX, WebhookApp  # noqa: E402
+from kernel.db.plans import serve_pages  # noqa: E402
+
+serve_pages()  # the console's pages and APIs: plans with the values (kernel/db/plans.py)
 
 _config = WebServerConfig.from_environ()
 webhooks = WebhookApp(
@@ -40,18 +42,8 @@ async def _lifespan(receive: Any, send: Any) -> None:
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
-            if _config.ack_rollup_flush_seconds:
-                _start_ack_rollup(_config.ack_rollup_flush_seconds)
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             await webhooks.writer.aclose()
             await send({"type": "lifespan.shutdown.complete"})
             return
-
-
-def _start_ack_rollup(interval_seconds: float) -> None:
-    # One per worker process: its own histogram's deltas.
-    from console.ack_rollup import AckRollup, AckRollupFlusher
-    from ingress.views import ACK_SECONDS
-
-    AckRollupFlusher(AckRollup(ACK_SECONDS), interval_seconds=interval_seconds).start()

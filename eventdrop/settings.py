@@ -303,8 +303,8 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     # The console API only: the buyer API and the webhook path are documented in docs/.
     "SCHEMA_PATH_PREFIX": "/api/",
-    "PREPROCESSING_HOOKS": ["console.api_schema.console_endpoints_only"],
-    "POSTPROCESSING_HOOKS": ["console.api_schema.problem_responses"],
+    "PREPROCESSING_HOOKS": ["console.api.console_endpoints_only"],
+    "POSTPROCESSING_HOOKS": ["console.api.problem_responses"],
 }
 # Days a token from `manage.py api_token issue` lives unless --ttl-days says otherwise.
 API_TOKEN_TTL_DAYS = env_int("API_TOKEN_TTL_DAYS", 90)
@@ -599,7 +599,7 @@ RENDER_CHECK_BUDGET_SECONDS = env_float("RENDER_CHECK_BUDGET_SECONDS", 20.0)
 RENDER_CHECK_BATCH_SIZE = env_int("RENDER_CHECK_BATCH_SIZE", 50)
 
 # --- Operations page and metrics -----------------------------------------------------------
-# /ops/ and /metrics need the console.view_ops permission (console/views_ops.py). Prometheus
+# /ops/ and /metrics need the console.view_ops permission (console/ops/views.py). Prometheus
 # authenticates with `Authorization: Bearer <METRICS_BEARER_TOKEN>`; unset, /metrics answers
 # only signed-in staff with the permission. With several web worker processes also set
 # PROMETHEUS_MULTIPROC_DIR (read by prometheus_client itself; see docs/console.md).
@@ -633,7 +633,7 @@ GITHUB_MAX_RETRIES = env_int("GITHUB_MAX_RETRIES", 1)
 # older than this (a delivery GitHub made a moment ago may not be listed yet).
 SIGNATURE_QUESTION_LISTING_LAG_SECONDS = env_int("SIGNATURE_QUESTION_LISTING_LAG_SECONDS", 600)
 
-# --- Bulk jobs and handler pauses (console/bulk_jobs.py, console/pauses.py) ----------------
+# --- Bulk jobs and handler pauses (console/jobs/services.py, console/pauses/services.py) ---
 # A bulk replay or re-arm runs on django-q2 in batches of BULK_JOB_BATCH_SIZE rows, each in
 # one short transaction: nothing of the inbox waits longer than one batch. One task runs
 # for at most BULK_JOB_TASK_BUDGET_SECONDS (well inside Q_TIMEOUT) and then enqueues its

@@ -28,9 +28,7 @@ receive path bounds each source lower, `max_header_bytes`), `WEB_MAX_CONNECTIONS
 process), `WEB_MAX_CONCURRENT_REQUESTS` (256 webhooks per process, below the connections),
 `WEB_MAX_BODY_BYTES_IN_FLIGHT` (16 MiB per process, at least the largest source
 `max_body_bytes`: ingress.E003), `WEB_STORE_CONNECTIONS` (4: the asyncio connections per
-process that write webhooks, ingress/store.py), `WEB_LOG_LEVEL` (info) and
-`ACK_ROLLUP_FLUSH_SECONDS` (60; 0 turns it off): how often each process adds what its ACK
-histogram counted to the database for the ops page's ACK p99 chart (console/ack_rollup.py).
+process that write webhooks, ingress/store.py) and `WEB_LOG_LEVEL` (info).
 """
 
 import os
@@ -53,7 +51,6 @@ class WebServerConfig:
     max_concurrent_requests: int = 256
     max_body_bytes_in_flight: int = 16 * 1024 * 1024
     store_connections: int = 4
-    ack_rollup_flush_seconds: float = 60
 
     def __post_init__(self) -> None:
         if self.processes < 1:
@@ -70,8 +67,6 @@ class WebServerConfig:
             raise ValueError("WEB_MAX_BODY_BYTES_IN_FLIGHT must be at least 1")
         if self.store_connections < 1:
             raise ValueError("WEB_STORE_CONNECTIONS must be at least 1")
-        if self.ack_rollup_flush_seconds < 0:
-            raise ValueError("ACK_ROLLUP_FLUSH_SECONDS must be 0 (off) or above")
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> "WebServerConfig":
@@ -90,7 +85,6 @@ class WebServerConfig:
                 env.get("WEB_MAX_BODY_BYTES_IN_FLIGHT") or 16 * 1024 * 1024
             ),
             store_connections=int(env.get("WEB_STORE_CONNECTIONS") or 4),
-            ack_rollup_flush_seconds=float(env.get("ACK_ROLLUP_FLUSH_SECONDS") or 60),
         )
 
 

@@ -8,7 +8,11 @@ Nothing here marks a recap paid or ready itself: if a process is missing, the re
 where that process would have moved it, and `demo_hint` says which one.
 """
 
+import hashlib
+import hmac
+import json
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,6 +23,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 from django.db import transaction
 
+from ingress.handlers import all_handlers
+from ingress.models import Delivery
+from ingress.sources import all_sources
 from recaps.models import Event, RecapId, RecapStatus, RecapVideo
 from recaps.selectors import recap_get
 from recaps.services import (
@@ -158,3 +165,56 @@ def demo_wait(
 
 def demo_hint(recap: RecapVideo) -> str:
     return HINTS.get(RecapStatus(recap.status), "")
+
+
+# --- a failing handler, to see an incident (fakes/failing.py) ---------------------------------
+
+
+def demo_failing(*, web_url: str, events: int = 3) -> list[int]:
+    """Post `events` signed GitHub webhooks that the demo's failing handler gives up on: one
+    dead delivery each, one incident. Returns the raw event ids."""
+    from fakes.failing import DEMO_FAILURE_EVENT, demo_failure
+
+    if not any(spec.name == f"{demo_failure.__module__}.demo_failure" for spec in all_handlers()):
+        raise DemoUnavailable(FAILING_OFF)
+    secret = (all_sources()["github"].secrets or [""])[0]
+    ids = []
+    for n in range(events):
+        body = json.dumps({"zen": "a demo failure", "n": n, "at": time.time()}).encode()
+        signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+        try:
+            answer = requests.post(
+                f"{web_url}/webhooks/github/",
+                data=body,
+                headers={
+                    "Content-Type": "application/json",
+                    "X-GitHub-Event": DEMO_FAILURE_EVENT,
+                    "X-GitHub-Delivery": f"demo-failure-{uuid.uuid4()}",
+                    "X-Hub-Signature-256": f"sha256={signature}",
+                },
+                timeout=_PAY_TIMEOUT,
+            )
+        except requests.RequestException as exc:
+            raise DemoUnavailable(f"no web server at {web_url} ({type(exc).__name__})") from exc
+        if answer.status_code != 202:
+            raise DemoUnavailable(f"our ingress answered the failing webhook {answer.status_code}")
+        ids.append(answer.json()["id"])
+    return ids
+
+
+def demo_failing_wait(*, raw_event_ids: list[int], timeout_seconds: float) -> int:
+    """Wait until the events' deliveries are dead; returns how many are."""
+    deadline = time.monotonic() + timeout_seconds
+    dead = 0
+    while time.monotonic() < deadline:
+        dead = Delivery.objects.filter(raw_event_id__in=raw_event_ids, status="dead").count()
+        if dead >= len(raw_event_ids):
+            break
+        time.sleep(0.5)
+    return dead
+
+
+FAILING_OFF = (
+    "the failing handler is not registered here: run with DJANGO_DEBUG=1 (make run) or "
+    "EVENTDROP_DEMO_FAILING_HANDLER=1, the inbox worker too"
+)

@@ -188,6 +188,37 @@ class RawEvent(models.Model):
                 name="rawevent_questioned",
             ),
             models.Index(fields=["dedup_key"], name="rawevent_dedup_key"),
+            # The console's filters and searches, each served by an index so that a list
+            # costs its page at any size of the store (docs/console.md, "What a page costs").
+            models.Index(
+                fields=["received_at"],
+                condition=Q(signature_status="rejected"),
+                name="rawevent_rejected",
+            ),
+            models.Index(
+                fields=["rejection_reason", "received_at"],
+                condition=Q(signature_status="rejected"),
+                name="rawevent_rejected_reason",
+            ),
+            models.Index(
+                fields=["dispatch_status", "received_at"],
+                condition=Q(dispatch_status__in=["no_handler", "duplicate", "not_dispatched"]),
+                name="rawevent_undispatched",
+            ),
+            models.Index(
+                fields=["origin", "received_at"],
+                condition=~Q(origin="received"),
+                name="rawevent_origin",
+            ),
+            models.Index(fields=["source", "received_at"], name="rawevent_source_received"),
+            models.Index(
+                fields=["event_type", "received_at"],
+                condition=~Q(event_type=""),
+                name="rawevent_event_type",
+            ),
+            models.Index(
+                fields=["delivery_id"], condition=~Q(delivery_id=""), name="rawevent_delivery_id"
+            ),
         ]
         constraints = [
             models.CheckConstraint(
@@ -501,6 +532,8 @@ class Delivery(WorkItem):
             models.Index(
                 fields=["finished_at"], condition=Q(status="superseded"), name="delivery_superseded"
             ),
+            # The console's handler filter, newest first (docs/console.md).
+            models.Index(fields=["handler", "id"], name="delivery_handler"),
         ]
 
     def __str__(self) -> str:

@@ -62,7 +62,7 @@ _READ_CHUNK = 64 * 1024
 # network). Observing costs a lock and a few additions in memory: no query, no I/O. With
 # several worker processes PROMETHEUS_MULTIPROC_DIR makes prometheus_client keep it in a
 # shared mmap'd file instead (docs/console.md). registry=None: only /metrics exports it
-# (console/metrics.py), and the ops page reads its p99 (console/ops.py).
+# (console/ops/metrics.py), and the ops page reads its p99 (console/ops/figures.py).
 ACK_SECONDS = Histogram(
     "eventdrop_ingress_ack_seconds",
     "Seconds from the receive view's start to an acknowledged (stored) webhook.",

@@ -139,8 +139,6 @@ ROLES: tuple[RoleSpec, ...] = (
             Grant(("ingress.RawEvent",), ("INSERT",)),
             # INSERT … RETURNING needs SELECT on the returned columns, and only on them.
             Grant(("ingress.RawEvent",), ("SELECT",), returning=True),
-            # The ACK roll-up its flusher thread adds to and prunes (console/ack_rollup.py).
-            Grant(("console.AckLatencyHour",), ALL),
         ),
     ),
     RoleSpec(
@@ -166,11 +164,16 @@ ROLES: tuple[RoleSpec, ...] = (
             *DISPATCHER_WRITES,
             Grant(("ingress.RawEvent",), ("INSERT",)),  # backfilled events
             Grant(("ingress.ReconciliationRun",), WRITE),
-            # Bulk jobs' batches (console/bulk_jobs.py): the job, its rows (kept a while for
+            # Bulk jobs' batches (console/jobs/services.py): the job, its rows (kept a while for
             # the replay SLO, then deleted) and its operator action's counts.
             Grant(("console.BulkJob",), UPDATE),
             Grant(("console.BulkJobItem",), ALL),
             Grant(("console.OperatorAction",), UPDATE),
+            # The minute sweep prunes the figures' roll-ups past their 48 h.
+            Grant(
+                ("console.AckLatencyHour", "console.AckRollupMark", "console.VolumeBucket"),
+                ("SELECT", "DELETE"),
+            ),
             *PROCESSING_GATE,
         ),
     ),
@@ -189,6 +192,8 @@ ROLES: tuple[RoleSpec, ...] = (
             Grant(("admin.LogEntry",), APPEND),
             Grant(("console.OperatorAction",), WRITE),
             Grant(("console.PayloadAccess",), APPEND),
+            # The ACK roll-up, written by the reads of /metrics and /ops/ (console/ops/).
+            Grant(("console.AckLatencyHour", "console.AckRollupMark"), WRITE),
             # The operator services: replay, re-verify, re-arm, mark dead, retry render,
             # pause and resume; bulk jobs previewed, started and cancelled here, their
             # batches queued for the worker (django-q2's ORM broker).
@@ -199,14 +204,14 @@ ROLES: tuple[RoleSpec, ...] = (
             Grant(("ingress.HandlerPause",), WRITE),
             Grant(("console.BulkJob",), WRITE),
             Grant(("django_q.OrmQ",), APPEND),
-            # Incidents acknowledged and resolved (console/incidents.py).
+            # Incidents acknowledged and resolved (console/incidents/services.py).
             Grant(("console.Incident",), WRITE),
             # Recap purchase and redemption (the buyer API) and the operator services.
             Grant(("recaps.RecapVideo",), WRITE),
-            # Events and their photos, kept by staff in the admin (console/admin/recaps.py).
+            # Events and their photos, kept by staff in the admin (console/recaps/admin.py).
             Grant(EVENTS, ALL),
             Grant(SIDE_EFFECTS, WRITE),
-            # The processing region, switched as an audited action (console/regions.py).
+            # The processing region, switched as an audited action (console/regions/services.py).
             Grant(("regions.ProcessingDecision",), APPEND),
         ),
     ),

@@ -30,7 +30,7 @@ SCHEDULES: list[Recurring] = [
         Schedule.MINUTES,
         minutes=60,
     ),
-    # Bulk jobs (console/bulk_jobs.py): resume a job whose worker died, measure the replay
+    # Bulk jobs (console/jobs/services.py): resume a job whose worker died, measure the replay
     # SLO of finished jobs once their two minutes have passed.
     Recurring(
         "console.bulk_jobs_sweep", "console.tasks.bulk_jobs_sweep", Schedule.MINUTES, minutes=1

@@ -134,6 +134,22 @@ class RecapSideEffect(WorkItem):
                 condition=Q(status=SideEffectStatus.PROCESSING),
                 name="recap_side_effect_processing",
             ),
+            # The console: dead rows, rows finished lately (the drain rate), an error class.
+            models.Index(
+                fields=["id"],
+                condition=Q(status=SideEffectStatus.DEAD),
+                name="recap_side_effect_dead",
+            ),
+            models.Index(
+                fields=["finished_at"],
+                condition=Q(finished_at__isnull=False),
+                name="recap_side_effect_finished",
+            ),
+            models.Index(
+                fields=["last_error_class", "id"],
+                condition=~Q(last_error_class=""),
+                name="recap_side_effect_error",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
+from ingress.selectors import any_status
 from outbox.models import (
     CircuitBreaker,
     RecapSideEffect,
@@ -14,6 +15,7 @@ from outbox.models import (
     WaitReason,
 )
 
+QUEUE_STATUSES = (SideEffectStatus.PENDING, SideEffectStatus.PROCESSING, SideEffectStatus.DEAD)
 # Why pending rows wait (the empty reason, "new or re-armed", is not a wait).
 WAIT_REASONS = [reason for reason in WaitReason.values if reason]
 
@@ -21,9 +23,10 @@ WAIT_REASONS = [reason for reason in WaitReason.values if reason]
 def side_effect_depths(*, now: datetime | None = None) -> dict:
     """Rows per status, how many are due, and how long the oldest due row has waited.
 
-    One aggregate query. `stale_processing` counts rows a dead worker left behind (they are
-    re-armed by the next dispatcher run); `oldest_due_age_seconds` is None when nothing is
-    due, and is the figure to alert on: it grows when the dispatcher is not running.
+    One aggregate query over the pending, processing and dead rows. `stale_processing`
+    counts rows a dead worker left behind (they are re-armed by the next dispatcher run);
+    `oldest_due_age_seconds` is None when nothing is due, and is the figure to alert on: it
+    grows when the dispatcher is not running.
     `waiting` counts pending rows by why they wait: `breaker` (the render service or its
     deploy answered about itself, or its breaker is open), `ambiguous` (an answer neither a
     render nor a verdict), `database` (our own database failed), `configuration` (ours was
@@ -35,8 +38,10 @@ def side_effect_depths(*, now: datetime | None = None) -> dict:
     now = now or timezone.now()
     stale_before = now - timedelta(seconds=settings.OUTBOX_STALE_PROCESSING_SECONDS)
     due = Q(status=SideEffectStatus.PENDING, next_attempt_at__lte=now)
-    row = RecapSideEffect.objects.aggregate(
-        **{status: Count("id", filter=Q(status=status)) for status in SideEffectStatus.values},
+    # Only the rows that wait or need a human, each status from its partial index: `done` is
+    # volume, not depth, and counting it would read every side effect ever made.
+    row = RecapSideEffect.objects.filter(any_status(*QUEUE_STATUSES)).aggregate(
+        **{str(status): Count("id", filter=Q(status=status)) for status in QUEUE_STATUSES},
         due=Count("id", filter=due),
         stale_processing=Count(
             "id", filter=Q(status=SideEffectStatus.PROCESSING, claimed_at__lt=stale_before)

@@ -96,6 +96,15 @@ class RecapVideo(models.Model):
         indexes = [
             models.Index(fields=["status", "updated_at"], name="recap_status_updated"),
             models.Index(fields=["buyer", "created_at"], name="recap_buyer_created"),
+            # The console's lists (newest first) and its exact searches.
+            models.Index(fields=["updated_at"], name="recap_updated"),
+            models.Index(fields=["created_at", "id"], name="recap_created"),
+            models.Index(
+                fields=["checkout_session_id"],
+                condition=~Q(checkout_session_id=""),
+                name="recap_checkout_session",
+            ),
+            models.Index(fields=["render_id"], condition=~Q(render_id=""), name="recap_render_id"),
             # The render checks' claim: only rendering recaps, by when they are due.
             models.Index(
                 fields=["render_check_at"],

@@ -32,6 +32,7 @@ BENCH_SECONDS = 240
 # where their loading broke.
 BENCHES = {
     "bulk_replay_job.py": (["--events", "3000", "--workers", "1"], '"slo_within_2_min"'),
+    "console_scale.py": (["--events", "3000", "--requests", "1", "--drop"], "worst p95"),
     "dispatch_throughput.py": (["--rows", "20", "--concurrency", "1"], "rows/s"),
     "encryption_at_rest.py": (["--calls", "5", "--rounds", "1"], "encrypted / plaintext"),
     "inbox_throughput.py": (["--events", "300", "--workers", "1"], "events/s"),

@@ -1,26 +1,25 @@
-"""The ACK roll-up: each web process adds its histogram's deltas per (source, hour) to the
-database (console/ack_rollup.py), and the ops page charts p99 per hour from the buckets.
+"""The ACK roll-up: the receive path's histogram added up per source and hour by whoever reads
+it for /metrics or /ops/ (no thread), each ACK once, for the ops page's 24 h chart."""
 
-The arithmetic with a real prometheus_client histogram and an injected writer; the upsert
-on PostgreSQL from two flushers at once; and a real web process (the Procfile's line,
-flushing every second) whose roll-up the ops page charts. About 10 s, most of it the server.
-"""
-
-import logging
 import re
 import threading
-import time
 import urllib.request
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from prometheus_client import Histogram
 
-from console.ack_rollup import BOUNDS, AckRollup, ack_rollup_add, histogram_bucket_counts
-from console.models import ACK_ROLLUP_BUCKETS, AckLatencyHour
-from console.ops import hourly_ack_p99
+from console.models import ACK_ROLLUP_BUCKETS, AckLatencyHour, AckRollupMark
+from console.ops import ack_rollup
+from console.ops.ack_rollup import (
+    BOUNDS,
+    ack_rollup_add,
+    ack_rollup_collect,
+    histogram_bucket_counts,
+)
+from console.ops.figures import hourly_ack_p99
 from ingress.views import ACK_SECONDS
 from tests.console.conftest import grant
 from tests.support.processes import app_env, free_port, start_procfile
@@ -38,25 +37,6 @@ def counts(**by_column: int) -> list[int]:
     return [by_column.get(column, 0) for _, column in ACK_ROLLUP_BUCKETS]
 
 
-class Recorder:
-    """A writer that fails while `failures` lasts, then records what it was asked to add."""
-
-    def __init__(self, failures: list[Exception] | None = None):
-        self.failures = list(failures or [])
-        self.added: dict[tuple[str, datetime], list[int]] = {}
-
-    def __call__(self, rows):
-        if self.failures:
-            raise self.failures.pop(0)
-        for key, row in rows.items():
-            total = self.added.setdefault(key, [0] * N_BUCKETS)
-            self.added[key] = [a + b for a, b in zip(total, row, strict=True)]
-
-
-def no_prune(**_):
-    return 0
-
-
 def test_the_roll_up_columns_are_the_ack_histograms_buckets():
     assert tuple(ACK_SECONDS._upper_bounds) == BOUNDS
 
@@ -70,74 +50,55 @@ def test_bucket_counts_are_per_bucket_not_cumulative():
     }
 
 
-def test_each_ack_is_added_once_and_a_failed_flush_keeps_its_deltas(caplog):
-    h = histogram()
-    writer = Recorder()
-    rollup = AckRollup(h, write=writer, prune=no_prune)
-    h.labels(source="stripe").observe(0.003)
-    assert rollup.flush(now=NOW) is True
-    assert writer.added == {("stripe", HOUR_10): counts(le_5ms=1)}
+def rolled_up() -> dict[tuple[str, datetime], list[int]]:
+    return {(row.source, row.hour): row.bucket_counts() for row in AckLatencyHour.objects.all()}
 
-    writer.added.clear()
-    assert rollup.flush(now=NOW) is True  # nothing new: nothing added again
-    assert writer.added == {}
+
+@pytest.mark.django_db
+def test_each_ack_is_added_once_and_a_failed_collection_loses_nothing(monkeypatch):
+    h = histogram()
+    h.labels(source="stripe").observe(0.003)
+    assert ack_rollup_collect(h, now=NOW, key="host:run") == 1
+    assert rolled_up() == {("stripe", HOUR_10): counts(le_5ms=1)}
+    assert ack_rollup_collect(h, now=NOW, key="host:run") == 0  # nothing new, nothing added
 
     h.labels(source="stripe").observe(0.2)
     h.labels(source="github").observe(0.02)
-    writer.failures = [OSError("down"), OSError("down"), TimeoutError()]
-    with caplog.at_level(logging.INFO, logger="console.ack_rollup"):
-        assert rollup.flush(now=NOW) is False
-        h.labels(source="stripe").observe(0.2)
-        assert rollup.flush(now=NOW + timedelta(minutes=1)) is False
-        assert rollup.flush(now=NOW + timedelta(minutes=2)) is False
-        assert rollup.pending == {
-            ("stripe", HOUR_10): counts(le_250ms=2),
-            ("github", HOUR_10): counts(le_25ms=1),
-        }
-        later = NOW + timedelta(hours=1)
-        h.labels(source="stripe").observe(0.2)
-        assert rollup.flush(now=later) is True
-    assert writer.added == {
-        ("stripe", HOUR_10): counts(le_250ms=2),
-        ("github", HOUR_10): counts(le_25ms=1),
-        ("stripe", HOUR_10 + timedelta(hours=1)): counts(le_250ms=1),
+
+    def down(*args, **kwargs):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(ack_rollup, "_write", down)
+    with pytest.raises(OperationalError):
+        ack_rollup_collect(h, now=NOW, key="host:run")
+    monkeypatch.undo()
+    later = NOW + timedelta(hours=1)
+    h.labels(source="stripe").observe(0.2)
+    assert ack_rollup_collect(h, now=later, key="host:run") == 2
+    assert rolled_up() == {
+        ("stripe", HOUR_10): counts(le_5ms=1),
+        ("stripe", HOUR_10 + timedelta(hours=1)): counts(le_250ms=2),
+        ("github", HOUR_10 + timedelta(hours=1)): counts(le_25ms=1),
     }
-    assert rollup.pending == {}
-    # One line per kind of failure (not per failed flush), and one when it recovers.
-    messages = [record.getMessage() for record in caplog.records]
-    assert [m for m in messages if "failed" in m] == [
-        "ACK roll-up flush failed (OSError); 2 row(s) kept for the next flush",
-        "ACK roll-up flush failed (TimeoutError); 2 row(s) kept for the next flush",
-    ]
-    assert messages[-1] == "ACK roll-up flush succeeded again after OSError, TimeoutError"
-    assert all("down" not in m for m in messages)
 
 
-def test_a_failed_prune_after_a_written_flush_adds_nothing_twice():
-    h = histogram()
-    writer = Recorder()
-    prunes = [OSError("prune failed")]
-
-    def prune(**_):
-        if prunes:
-            raise prunes.pop()
-        return 0
-
-    rollup = AckRollup(h, write=writer, prune=prune)
-    h.labels(source="stripe").observe(0.003)
-    assert rollup.flush(now=NOW) is False
-    assert rollup.flush(now=NOW) is True
-    assert writer.added == {("stripe", HOUR_10): counts(le_5ms=1)}
+@pytest.mark.django_db
+def test_a_new_run_of_the_histogram_counts_from_zero():
+    before = histogram()
+    for _ in range(3):
+        before.labels(source="stripe").observe(0.003)
+    ack_rollup_collect(before, now=NOW, key="host:run")
+    # The same key with fewer ACKs than its mark (a histogram that started again): all of it.
+    again = histogram()
+    again.labels(source="stripe").observe(0.003)
+    ack_rollup_collect(again, now=NOW, key="host:run")
+    assert rolled_up() == {("stripe", HOUR_10): counts(le_5ms=4)}
 
 
-def test_pending_rows_are_bounded_to_the_retention():
-    h = histogram()
-    rollup = AckRollup(h, write=Recorder(failures=[OSError()] * 100), prune=no_prune)
-    for hours in range(60):
-        h.labels(source="stripe").observe(0.003)
-        rollup.flush(now=NOW + timedelta(hours=hours))
-    assert len(rollup.pending) == 49  # the current hour and the 48 before it
-    assert min(hour for _, hour in rollup.pending) == HOUR_10 + timedelta(hours=59 - 48)
+def test_a_histogram_of_other_buckets_is_not_rolled_up():
+    other = Histogram("other_seconds", "test", ["source"], buckets=(0.1, 1.0), registry=None)
+    other.labels(source="stripe").observe(0.05)
+    assert histogram_bucket_counts(other) == {}
 
 
 @pytest.mark.django_db
@@ -160,35 +121,33 @@ def test_p99_per_hour_comes_from_the_buckets():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_flushers_at_once_add_up_on_postgresql():
+def test_two_readings_at_once_add_each_ack_once_on_postgresql():
     rounds = 15
+    h = histogram()
     start = threading.Barrier(2)
     errors: list[BaseException] = []
 
-    def one_process(bucket_seconds: float) -> None:
+    def one_scrape(bucket_seconds: float) -> None:
         try:
-            h = histogram()
-            rollup = AckRollup(h)
             start.wait()
             for _ in range(rounds):
                 h.labels(source="stripe").observe(bucket_seconds)
                 h.labels(source="github").observe(0.003)
-                assert rollup.flush(now=NOW) is True
+                ack_rollup_collect(h, now=NOW, key="host:shared")
         except BaseException as error:  # reported below, in the test's thread
             errors.append(error)
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=one_process, args=(s,)) for s in (0.003, 0.2)]
+    threads = [threading.Thread(target=one_scrape, args=(s,)) for s in (0.003, 0.2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
     assert errors == []
-    rows = {row.source: row.bucket_counts() for row in AckLatencyHour.objects.all()}
-    assert rows == {
-        "stripe": counts(le_5ms=rounds, le_250ms=rounds),
-        "github": counts(le_5ms=2 * rounds),
+    assert rolled_up() == {
+        ("stripe", HOUR_10): counts(le_5ms=rounds, le_250ms=rounds),
+        ("github", HOUR_10): counts(le_5ms=2 * rounds),
     }
     ack_rollup_add({("github", HOUR_10): counts(le_inf=1)})
     assert AckLatencyHour.objects.get(source="github").le_inf == 1
@@ -211,27 +170,37 @@ def _post_webhook(port: int) -> int:
         return response.status
 
 
+def _scrape(port: int) -> int:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status
+
+
+TOKEN = "ack-rollup-test-token-0123456789abcdef"
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_real_web_server_writes_the_roll_up_and_the_ops_page_charts_it(
+def test_a_real_web_server_rolls_up_when_scraped_and_the_ops_page_charts_it(
     client, django_user_model, tmp_path
 ):
     webhooks = 12
     port = free_port()
-    env = app_env(_database_url(), ACK_ROLLUP_FLUSH_SECONDS="1", WEB_CONCURRENCY="2")
+    env = app_env(
+        _database_url(),
+        WEB_CONCURRENCY="2",
+        PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus"),
+        METRICS_BEARER_TOKEN=TOKEN,
+    )
     with start_procfile("web", env, port=port, log=tmp_path / "web.log") as web:
         web.wait_listening(port, timeout=30)
         assert [_post_webhook(port) for _ in range(webhooks)] == [202] * webhooks
-        deadline = time.monotonic() + 15
-        total = 0
-        while time.monotonic() < deadline:
-            rows = list(AckLatencyHour.objects.filter(source="stripe"))
-            total = sum(sum(row.bucket_counts()) for row in rows)
-            if total >= webhooks:
-                break
-            time.sleep(0.25)
-        # Both processes' rows add up to every ACK, each counted once.
-        assert total == webhooks, web.output()
+        # Two scrapes, whichever process answers each: both processes' ACKs, each once.
+        assert [_scrape(port), _scrape(port)] == [200, 200], web.output()
+        rows = list(AckLatencyHour.objects.filter(source="stripe"))
+        assert sum(sum(row.bucket_counts()) for row in rows) == webhooks, web.output()
 
     viewer = django_user_model.objects.create_user("ops", is_staff=True)
     client.force_login(grant(viewer, "console.view_ops"))
@@ -245,7 +214,7 @@ def test_a_real_web_server_writes_the_roll_up_and_the_ops_page_charts_it(
 
 
 @pytest.mark.django_db
-def test_the_flusher_adds_and_prunes_as_the_web_role(settings):
+def test_the_console_role_rolls_up_and_the_worker_prunes(settings):
     from kernel.db_roles import db_roles_apply, role_name
 
     settings.DATABASE_ROLE_PREFIX = prefix = f"edtest_{uuid.uuid4().hex[:6]}_"
@@ -253,13 +222,16 @@ def test_the_flusher_adds_and_prunes_as_the_web_role(settings):
     AckLatencyHour.objects.create(source="stripe", hour=HOUR_10 - timedelta(hours=49), le_inf=1)
     h = histogram()
     h.labels(source="stripe").observe(0.003)
-    with connection.cursor() as cursor:
-        cursor.execute(f'SET ROLE "{role_name("web", prefix)}"')
-    try:
-        assert AckRollup(h).flush(now=NOW) is True
-    finally:
+    for kind, act in (
+        ("console", lambda: ack_rollup_collect(h, now=NOW, key="host:run")),
+        ("worker", lambda: ack_rollup.ack_rollup_prune(now=NOW)),
+    ):
         with connection.cursor() as cursor:
-            cursor.execute("RESET ROLE")
-    assert [(row.hour, row.bucket_counts()) for row in AckLatencyHour.objects.all()] == [
-        (HOUR_10, counts(le_5ms=1))
-    ]
+            cursor.execute(f'SET ROLE "{role_name(kind, prefix)}"')
+        try:
+            act()
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET ROLE")
+    assert rolled_up() == {("stripe", HOUR_10): counts(le_5ms=1)}
+    assert AckRollupMark.objects.get().key == "host:run"

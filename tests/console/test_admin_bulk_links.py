@@ -8,7 +8,7 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from console.models import BulkJob
-from console.pauses import SOURCE_DISABLE_COST
+from console.pauses.services import SOURCE_DISABLE_COST
 from tests.console.conftest import OPERATOR_PERMISSIONS, grant
 from tests.console.test_bulk_jobs import stored_events
 

@@ -105,7 +105,7 @@ def test_actions_need_the_operate_permission(api, django_user_model, events):
         ({"received_before": "2000-01-01T00:00:00Z"}, set()),
         ({"q": "b-1"}, {"bad"}),
         ({"body_contains": "findme"}, {"good"}),
-        ({"q": "findme"}, {"good"}),
+        ({"q": "findme"}, set()),  # ids and keys only: bodies need body_contains
     ],
 )
 def test_list_filters(api, payload_operator, events, params, which):
@@ -255,7 +255,7 @@ def test_raw_event_list_pages_without_counting_the_store(api, operator, events):
         first = api.get(LIST, {"limit": 1}).json()
     assert not [q for q in queries if "COUNT(" in q["sql"].upper()]
     assert "count" not in first and len(first["results"]) == 1
-    assert first["previous"] is None and "offset=1" in first["next"]
+    assert first["previous"] is None and "cursor=" in first["next"]
     second = api.get(first["next"]).json()
     assert len(second["results"]) == 1 and second["next"] is None
     assert second["results"][0]["id"] != first["results"][0]["id"]

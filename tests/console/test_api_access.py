@@ -262,10 +262,10 @@ def test_every_console_endpoint_is_in_the_table():
         f"/api/{pattern.pattern}" for pattern in urls.urlpatterns if pattern.name != "not-found"
     } - JOB_ROUTES
     placeholders = {
-        "{event}": "<int:raw_event_id>",
-        "{delivery}": "<int:delivery_id>",
-        "{side_effect}": "<int:side_effect_id>",
-        "{recap}": "<uuid:recap_id>",
+        "{event}": "<int:pk>",
+        "{delivery}": "<int:pk>",
+        "{side_effect}": "<int:pk>",
+        "{recap}": "<uuid:pk>",
     }
     tabled = set()
     for spec in ENDPOINTS.values():

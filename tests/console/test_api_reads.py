@@ -1,4 +1,4 @@
-"""Read access to everything the console shows (console/apis_reads.py): the lists' filters,
+"""Read access to everything the console shows (console/*/api.py): the lists' filters,
 cursor pages with `count` where cheap, the root, one error shape (RFC 9457) for every answer
 that is not a success, 500s included, and /metrics with a console API token."""
 
@@ -147,6 +147,81 @@ def test_the_root_lists_every_endpoint_and_what_the_caller_may_use(api):
     assert endpoints["/api/raw-events/replay/"]["allowed"] is True  # the reader may operate
 
 
+def test_the_root_is_held_to_the_urlconf(api):
+    """Every route of console/urls.py is listed, with its methods, and nothing else."""
+    import re
+
+    from django.urls import get_resolver
+
+    routes = {
+        re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", f"/api/{pattern.pattern}")
+        for pattern in get_resolver("console.urls").url_patterns
+        if getattr(pattern, "name", "") != "not-found"
+    }
+    from urllib.parse import unquote
+
+    endpoints = api.get("/api/").json()["endpoints"]
+    listed = {unquote(e["url"].split("testserver")[1]): e for e in endpoints}
+    assert set(listed) == routes
+    for path in ("/api/incidents/acknowledge/", "/api/pauses/resume/", "/api/regions/processing/"):
+        assert listed[path]["methods"] == ["POST"] and listed[path]["what"], path
+    assert listed["/api/pauses/"]["methods"] == ["GET", "POST"]
+    assert listed["/api/pauses/"]["write_permission"] == "console.operate"
+
+
+LISTS = (
+    "/api/raw-events/",
+    "/api/deliveries/",
+    "/api/side-effects/",
+    "/api/recaps/",
+    "/api/operator-actions/",
+    "/api/jobs/",
+)
+
+
+def _cursor(text: str) -> str:
+    import base64
+
+    return base64.b64encode(text.encode()).decode()
+
+
+@pytest.mark.parametrize("url", LISTS)
+def test_a_tampered_cursor_is_a_404_problem_and_a_bad_limit_a_400(api, client, admin_user, url):
+    verified_event(client, admin_user)
+    for cursor in (
+        _cursor("o=0&r=0&p=not-a-position"),  # decodes, but no value of the ordering's field
+        _cursor("o=1&p=2026-13-45"),
+        "%%%not-base64",
+        _cursor("junk that decodes"),  # was answered as the first page
+        _cursor("o=abc"),
+    ):
+        assert_problem(api.get(url, {"cursor": cursor}), 404)
+    for limit in ("abc", "0", "-1", "1.5", ""):
+        body = assert_problem(api.get(url, {"limit": limit}), 400)
+        assert "limit" in body["errors"]
+    assert api.get(url, {"limit": "100000"}).status_code == 200  # capped, as documented
+
+
+def test_following_next_while_webhooks_arrive_repeats_and_skips_nothing(api, client, admin_user):
+    for n in range(7):
+        receive_github(client, {"n": n}, delivery=f"before-{n}")
+    from ingress.models import RawEvent
+
+    existing = set(RawEvent.objects.values_list("id", flat=True))
+    seen: list[int] = []
+    page = api.get("/api/raw-events/", {"limit": 2}).json()
+    arrived = 0
+    while True:
+        seen += [row["id"] for row in page["results"]]
+        receive_github(client, {"during": arrived}, delivery=f"during-{arrived}")
+        arrived += 1
+        if not page["next"]:
+            break
+        page = api.get(page["next"]).json()
+    assert len(seen) == len(set(seen)), "a row repeated"
+    assert set(seen) == existing, "a row skipped (or one that arrived meanwhile listed)"
+
+
 def test_a_rejected_events_rejection_time_is_not_its_verified_at(api, client):
     event = receive_github(client, {"zen": "x"}, delivery="forged", secret="wrong-secret")
     inbox_run_once()
@@ -189,7 +264,7 @@ def test_a_500_is_a_problem_without_the_exceptions_text(api, monkeypatch):
     def explode(**kwargs):
         raise RuntimeError("secret payload text")
 
-    monkeypatch.setattr("console.apis.queue_depths", explode)
+    monkeypatch.setattr("console.ops.api.queue_depths", explode)
     body = assert_problem(api.get("/api/queues/"), 500)
     assert "secret payload text" not in str(body) and body["type"].endswith("server_error")
 
@@ -200,7 +275,7 @@ def test_the_database_down_is_a_503_problem_to_retry(api, monkeypatch):
     def down(**kwargs):
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr("console.apis.queue_depths", down)
+    monkeypatch.setattr("console.ops.api.queue_depths", down)
     response = api.get("/api/queues/")
     assert_problem(response, 503)
     assert response["Retry-After"]

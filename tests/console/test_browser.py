@@ -98,9 +98,9 @@ def test_find_open_and_replay_an_event(page, tmp_path):
 
     webhook_handler(provider="github", event_types=["push"])(on_push_deployed_later)
     try:
-        # Search by a fragment of the body.
-        page.fill("#searchbar", "c0ffee42beef")
-        page.press("#searchbar", "Enter")
+        # Search by a fragment of the body: its own form, not the search box (ids and keys).
+        page.fill("#body-search-term", "c0ffee42beef")
+        page.press("#body-search-term", "Enter")
         rows = page.locator("#result_list tbody tr")
         expect(rows).to_have_count(1)
         expect(rows.first).to_contain_text("6a1e2f00-browser")

@@ -5,7 +5,7 @@ touched), start, watch the progress page reload while a worker runs the batches,
 done and recorded; start another and cancel it mid-way; pause a handler while events keep
 arriving, see it held on the ops page, resume it.
 
-The worker is the test itself (console.bulk_jobs.bulk_job_run, one batch at a time), so the
+The worker is the test itself (console.jobs.services.bulk_job_run, one batch at a time), so the
 page's intermediate states can be watched; the live server runs in this process, so the
 start's enqueue is recorded instead of run inline (the test settings' django-q2 is sync).
 """
@@ -15,7 +15,7 @@ import os
 import pytest
 from django.test import Client
 
-from console import bulk_jobs
+from console.jobs import services as bulk_jobs
 from console.models import BulkJob, OperatorAction
 from ingress.deliveries import deliveries_run_due
 from ingress.inbox import inbox_run_once

@@ -4,7 +4,7 @@ re-verified, a pause with a reason then resumed, a bulk job from a list's filter
 acknowledged and its group re-armed — and on every list, the key columns inside the window
 (their headers' bounding boxes).
 
-The worker is the test itself (console.bulk_jobs.bulk_job_run, the inbox's functions), as in
+The worker is the test itself (console.jobs.services.bulk_job_run, the inbox's functions), as in
 test_browser_jobs.py; the live server runs in this process.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from console import bulk_jobs
+from console.jobs import services as bulk_jobs
 from console.models import BulkJob, Incident, OperatorAction
 from ingress.deliveries import deliveries_run_due
 from ingress.inbox import inbox_run_once

@@ -1,4 +1,4 @@
-"""console.bulk_jobs: preview, start, batches, cancel, resume, re-run and the replay SLO."""
+"""console.jobs.services: preview, start, batches, cancel, resume, re-run and the replay SLO."""
 
 import hashlib
 from datetime import timedelta
@@ -7,8 +7,8 @@ import pytest
 from django.db import OperationalError
 from django.utils import timezone
 
-from console import bulk_jobs
-from console.bulk_jobs import (
+from console.jobs import services as bulk_jobs
+from console.jobs.services import (
     ALREADY_FINISHED,
     NOT_A_FILTER,
     NOT_PREVIEWED,

@@ -3,7 +3,7 @@
 import pytest
 from rest_framework.test import APIClient
 
-from console.bulk_jobs import NOTHING_SELECTED, bulk_job_preview, bulk_job_selection
+from console.jobs.services import NOTHING_SELECTED, bulk_job_preview, bulk_job_selection
 from console.models import BulkJob, OperatorAction
 from ingress.models import Delivery, HandlerPause
 from tests.console.conftest import grant
@@ -64,7 +64,7 @@ def job(django_user_model):
     ],
 )
 def test_permission_table(endpoint, identity, status, job, monkeypatch):
-    from console import bulk_jobs
+    from console.jobs import services as bulk_jobs
 
     monkeypatch.setattr(bulk_jobs, "_enqueue", lambda job_id: None)  # started, not run
     method, path, body, _, _ = ENDPOINTS[endpoint]
@@ -98,7 +98,7 @@ def api(operator):
 def test_preview_start_status_cancel_through_the_api(
     api, operator, push_handler, monkeypatch, django_capture_on_commit_callbacks
 ):
-    from console import bulk_jobs
+    from console.jobs import services as bulk_jobs
 
     enqueued: list[int] = []
     monkeypatch.setattr(bulk_jobs, "_enqueue", enqueued.append)

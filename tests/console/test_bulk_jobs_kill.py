@@ -15,7 +15,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 from django_q.conf import Conf
 
-from console.bulk_jobs import bulk_job_preview, bulk_job_start, bulk_jobs_resume_stale
+from console.jobs.services import bulk_job_preview, bulk_job_start, bulk_jobs_resume_stale
 from console.models import BulkJob, BulkJobItem, OperatorAction
 from ingress.models import RawEvent
 from tests.console.test_bulk_jobs import stored_events

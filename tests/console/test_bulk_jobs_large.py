@@ -12,8 +12,8 @@ from django.conf import settings
 from django.db import connection, connections
 from django_q.conf import Conf
 
-from console import bulk_jobs
-from console.bulk_jobs import bulk_job_cancel, bulk_job_preview, bulk_job_run, bulk_job_start
+from console.jobs import services as bulk_jobs
+from console.jobs.services import bulk_job_cancel, bulk_job_preview, bulk_job_run, bulk_job_start
 from console.models import BulkJobItem, OperatorAction
 from ingress.models import Delivery
 from tests.console.test_bulk_jobs import stored_events

@@ -12,8 +12,8 @@ import pytest
 from django.db import connections
 from rest_framework.test import APIClient
 
-from console import bulk_jobs
-from console.bulk_jobs import (
+from console.jobs import services as bulk_jobs
+from console.jobs.services import (
     MAX_SELECTED_IDS,
     NOTHING_SELECTED,
     bulk_job_cancel,
@@ -428,7 +428,7 @@ def test_without_operate_the_pages_refuse_every_write(client, viewer, operator, 
 def test_a_replay_job_of_a_paused_handler_runs_nothing_until_resume(
     operator, push_handler, no_enqueue, settings
 ):
-    from console.pauses import handlers_pause, handlers_resume
+    from console.pauses.services import handlers_pause, handlers_resume
     from ingress.deliveries import deliveries_run_due
     from ingress.handlers import all_handlers
     from ingress.models import Delivery
@@ -482,7 +482,7 @@ def test_a_huge_limit_is_capped_not_a_500(api, path):
 def test_pause_clicked_twice_at_once_pauses_once_and_records_the_other_as_refused(
     operator, monkeypatch
 ):
-    from console import pauses
+    from console.pauses import services as pauses
 
     # Both clicks read "not paused yet" before either inserts: the race the unique
     # constraint on an active pause decides. Widened so that it always happens here.

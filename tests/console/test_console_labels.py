@@ -9,7 +9,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
 
-from console.admin.ingress import (
+from console.models import OperatorAction
+from console.raw_events.admin import (
     NEXT_BODY,
     NEXT_CHECK_SENDER,
     NEXT_CLOCK,
@@ -26,7 +27,6 @@ from console.admin.ingress import (
     RawEventAdmin,
     raw_event_state,
 )
-from console.models import OperatorAction
 from ingress.inbox import inbox_run_once
 from ingress.models import Delivery, RawEvent
 from outbox.models import RecapSideEffect
@@ -216,7 +216,7 @@ def test_a_dead_delivery_shows_no_next_attempt_and_says_what_to_do(
 def test_a_held_event_says_which_pause_holds_it_who_paused_and_how_to_resume(
     client, admin_user, push_handler
 ):
-    from console.pauses import handlers_pause
+    from console.pauses.services import handlers_pause
     from fakes.management.commands.demo import held_hint
     from recaps.models import RecapStatus, RecapVideo
 

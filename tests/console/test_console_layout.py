@@ -16,7 +16,7 @@ from django.contrib import admin
 from django.urls import reverse
 
 from console import urls
-from console.apis import OperatorActionApi
+from console.api import OperatorActionApi
 from console.services import OPERATOR_ACTIONS
 from ingress.inbox import inbox_run_once
 from tests.console import samples

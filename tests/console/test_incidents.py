@@ -1,4 +1,4 @@
-"""Incidents (console/incidents.py): failures grouped by what they have in common, their
+"""Incidents (console/incidents/services.py): failures grouped by what they have in common, their
 acknowledgement and resolution audited, a resolved group reopened by a new failure, its
 dead rows re-armed as one bulk job, and /metrics naming each group for the alert."""
 
@@ -8,8 +8,7 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from console.bulk_jobs import bulk_job_run, bulk_job_start
-from console.incidents import (
+from console.incidents.services import (
     ACKNOWLEDGED,
     OPEN,
     RESOLVED,
@@ -20,6 +19,7 @@ from console.incidents import (
     incident_rearm_preview,
     incident_resolve,
 )
+from console.jobs.services import bulk_job_run, bulk_job_start
 from console.models import BulkJob, Incident, OperatorAction
 from ingress.inbox import inbox_run_once
 from ingress.models import Delivery
@@ -132,7 +132,7 @@ def test_a_group_is_rearmed_through_one_bulk_job(oncall, settings):
 
 
 def test_rejected_events_are_grouped_by_source_and_reason_and_not_rearmed(client, oncall):
-    from console.incidents import IncidentRefused
+    from console.incidents.services import IncidentRefused
 
     for n in range(3):
         receive_github(client, {"n": n}, delivery=f"forged-{n}", secret="wrong")

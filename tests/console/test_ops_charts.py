@@ -7,8 +7,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from console import charts
-from console.ops import CHART_HOURS, chart_hours, hourly_dead, hourly_lags, hourly_volume
+from console.ops import charts
+from console.ops.figures import CHART_HOURS, chart_hours, hourly_dead, hourly_lags, hourly_volume
 from ingress.models import Delivery, RawEvent
 from outbox.models import RecapSideEffect
 from tests.console.conftest import grant

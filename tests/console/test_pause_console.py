@@ -8,10 +8,10 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from console.bulk_jobs import bulk_job_preview
+from console.jobs.services import bulk_job_preview
 from console.models import BulkJob, OperatorAction
-from console.ops import SLOS, Level, ops_snapshot
-from console.pauses import SOURCE_DISABLE_COST, handlers_pause, pause_level
+from console.ops.figures import SLOS, Level, ops_snapshot
+from console.pauses.services import SOURCE_DISABLE_COST, handlers_pause, pause_level
 from ingress.models import HandlerPause
 from tests.console.conftest import OPERATOR_PERMISSIONS, grant
 from tests.console.test_bulk_jobs import stored_events
@@ -287,3 +287,17 @@ def test_a_pause_needs_a_reason(oncall):
     with pytest.raises(OperatorActionError):
         handlers_pause(actor=oncall, via="api", source="github", reason=" ")
     assert not OperatorAction.objects.exists() and not HandlerPause.objects.exists()
+
+
+def test_the_job_form_validates_filters_with_the_kinds_filterset(client, oncall):
+    """A status of another kind of row, a bad date: refused by the kind's FilterSet, as the
+    API's list of those rows refuses them."""
+    client.force_login(oncall)
+    wrong = client.post("/ops/jobs/new/", {"kind": "rearm_deliveries", "status": "verified"})
+    assert wrong.status_code == 400
+    assert "status: &quot;verified&quot; is not a valid choice" in wrong.content.decode()
+    bad = client.post("/ops/jobs/new/", {"kind": "replay_raw_events", "received_after": "soon"})
+    assert bad.status_code == 400 and "received_after:" in bad.content.decode()
+    nonsense = client.post("/ops/jobs/new/", {"kind": "replay_raw_events", "ids": "1 two"})
+    assert nonsense.status_code == 400 and "ids:" in nonsense.content.decode()
+    assert not BulkJob.objects.exists()

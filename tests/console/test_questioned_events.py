@@ -9,7 +9,7 @@ from django.test import Client
 from django.urls import reverse
 
 from console.models import OperatorAction
-from console.ops import ops_snapshot
+from console.ops.figures import ops_snapshot
 from ingress.inbox import inbox_run_once
 from ingress.models import RawEvent, SignatureQuestion
 from tests.console.conftest import receive_github

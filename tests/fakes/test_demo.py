@@ -120,3 +120,21 @@ def test_without_the_fake_stripe_the_demo_names_it_and_writes_nothing(settings, 
     with pytest.raises(CommandError, match=r"the fake Stripe does not answer at http://127\.0\.0\.1:9/"):
         demo("--web-url", live_server.url)
     assert not Event.objects.exists()
+
+
+def test_demo_failing_makes_one_incident_of_dead_deliveries(live_server):
+    from console.incidents.services import incident_groups
+    from fakes import failing as handlers
+    from ingress.handlers import unregister
+
+    name = f"{handlers.demo_failure.__module__}.demo_failure"
+    try:
+        out = demo("--failing", "--web-url", live_server.url, "--wait", "0")
+        assert "3 GitHub webhooks for the failing handler" in out and "/ops/incidents/" in out
+        inbox_run_once()
+        (group,) = incident_groups(kind="dead_deliveries")
+        assert (group.scope, group.error_class, group.rows) == (name, "DemoFailure", 3)
+    finally:
+        unregister(name)
+    with pytest.raises(CommandError, match="failing handler is not registered"):
+        demo("--failing", "--web-url", live_server.url)

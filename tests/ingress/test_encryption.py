@@ -19,7 +19,7 @@ from django.db import connection
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from console.selectors import BODY_SEARCH_ENCRYPTED
+from console.raw_events.selectors import BODY_SEARCH_ENCRYPTED
 from ingress.checks import check_raw_event_encryption_keys
 from ingress.deliveries import deliveries_run_due
 from ingress.encryption import BodyUndecryptable, key_id
@@ -223,7 +223,7 @@ def test_body_search_is_refused_with_its_reason_not_empty(client, keys, payload_
         r["id"] for r in api.get("/api/raw-events/", {"q": f"#{event.pk}"}).json()["results"]
     ] == [event.pk]
     client.force_login(payload_operator)
-    response = client.get("/admin/ingress/rawevent/", {"q": "encryption-needle"})
+    response = client.get("/admin/ingress/rawevent/", {"body": "encryption-needle"})
     assert response.status_code == 200
     assert BODY_SEARCH_ENCRYPTED in [str(m) for m in response.context["messages"]]
 

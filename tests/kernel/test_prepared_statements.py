@@ -100,3 +100,42 @@ def test_the_web_servers_asyncio_connection_prepares_too():
 
     before, after = asyncio.run(prepared_after_repeats())
     assert after > before
+
+
+@pytest.mark.django_db
+def test_the_processes_that_serve_pages_plan_with_the_values(client, admin_user):
+    """A generic plan cannot use a partial index whose predicate names a parameter's value:
+    after the prepare threshold, a list of pending events would scan the store
+    (kernel/db/plans.py). The web process's connections plan every statement with its
+    values."""
+    from django.db.backends.signals import connection_created
+
+    from kernel.db.plans import plan_with_values, serve_pages
+
+    pending_sql = (
+        "SELECT id FROM ingress_rawevent WHERE signature_status = $1 ORDER BY received_at LIMIT 1"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"PREPARE pending_probe(text) AS {pending_sql}")
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute("EXPLAIN EXECUTE pending_probe('pending')")
+        generic = "\n".join(row[0] for row in cursor.fetchall())
+        plan_with_values(None, connection)
+        cursor.execute("EXPLAIN EXECUTE pending_probe('pending')")
+        custom = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("SHOW plan_cache_mode")
+        assert cursor.fetchone()[0] == "force_custom_plan"
+        cursor.execute("DEALLOCATE pending_probe")
+    # The generic plan knows no value: it scans and filters on $1; planned with the value,
+    # the statement reads the pending rows' partial index, whose predicate it then implies.
+    assert "Seq Scan" in generic and "$1" in generic
+    assert "Index Scan" in custom and "$1" not in custom
+    serve_pages()
+    try:
+        assert connection_created.has_listeners()
+        with connection.cursor() as cursor:
+            connection_created.send(sender=type(connection), connection=connection)
+            cursor.execute("SHOW plan_cache_mode")
+            assert cursor.fetchone()[0] == "force_custom_plan"
+    finally:
+        connection_created.disconnect(dispatch_uid="kernel.db.plans")

@@ -207,7 +207,7 @@ def test_a_takeover_waits_for_the_old_regions_lease(settings):
 
 @pytest.mark.django_db
 def test_the_lag_per_direction_on_the_ops_page_and_in_metrics(settings, client, django_user_model):
-    from console.metrics import region_families
+    from console.ops.metrics import region_families
     from regions.selectors import replication_lags
 
     settings.EVENTDROP_REGION, settings.EVENTDROP_REGION_NUMBER = "eu", 1
@@ -232,7 +232,7 @@ def test_the_lag_per_direction_on_the_ops_page_and_in_metrics(settings, client, 
 
 @pytest.mark.django_db
 def test_one_region_shows_and_exports_no_region(client, django_user_model):
-    from console.metrics import region_families
+    from console.ops.metrics import region_families
     from regions.selectors import replication_lags
 
     families = list(region_families(replication_lags(timezone.now())))

@@ -20,7 +20,7 @@ from django.core.management import CommandError, call_command
 from django.db import DatabaseError, ProgrammingError, connection, transaction
 from rest_framework.test import APIClient
 
-from console.bulk_jobs import bulk_job_preview, bulk_job_run, bulk_job_start
+from console.jobs.services import bulk_job_preview, bulk_job_run, bulk_job_start
 from console.models import BulkJob, BulkJobState, OperatorAction
 from ingress.models import Delivery, DeliveryAttempt, HandlerPause, RawEvent, ReconciliationRun
 from kernel.db_roles import ROLES, db_roles_apply, role_name

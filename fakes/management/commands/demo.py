@@ -4,7 +4,16 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.urls import reverse
 
-from fakes.demo import FINAL, DemoUnavailable, demo_hint, demo_preflight, demo_run, demo_wait
+from fakes.demo import (
+    FINAL,
+    DemoUnavailable,
+    demo_failing,
+    demo_failing_wait,
+    demo_hint,
+    demo_preflight,
+    demo_run,
+    demo_wait,
+)
 from ingress.handlers import all_handlers
 from ingress.selectors import handler_pauses_active
 from ingress.sources import all_sources
@@ -25,13 +34,21 @@ class Command(BaseCommand):
             "--wait", type=float, default=60.0, help="seconds to wait for ready (0: do not wait)"
         )
         parser.add_argument(
+            "--failing",
+            action="store_true",
+            help="instead: send GitHub webhooks that the demo's failing handler gives up on "
+            "(fakes/failing.py), to see an incident on /ops/incidents/",
+        )
+        parser.add_argument(
             "--web-url",
             default=None,
             help="the running web server (default http://127.0.0.1:$PORT, PORT from .env)",
         )
 
-    def handle(self, *args, photos, wait, web_url, **options):
+    def handle(self, *args, photos, wait, web_url, failing, **options):
         web_url = (web_url or f"http://127.0.0.1:{os.environ.get('PORT') or 8000}").rstrip("/")
+        if failing:
+            return self.failing(web_url=web_url, wait=wait)
         photos = photos if photos is not None else max(6, settings.RECAP_MIN_PHOTOS)
         try:
             demo_preflight(web_url=web_url)
@@ -40,12 +57,16 @@ class Command(BaseCommand):
             raise CommandError(f"demo: {exc}") from exc
 
         write = self.stdout.write
-        write(f"event #{run.event.pk} {run.event.title!r} with {photos} photos, buyer "
-              f"{run.free_recap.buyer.get_username()!r}")
+        write(
+            f"event #{run.event.pk} {run.event.title!r} with {photos} photos, buyer "
+            f"{run.free_recap.buyer.get_username()!r}"
+        )
         write(f"free recap {run.free_recap.id}: redeemed ({run.free_recap.status})")
-        write(f"paid recap {run.paid_recap.id}: checkout {run.checkout_url} paid on the fake "
-              f"Stripe; its webhook {run.payment_event_id} got HTTP {run.webhook_status} "
-              "from our ingress")
+        write(
+            f"paid recap {run.paid_recap.id}: checkout {run.checkout_url} paid on the fake "
+            f"Stripe; its webhook {run.payment_event_id} got HTTP {run.webhook_status} "
+            "from our ingress"
+        )
         recaps = {run.free_recap.id: "free", run.paid_recap.id: "paid"}
         if wait > 0:
             final = demo_wait(
@@ -74,10 +95,28 @@ class Command(BaseCommand):
             if recap.status == RecapStatus.READY:
                 write(f"{recaps[recap.id]} recap ready: {recap.video_url}")
         if stuck or failed:
-            lines = [f"{recaps[r.id]} recap {r.id} is {r.status} after {wait:g} s: "
-                     f"{held_hint(r) or demo_hint(r)}" for r in stuck]
+            lines = [
+                f"{recaps[r.id]} recap {r.id} is {r.status} after {wait:g} s: "
+                f"{held_hint(r) or demo_hint(r)}"
+                for r in stuck
+            ]
             lines += [f"{recaps[r.id]} recap {r.id} failed: {r.failure_reason}" for r in failed]
             raise CommandError("demo: " + "; ".join(lines))
+
+    def failing(self, *, web_url: str, wait: float) -> None:
+        try:
+            ids = demo_failing(web_url=web_url)
+        except (DemoUnavailable, EventDropError) as exc:
+            raise CommandError(f"demo: {exc}") from exc
+        write = self.stdout.write
+        write(f"{len(ids)} GitHub webhooks for the failing handler: raw events {ids}")
+        if wait > 0:
+            dead = demo_failing_wait(raw_event_ids=ids, timeout_seconds=wait)
+            write(f"{dead} of {len(ids)} deliveries dead (given up at once: DemoFailure)")
+        write(f"  incidents   {web_url}{reverse('console-incidents')}")
+        dead_list = f"{reverse('admin:ingress_delivery_changelist')}?status__exact=dead"
+        write(f"  deliveries  {web_url}{dead_list}")
+        write("  re-arm them from the incident's page; they fail again, on purpose")
 
 
 # The source the fake Stripe's payment webhook is posted to (FAKE_STRIPE_WEBHOOK_URL).
