@@ -473,12 +473,17 @@ def psql(database: str, *statements: str) -> list:
 
 
 def prepare_database(env: dict[str, str], root: Path) -> dict[str, str]:
-    if not psql("postgres", f"SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'"):  # noqa: S608
-        psql("postgres", f"CREATE DATABASE {DB_NAME}")
+    sys.path.insert(0, str(ROOT))  # this checkout's bench package
+    from bench import reusable_database
+
     manage = [sys.executable, str(root / "manage.py")]
     env = {**env, "PYTHONPATH": str(root)}
-    subprocess.run(
-        [*manage, "migrate", "--noinput", "--skip-checks", "-v0"], env=env, cwd=root, check=True
+    reusable_database(
+        SERVER_URL,
+        DB_NAME,
+        lambda: subprocess.run(
+            [*manage, "migrate", "--noinput", "--skip-checks", "-v0"], env=env, cwd=root, check=True
+        ),
     )
     # As in production: today's partition exists, rows do not land in the DEFAULT partition.
     subprocess.run(

@@ -54,14 +54,18 @@ SETTLE_SECONDS = 1.5  # the samples taken once everything is sent
 
 def prepare_database(env: dict[str, str]) -> str:
     url = f"{SERVER_URL}/{DB_NAME}"
-    with psycopg.connect(f"{SERVER_URL}/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB_NAME]).fetchone():
-            conn.execute(f"CREATE DATABASE {DB_NAME}")
+    sys.path.insert(0, str(ROOT))  # this checkout's bench package
+    from bench import reusable_database
+
     env = {**env, "DATABASE_URL": url}
-    for command in (["migrate", "--noinput", "--skip-checks", "-v0"],
-                    ["raw_event_partitions", "--skip-checks"]):
-        subprocess.run([sys.executable, str(ROOT / "manage.py"), *command], env=env, cwd=ROOT,
-                       check=True, stdout=subprocess.DEVNULL)
+
+    def migrate() -> None:
+        for command in (["migrate", "--noinput", "--skip-checks", "-v0"],
+                        ["raw_event_partitions", "--skip-checks"]):
+            subprocess.run([sys.executable, str(ROOT / "manage.py"), *command], env=env,
+                           cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+
+    reusable_database(SERVER_URL, DB_NAME, migrate)
     return url
 
 

@@ -51,15 +51,18 @@ def child_env() -> dict[str, str]:
 def prepare() -> None:
     import psycopg
 
-    with psycopg.connect(f"{SERVER_URL}/postgres", autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB_NAME]).fetchone()
-        if not exists:
-            conn.execute(f"CREATE DATABASE {DB_NAME}")
+    sys.path.insert(0, str(ROOT))  # this checkout's bench package
+    from bench import reusable_database
+
     manage = [sys.executable, "manage.py"]
-    for args in (["migrate", "--noinput", "--skip-checks", "-v0"],
-                 ["raw_event_partitions", "--skip-checks"]):
-        subprocess.run([*manage, *args], env=child_env(), cwd=ROOT, check=True,
-                       capture_output=True)
+
+    def migrate() -> None:
+        for args in (["migrate", "--noinput", "--skip-checks", "-v0"],
+                     ["raw_event_partitions", "--skip-checks"]):
+            subprocess.run([*manage, *args], env=child_env(), cwd=ROOT, check=True,
+                           capture_output=True)
+
+    reusable_database(SERVER_URL, DB_NAME, migrate)
     with psycopg.connect(f"{SERVER_URL}/{DB_NAME}", autocommit=True) as conn:
         conn.execute("TRUNCATE ingress_rawevent CASCADE")
 

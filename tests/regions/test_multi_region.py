@@ -398,6 +398,17 @@ def run_melt(tmp_path: Path, eu_db: Cluster, urls: dict[str, str], envs: dict) -
         second = send_rerouting(ports, "after", KILL_EVENTS // 2, lambda: ["us"])
         assert len(second) == KILL_EVENTS // 2
 
+        # What eu had handled and us knew of at the takeover: eu's state that replicated (read
+        # before it, while us does not process: after it, us works eu's orphaned claims).
+        known_done = {
+            event_id(key)
+            for (key,) in query(
+                urls["us"],
+                "SELECT r.dedup_key FROM ingress_delivery d JOIN ingress_rawevent r "
+                "ON r.id = d.raw_event_id WHERE d.status = 'done'",
+            )
+        }
+
         # The operator takes over in us once eu's lease, as replicated there, has run out.
         deadline = time.monotonic() + 60
         while True:
@@ -414,16 +425,6 @@ def run_melt(tmp_path: Path, eu_db: Cluster, urls: dict[str, str], envs: dict) -
                 assert "holds the processing lease" in str(refused)
                 assert time.monotonic() < deadline, "eu's lease never ran out in us"
                 time.sleep(0.5)
-        # What eu had handled and us knew of at the takeover: eu's state that replicated.
-        known_done = {
-            event_id(key)
-            for (key,) in query(
-                urls["us"],
-                "SELECT r.dedup_key FROM ingress_delivery d JOIN ingress_rawevent r "
-                "ON r.id = d.raw_event_id WHERE d.status = 'done'",
-            )
-        }
-
         # eu returns; its processes restart with it. It must not process (fenced).
         eu_db.start()
         for name in ("web-eu", "inbox-eu"):
@@ -472,6 +473,16 @@ def run_melt(tmp_path: Path, eu_db: Cluster, urls: dict[str, str], envs: dict) -
         )
         in_us, in_eu = runs(urls["us"]), runs(urls["eu"])
         assert max(in_us.values()) == 1 and max(in_eu.values(), default=1) == 1
+        # eu's claims that had replicated were taken back and worked in us: none left.
+        wait_until(
+            lambda: not scalar(
+                urls["us"], "SELECT count(*) FROM ingress_delivery WHERE status = 'processing'"
+            ),
+            "no delivery left processing in us",
+            lambda: settled_summary(urls["us"]),
+            us_processes,
+            timeout=60,
+        )
         twice = set(in_us) & set(in_eu)
         # Handled in both regions only inside the at-least-once window: eu handled it and its
         # state had not reached us when eu melted (docs/multi-region.md).
