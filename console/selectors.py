@@ -12,6 +12,7 @@ from django.utils import timezone
 from knox.models import AuthToken
 
 from console.models import OperatorAction
+from ingress.models import Delivery
 from ingress.selectors import inbox_depths
 from outbox.models import RecapSideEffect
 from outbox.selectors import side_effect_depths
@@ -31,6 +32,11 @@ def _by_status(queryset: QuerySet, ids: Iterable[object]) -> list[tuple[str, int
 def side_effects_by_status(*, ids: Iterable[int]) -> list[tuple[str, int]]:
     """(status, how many) of a selection of side effects (for confirmation pages)."""
     return _by_status(RecapSideEffect.objects.all(), ids)
+
+
+def deliveries_by_status(*, ids: Iterable[int]) -> list[tuple[str, int]]:
+    """(status, how many) of a selection of deliveries (for confirmation pages)."""
+    return _by_status(Delivery.objects.all(), ids)
 
 
 def recaps_by_status(*, ids: Iterable[object]) -> list[tuple[str, int]]:

@@ -34,8 +34,13 @@ from console.models import (
     PayloadAccess,
 )
 from console.presentation import PAYLOAD_FIELDS
-from ingress.models import RawEvent, SignatureStatus
-from ingress.services import raw_event_replay, raw_event_reverify, signature_question_answer
+from ingress.models import Delivery, RawEvent, SignatureStatus
+from ingress.services import (
+    deliveries_rearm_batch,
+    raw_event_replay,
+    raw_event_reverify,
+    signature_question_answer,
+)
 from kernel.errors import EventDropError
 from kernel.processing import require_processing_region
 from outbox.models import RecapSideEffect
@@ -64,6 +69,9 @@ REPEAT_GENUINE = "genuine: handed to the inbox worker, which handles it as any e
 REPEAT_REPLAYED = "a replay: {status} {reason}, never handled"
 # Who answered, on the question; the operator action beside it names the person.
 OPERATOR = "operator"
+DELIVERY_REARMED = "re-armed: pending, due now"
+DELIVERY_RUNNING = "running under a worker that lives: left to it"
+DELIVERY_NOT_REARMABLE = "neither dead nor held by a worker that is gone: left as it is"
 SIDE_EFFECT_REARMED = "re-armed: {status}, due now"
 SIDE_EFFECT_MARKED_DEAD = "marked {status}; the recap is failed with the reason"
 RECAP_RENDER_QUEUED = "render queued; recap is {status}"
@@ -318,6 +326,22 @@ def _answer_repeat(*, genuine: bool) -> Callable[[RawEvent, str], ItemResult]:
     return perform
 
 
+# --- deliveries ------------------------------------------------------------------------------
+
+
+class DeliveryNotRearmed(EventDropError):
+    """Refused: the delivery is running under a live worker, or neither dead nor orphaned."""
+
+
+def _rearm_delivery(delivery: Delivery, note: str) -> ItemResult:
+    """A dead delivery armed afresh, or a claim whose worker is gone taken back (the
+    operator's way out: ingress.services.deliveries_rearm_batch)."""
+    counts = deliveries_rearm_batch(delivery_ids=[delivery.pk])
+    if not counts.rearmed:
+        raise DeliveryNotRearmed(DELIVERY_RUNNING if counts.running else DELIVERY_NOT_REARMABLE)
+    return ItemResult(outcome=ItemOutcome.OK, detail=DELIVERY_REARMED, data={"status": "pending"})
+
+
 # --- recap side effects and recaps -----------------------------------------------------------
 
 
@@ -399,6 +423,9 @@ OPERATOR_ACTIONS = {
             _raw_events,
             _answer_repeat(genuine=False),
             note_required=True,
+        ),
+        OperatorActionService(
+            OperatorActionKind.DELIVERY_REARM, Delivery.objects.all, _rearm_delivery
         ),
         OperatorActionService(
             OperatorActionKind.SIDE_EFFECT_REARM, RecapSideEffect.objects.all, _rearm

@@ -2,7 +2,7 @@ from django.urls import path, re_path
 
 from console.api import ApiNotFound, ApiRootApi, SchemaApi
 from console.audit.api import OperatorActionListApi
-from console.deliveries.api import DeliveryDetailApi, DeliveryListApi
+from console.deliveries.api import DeliveryDetailApi, DeliveryListApi, DeliveryRearmApi
 from console.incidents import api as incidents
 from console.jobs import api as jobs
 from console.ops.api import QueueDepthsApi
@@ -34,6 +34,7 @@ urlpatterns = [
     ),
     path("deliveries/", DeliveryListApi.as_view(), name="delivery-list"),
     path("deliveries/<int:pk>/", DeliveryDetailApi.as_view(), name="delivery-detail"),
+    path("deliveries/rearm/", DeliveryRearmApi.as_view(), name="delivery-rearm"),
     path("side-effects/", side_effects.SideEffectListApi.as_view(), name="side-effect-list"),
     path(
         "side-effects/<int:pk>/",

@@ -22,6 +22,7 @@ from ingress.deliveries import (
     deliveries_arm_for_replay,
     deliveries_hold,
     deliveries_rearm_dead,
+    deliveries_rearm_orphaned,
     deliveries_release,
 )
 from ingress.encryption import BodyUndecryptable, encrypt_request, keyring, reencrypt_request
@@ -29,6 +30,7 @@ from ingress.handlers import get_handler
 from ingress.inbox import raw_events_settle
 from ingress.models import (
     Delivery,
+    DeliveryStatus,
     DispatchStatus,
     HandlerPause,
     RawEvent,
@@ -349,22 +351,34 @@ def raw_event_replay(*, raw_event: RawEvent) -> int:
 @dataclass(frozen=True)
 class RearmCounts:
     requested: int
-    rearmed: int
-    not_dead: int  # ids that were not dead deliveries (already re-armed, done, gone)
+    rearmed: int  # dead ones armed afresh, and claims of workers that are gone taken back
+    not_dead: int  # ids neither dead nor orphaned (already re-armed, done, gone, running)
+    running: int = 0  # of those, `processing` under a worker that lives: left to it
 
 
 def deliveries_rearm_batch(*, delivery_ids: Sequence[int]) -> RearmCounts:
-    """Dead deliveries back to `pending` with their attempts reset, in one transaction.
+    """Dead deliveries back to `pending` with their attempts reset, and `processing` ones
+    whose worker is gone taken back (kernel/queue.py: due now, the death counted), in one
+    transaction each.
 
-    Only `dead` ones: anything else is counted as not dead and left alone, so a re-run of
-    the same ids re-arms nothing twice. The history (DeliveryAttempt) is kept and goes on
-    numbering from total_attempts.
+    A delivery a live worker runs is left to it; anything else is counted and left alone,
+    so a re-run of the same ids re-arms nothing twice. The history (DeliveryAttempt) is kept
+    and goes on numbering from total_attempts.
     """
     ids = sorted(set(delivery_ids))
+    now = timezone.now()
     with transaction.atomic():
-        rearmed = deliveries_rearm_dead(ids, now=timezone.now())
-    logger.info("ingress.deliveries.rearmed", extra={"requested": len(ids), "rearmed": rearmed})
-    return RearmCounts(requested=len(ids), rearmed=rearmed, not_dead=len(ids) - rearmed)
+        rearmed = deliveries_rearm_dead(ids, now=now)
+    orphaned = deliveries_rearm_orphaned(now=now, ids=ids)
+    running = Delivery.objects.filter(id__in=ids, status=DeliveryStatus.PROCESSING).count()
+    total = rearmed + orphaned
+    logger.info(
+        "ingress.deliveries.rearmed",
+        extra={"requested": len(ids), "rearmed": rearmed, "orphaned": orphaned},
+    )
+    return RearmCounts(
+        requested=len(ids), rearmed=total, not_dead=len(ids) - total, running=running
+    )
 
 
 @transaction.atomic

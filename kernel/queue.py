@@ -202,7 +202,8 @@ GIVE_BACK = (
 REARM_ORPHANED = (
     "WITH o AS (SELECT t.id, t.claimed_at, coalesce((t.claimed_by >> {shift}) <> %(region)s,"  # noqa: S608 (constants)
     " false) AS taken_back FROM {table} AS t WHERE t.status = 'processing'"
-    " AND (t.claimed_at < %(backstop)s OR t.claimed_by IS NOT NULL AND "
+    " AND (t.claimed_at < %(backstop)s OR t.claimed_by IS NULL AND %(without_holder)s"
+    " OR t.claimed_by IS NOT NULL AND "
     + HOLDER_GONE.replace("{claim}", "t") + ")"
     " {only} FOR UPDATE OF t SKIP LOCKED),"
     " d AS (SELECT o.*, NOT o.taken_back AND t.worker_deaths + 1 >= %(max_deaths)s AS dies"
@@ -473,7 +474,8 @@ class WorkQuerySet(models.QuerySet[_Row]):
     ) -> list[Orphan]:
         """Take back claims whose holder is gone (see REARM_ORPHANED), in one statement.
         `max_deaths` None: deaths are counted, never a death sentence. `ids`: only these
-        rows (an operator's re-arm; a claim whose holder lives is not taken)."""
+        rows — an operator's re-arm, which also takes a claim made before holders existed
+        (no holder to ask); a claim whose holder lives is never taken."""
         model = self.model
         extra = "".join(f", t.{column}" for column in model.claim_returns)
         sql = self._sql(
@@ -493,6 +495,7 @@ class WorkQuerySet(models.QuerySet[_Row]):
                     "max_deaths": max_deaths if max_deaths is not None else 2**15,
                     "error": error or "%s",
                     "ids": list(ids) if ids is not None else [],
+                    "without_holder": ids is not None,
                 },
             )
         return [

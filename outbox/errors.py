@@ -32,8 +32,8 @@ RENDER_BAD_RESPONSE = (
 RENDER_CIRCUIT_OPEN = "The render service circuit breaker is open until {until}."
 
 SIDE_EFFECT_IN_FLIGHT = (
-    "Side effect #{id} is being dispatched right now; it can be re-armed once it has been "
-    "processing for longer than {stale} s (its worker died)."
+    "Side effect #{id} is being dispatched right now by a worker that lives; it is re-armed "
+    "by itself once that worker is gone ({ttl:g} s without a heartbeat)."
 )
 RENDER_CALLBACK_BEFORE_PAYMENT = (
     "A render callback for a recap whose payment this database has not handled yet; retried "

@@ -107,10 +107,6 @@ def outbox_retry_strategy() -> RetryStrategy:
     )
 
 
-def _stale_after() -> timedelta:
-    return timedelta(seconds=settings.OUTBOX_STALE_PROCESSING_SECONDS)
-
-
 def _history(
     side_effect_id: int,
     *,
@@ -320,15 +316,21 @@ def side_effect_fail(
     return outcome
 
 
-def side_effects_rearm_orphaned(*, now: datetime | None = None) -> int:
+def side_effects_rearm_orphaned(
+    *, now: datetime | None = None, ids: list[int] | None = None
+) -> int:
     """Rows whose claim's holder is gone (its worker died, or its region was lost) go back to
     `pending` with the attempt given back (kernel/queue.py: a death is no verdict about the
     row, and the idempotency key makes the retry safe even if the request reached the
     service); OUTBOX_STALE_PROCESSING_SECONDS is the backstop. Deaths are counted on the
-    row, never a death sentence. Returns how many."""
+    row, never a death sentence. `ids`: only these (an operator's re-arm). Returns how
+    many."""
     now = now or timezone.now()
     orphans = RecapSideEffect.objects.rearm_orphaned(
-        now=now, backstop_seconds=settings.OUTBOX_STALE_PROCESSING_SECONDS, max_deaths=None
+        now=now,
+        backstop_seconds=settings.OUTBOX_STALE_PROCESSING_SECONDS,
+        max_deaths=None,
+        ids=ids,
     )
     for orphan in orphans:
         _history(
@@ -360,19 +362,22 @@ def side_effect_rearm(
 ) -> RecapSideEffect:
     """Due now, with a fresh set of attempts; a `failed` recap goes back to `paid`.
 
-    Dead and pending rows can always be re-armed, a processing row only once it is stale.
-    A done row is re-armed only with `new_render=True` (recap_retry_render): that asks the
-    render service for a *new* render under a new idempotency key.
+    Dead and pending rows can always be re-armed; a processing row only once the worker
+    that claimed it is gone (its claim taken back first, as the dispatcher's own re-arm
+    would: kernel/queue.py), never under a worker that lives. A done row is re-armed only
+    with `new_render=True` (recap_retry_render): that asks the render service for a *new*
+    render under a new idempotency key.
     """
     now = now or timezone.now()
     row = _locked(side_effect)
     if row.status == SideEffectStatus.DONE and not new_render:
         raise OutboxError(SIDE_EFFECT_ALREADY_DONE.format(id=row.id))
-    in_flight = row.claimed_at is not None and row.claimed_at > now - _stale_after()
-    if row.status == SideEffectStatus.PROCESSING and in_flight:
-        raise OutboxError(
-            SIDE_EFFECT_IN_FLIGHT.format(id=row.id, stale=settings.OUTBOX_STALE_PROCESSING_SECONDS)
-        )
+    if row.status == SideEffectStatus.PROCESSING:
+        if not side_effects_rearm_orphaned(now=now, ids=[row.pk]):
+            raise OutboxError(
+                SIDE_EFFECT_IN_FLIGHT.format(id=row.id, ttl=settings.CLAIM_HOLDER_TTL_SECONDS)
+            )
+        row = _locked(row)
     if row.status == SideEffectStatus.DONE:
         row.key_generation += 1
     previous = row.status

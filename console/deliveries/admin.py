@@ -10,19 +10,24 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from console.admin.base import (
+    ConfirmSpec,
     LastErrorColumn,
+    ObjectAction,
     OperatorAdmin,
     PayloadAdmin,
     ReadOnlyInline,
     clipped,
+    object_actions_context,
+    operator_action,
     status_field,
     time_field,
 )
 from console.deliveries.selectors import deliveries_of_source
 from console.jobs.links import deliveries_bulk_job_link
-from console.models import PayloadAccessKind
+from console.models import OperatorActionKind, PayloadAccessKind
 from console.presentation import EMPTY, error_for_viewer, format_time
 from console.raw_events.admin import NamesFilter, SourceFilter, raw_event_link
+from console.selectors import deliveries_by_status
 from ingress.handlers import all_handlers
 from ingress.models import Delivery, DeliveryAttempt, DeliveryStatus
 
@@ -96,6 +101,26 @@ class DeliveryAdmin(PayloadAdmin, LastErrorColumn, OperatorAdmin):
     )
     readonly_fields = (*fields, "last_error_without_message", "status_badge")
     change_list_template = "console/admin/change_list.html"
+    change_form_template = "console/admin/operator_change_form.html"
+    actions = ("rearm_selected",)
+
+    rearm_selected = operator_action(
+        ConfirmSpec(
+            action=OperatorActionKind.DELIVERY_REARM,
+            verb="Re-arm",
+            description=(
+                "Each dead delivery becomes due now with fresh attempts; a processing one whose "
+                "worker is gone (no heartbeat for CLAIM_HOLDER_TTL_SECONDS) is taken back and "
+                "due now, its worker's death counted."
+            ),
+            warnings=(
+                "A delivery a live worker is running is refused and reported: it is left to "
+                "that worker.",
+            ),
+            breakdown=deliveries_by_status,
+        ),
+        menu_label="Re-arm selected deliveries",
+    )
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict | None = None
@@ -114,6 +139,20 @@ class DeliveryAdmin(PayloadAdmin, LastErrorColumn, OperatorAdmin):
         form_url: str = "",
         extra_context: dict | None = None,
     ) -> HttpResponse:
+        delivery = self.get_object(request, object_id) if object_id else None
+        if delivery is not None and delivery.status in (
+            DeliveryStatus.DEAD,
+            DeliveryStatus.PROCESSING,
+        ):
+            extra_context = dict(extra_context or {})
+            rearm = ObjectAction(
+                "console-rearm",
+                "Re-arm",
+                "rearm_selected",
+                "admin:ingress_delivery_changelist",
+                delivery.pk,
+            )
+            extra_context.update(object_actions_context(request, [rearm]))
         response = super().changeform_view(request, object_id, form_url, extra_context)
         # 200: a delivery's page is about to render, with its handler's error text.
         if object_id and response.status_code == 200 and self.reads_payload(request):

@@ -7,9 +7,16 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from console.api import DetailApi, ListApi, ViewerErrorField, reads_payload, record_payload_access
+from console.api import (
+    DetailApi,
+    ListApi,
+    OperatorActionApi,
+    ViewerErrorField,
+    reads_payload,
+    record_payload_access,
+)
 from console.deliveries.selectors import DeliveryFilter
-from console.models import PayloadAccessKind
+from console.models import OperatorActionKind, PayloadAccessKind
 from console.raw_events.api import DeliveryAttemptSerializer
 from ingress.models import Delivery, DeliveryStatus
 
@@ -92,3 +99,10 @@ class DeliveryDetailApi(DetailApi):
                 request, PayloadAccessKind.VIEW, raw_event_ids=[delivery.raw_event_id]
             )
         return Response(self.get_serializer(delivery).data)
+
+
+class DeliveryRearmApi(OperatorActionApi):
+    """Re-arm deliveries (POST ids): a dead one armed afresh, a processing one whose worker is
+    gone taken back; one a live worker runs is refused."""
+
+    action = OperatorActionKind.DELIVERY_REARM

@@ -257,7 +257,8 @@ def _side_effect_actions(row: RecapSideEffect) -> list[ObjectAction]:
     """The list's actions that can apply to this row now (the service refuses the rest)."""
     changelist = "admin:outbox_recapsideeffect_changelist"
     actions = []
-    if row.status in (SideEffectStatus.PENDING, SideEffectStatus.DEAD):
+    # A processing row is re-armed once its worker is gone (the service refuses it before).
+    if row.status in (SideEffectStatus.PENDING, SideEffectStatus.DEAD, SideEffectStatus.PROCESSING):
         actions.append(
             ObjectAction("console-rearm", "Re-arm", "rearm_selected", changelist, row.pk)
         )

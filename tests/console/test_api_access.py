@@ -130,6 +130,13 @@ ENDPOINTS: dict[str, tuple[Any, ...]] = {
         "console.operate",
     ),
     "rearm": ("post", "/api/side-effects/rearm/", {"ids": ["{side_effect}"]}, "console.operate"),
+    # The delivery is neither dead nor orphaned: admitted, run, and its refusal recorded (200).
+    "delivery_rearm": (
+        "post",
+        "/api/deliveries/rearm/",
+        {"ids": ["{delivery}"]},
+        "console.operate",
+    ),
     "mark_dead": (
         "post",
         "/api/side-effects/mark-dead/",

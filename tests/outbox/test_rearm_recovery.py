@@ -165,7 +165,7 @@ def test_rearm_refuses_a_fresh_processing_row_and_a_done_one(paid_recap):
     side_effects_claim(limit=1, now=T0)
     with pytest.raises(OutboxError) as exc:
         side_effect_rearm(side_effect=side_effect, now=T0 + timedelta(minutes=1))
-    assert str(exc.value) == SIDE_EFFECT_IN_FLIGHT.format(id=side_effect.id, stale=900)
+    assert str(exc.value) == SIDE_EFFECT_IN_FLIGHT.format(id=side_effect.id, ttl=45)
     assert side_effect_rearm(side_effect=side_effect, now=T0 + timedelta(minutes=16))
     RecapSideEffect.objects.filter(pk=side_effect.pk).update(status="done")
     with pytest.raises(OutboxError) as exc:
