@@ -274,6 +274,9 @@ SILENCED_SYSTEM_CHECKS = [
 # <prefix><kind>. Handlers run as the role of the process that runs them (inbox, worker),
 # which holds their writes; no role can switch to another.
 DATABASE_ROLE_PREFIX = os.environ.get("DATABASE_ROLE_PREFIX", "eventdrop_")
+# On: the deployment's processes connect as those roles, and the release phase keeps them up
+# to date after migrate and region_setup (`db_roles --release`, the Procfile).
+DATABASE_ROLES_MANAGED = env_bool("DATABASE_ROLES_MANAGED")
 
 LOGIN_URL = "/admin/login/"
 

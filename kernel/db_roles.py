@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from django.apps import apps
 from django.conf import settings
-from django.db import connections, models
+from django.db import connection, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models.fields import AutoFieldMixin
@@ -422,3 +422,14 @@ def db_roles_apply(
         for statement in plan.statements:
             cursor.execute(statement)
     return plan
+
+
+def may_create_roles() -> bool:
+    """Whether the role this process connects as may create and grant roles (a superuser,
+    or the managed admin with CREATEROLE)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
+        )
+        row = cursor.fetchone()
+    return bool(row and row[0])

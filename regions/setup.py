@@ -28,6 +28,11 @@ PEER_NOT_READY = (
     "Peer {peer!r} has no publication {publication} yet: run region_setup there, then here again."
 )
 PEER_UNREACHABLE = "Peer {peer!r} cannot be reached ({error}); its subscription is left as it is."
+WAL_LEVEL_NOT_LOGICAL = (
+    "This database's server runs with wal_level = {level}: logical replication needs "
+    "wal_level = logical in postgresql.conf and a restart (docs/multi-region.md, \"Setting a "
+    "region up, step by step\")."
+)
 
 
 class RegionSetupError(Exception):
@@ -46,6 +51,11 @@ class SetupReport:
 def region_setup(*, processing_region: str = "") -> SetupReport:
     report = SetupReport()
     me = region_name()
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW wal_level")
+        level = cursor.fetchone()[0]
+    if level != "logical":
+        raise RegionSetupError(WAL_LEVEL_NOT_LOGICAL.format(level=level))
     _claim_unlabelled_rows(me, report)
     _id_blocks(report)
     region_state_write(number=settings.EVENTDROP_REGION_NUMBER)
@@ -131,16 +141,7 @@ def _subscribe(peer: Peer, own_identity: tuple[str, str], report: SetupReport) -
         # CREATE/ALTER SUBSCRIPTION … refresh cannot run in a transaction block: Django's
         # connection is in autocommit here (no atomic around this function).
         if row is None:
-            # copy_data: the peer's region row and decisions, written before this
-            # subscription's slot existed, must arrive too. The raw and state tables are
-            # copied as well, which is right for a new pair (the peer holds only its own
-            # rows) and is why a region joining one with a history needs the base copy of
-            # docs/multi-region.md instead.
-            statement = sql.SQL(
-                "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH (copy_data = true)"
-            ).format(sql.Identifier(name), sql.Literal(peer.url), pubs)
-            cursor.execute(statement.as_string(cursor.connection))
-            report.say(f"subscription {name} created ({', '.join(wanted)})")
+            _create_subscription(cursor, peer, name, wanted, report)
             return
         current, enabled = row
         if sorted(current) != sorted(wanted):
@@ -158,6 +159,61 @@ def _subscribe(peer: Peer, own_identity: tuple[str, str], report: SetupReport) -
                 .as_string(cursor.connection)
             )
             report.say(f"subscription {name} enabled")
+        # A table a release added to the peer's publications is taken from now on (its rows
+        # from before are not copied: both regions migrated it, and a copy could collide).
+        cursor.execute(
+            sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = false)")
+            .format(sql.Identifier(name))
+            .as_string(cursor.connection)
+        )
+
+
+def _create_subscription(
+    cursor: Any, peer: Peer, name: str, wanted: list[str], report: SetupReport
+) -> None:
+    """CREATE SUBSCRIPTION with copy_data: the peer's rows from before the subscription's slot
+    existed arrive too — its region row and decisions, and for a region that joins one with
+    history, the base copy of its raw events and state. A region that itself holds state
+    (the one with history, subscribing to the newcomer that copied it) must not copy the
+    state tables back over its own rows: it copies the peer's raw events, decisions and
+    region row only, then adds the state publications without a copy."""
+    with_copy = wanted
+    if _holds_state():
+        copied = {
+            publications.ingest_publication(peer.name),
+            publications.region_publication(peer.name),
+        }
+        with_copy = [pub for pub in wanted if pub in copied]
+    statement = sql.SQL(
+        "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH (copy_data = true)"
+    ).format(
+        sql.Identifier(name),
+        sql.Literal(peer.url),
+        sql.SQL(", ").join(sql.Identifier(pub) for pub in with_copy),
+    )
+    cursor.execute(statement.as_string(cursor.connection))
+    if with_copy != wanted:
+        statement = sql.SQL(
+            "ALTER SUBSCRIPTION {} SET PUBLICATION {} WITH (refresh = true, copy_data = false)"
+        ).format(sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(p) for p in wanted))
+        cursor.execute(statement.as_string(cursor.connection))
+        report.say(f"subscription {name}: this region holds state, so only the peer's raw "
+                   "events, decisions and region row were copied")
+    report.say(f"subscription {name} created ({', '.join(wanted)})")
+
+
+def _holds_state() -> bool:
+    """Whether this region's state tables hold rows (it has a history of its own)."""
+    with connection.cursor() as cursor:
+        for table in publications.state_tables():
+            cursor.execute(
+                sql.SQL("SELECT EXISTS (SELECT FROM {})")
+                .format(sql.Identifier(table))
+                .as_string(cursor.connection)
+            )
+            if cursor.fetchone()[0]:
+                return True
+    return False
 
 
 def _wanted_publications(peer: Peer) -> list[str]:

@@ -16,7 +16,6 @@ from kernel.models import ClaimHolder
 from kernel.queue import Holder
 from outbox.models import RecapSideEffect
 from outbox.services import side_effects_claim
-from tests.console.conftest import push_handler  # noqa: F401 (a fixture)
 from tests.ingress.test_inbox import receive_github
 from tests.recaps.fixtures import paid_recap  # noqa: F401 (a fixture)
 
