@@ -2,12 +2,17 @@
 
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def reusable_database(server_url: str, name: str, migrate: Callable[[], object]) -> None:
+def reusable_database(
+    server_url: str, name: str, migrate: Callable[[], object], root: Path = ROOT
+) -> None:
     """`name` on the server, created when missing and migrated. A database that another
-    checkout migrated with migrations this one lacks (another branch, a renumbered one) does
-    not migrate here: it is dropped and made again, as a first run would."""
+    checkout migrated with migrations this one lacks (another branch, a renumbered one) is
+    dropped and made again, as a first run would: its tables may hold columns this one lacks."""
     import psycopg
     from psycopg import sql
 
@@ -17,15 +22,38 @@ def reusable_database(server_url: str, name: str, migrate: Callable[[], object])
             if not conn.execute(exists, [name]).fetchone():
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
+    def drop() -> None:
+        with psycopg.connect(f"{server_url}/postgres", autocommit=True) as conn:
+            statement = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            conn.execute(statement.format(sql.Identifier(name)))
+
     create()
+    if foreign_migrations(f"{server_url}/{name}", root):
+        drop()
+        create()
     try:
         migrate()
     except subprocess.CalledProcessError:
-        with psycopg.connect(f"{server_url}/postgres", autocommit=True) as conn:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            conn.execute(drop)
+        drop()
         create()
         migrate()
+
+
+def foreign_migrations(database_url: str, root: Path) -> list[str]:
+    """Migrations applied to the database that `root`'s apps do not have on disk."""
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        table = conn.execute("SELECT to_regclass('django_migrations')").fetchone()
+        if table is None or table[0] is None:
+            return []
+        applied = conn.execute("SELECT app, name FROM django_migrations").fetchall()
+    return [
+        f"{app}.{migration}"
+        for app, migration in applied
+        if (root / app / "migrations").is_dir()
+        and not (root / app / "migrations" / f"{migration}.py").exists()
+    ]
 
 
 # bench/console_scale.py's stand-ins for a deployment's GitHub and Slack handlers (registered

@@ -27,7 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DB_NAME = "eventdrop_bench_bulkjob"
+DB_NAME = "eventdrop_bench_bulkjob" + os.environ.get("EVENTDROP_BENCH_DB_SUFFIX", "")
 SETTINGS = "bench.settings_inbox"
 HANDLER = "bench.handlers.count_bench_delivery_0"
 

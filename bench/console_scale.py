@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parent.parent
-DB_NAME = "eventdrop_bench_console"
+DB_NAME = "eventdrop_bench_console" + os.environ.get("EVENTDROP_BENCH_DB_SUFFIX", "")
 DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 TOKEN = "bench-console-metrics-token-0123456789"

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DB_NAME = "eventdrop_bench_dispatch"
+DB_NAME = "eventdrop_bench_dispatch" + os.environ.get("EVENTDROP_BENCH_DB_SUFFIX", "")
 DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
 MAX_ROWS = 20_000
 

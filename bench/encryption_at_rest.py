@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DB_NAME = "eventdrop_bench_encryption"
+DB_NAME = "eventdrop_bench_encryption" + os.environ.get("EVENTDROP_BENCH_DB_SUFFIX", "")
 SERVER_URL = "postgres://postgres@127.0.0.1:5432"
 SIZES = {"1 KiB": 1024, "16 KiB": 16 * 1024, "1 MiB": 1024 * 1024}
 

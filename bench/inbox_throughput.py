@@ -56,7 +56,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Recreated by every run: --database names another, so that two people can bench at once.
-DB_NAME = os.environ.get("EVENTDROP_BENCH_INBOX_DB", "eventdrop_bench_inbox")
+DB_NAME = os.environ.get(
+    "EVENTDROP_BENCH_INBOX_DB",
+    "eventdrop_bench_inbox" + os.environ.get("EVENTDROP_BENCH_DB_SUFFIX", ""),
+)
 SETTINGS = "bench.settings_inbox"
 APP_NAME = "eventdrop-bench-inbox"  # PGAPPNAME of the workers' connections
 MAX_SECONDS_PER_RUN = 900

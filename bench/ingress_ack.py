@@ -91,7 +91,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-DB_NAME = "eventdrop_bench"
+DB_NAME = "eventdrop_bench" + os.environ.get("EVENTDROP_BENCH_DB_SUFFIX", "")
 SERVER_URL = "postgres://postgres@127.0.0.1:5432"
 WEBHOOK_PATH = "/webhooks/stripe/"
 NOOP_PATH = "/bench/noop/stripe/"
@@ -484,6 +484,7 @@ def prepare_database(env: dict[str, str], root: Path) -> dict[str, str]:
         lambda: subprocess.run(
             [*manage, "migrate", "--noinput", "--skip-checks", "-v0"], env=env, cwd=root, check=True
         ),
+        root,
     )
     # As in production: today's partition exists, rows do not land in the DEFAULT partition.
     subprocess.run(

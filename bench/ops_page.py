@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DB_NAME = "eventdrop_bench_ops"
+DB_NAME = "eventdrop_bench_ops" + os.environ.get("EVENTDROP_BENCH_DB_SUFFIX", "")
 DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
 TOKEN = "bench-ops-metrics-token-0123456789abcdef"
 SPREAD = timedelta(hours=48)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DB_NAME = "eventdrop_bench_ordered"
+DB_NAME = "eventdrop_bench_ordered" + os.environ.get("EVENTDROP_BENCH_DB_SUFFIX", "")
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: the checkout's packages, bench
 from bench.ingress_ack import bench_env, free_port, start_server, stop  # noqa: E402
 from tests.support.processes import PeakRSS  # noqa: E402
 
-DB_NAME = "eventdrop_bench_memory"
+DB_NAME = "eventdrop_bench_memory" + os.environ.get("EVENTDROP_BENCH_DB_SUFFIX", "")
 SERVER_URL = "postgres://postgres@127.0.0.1:5432"
 PATH = "/webhooks/stripe/"
 SIGNATURE = b"Stripe-Signature: t=1,v1=00\r\n"

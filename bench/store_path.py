@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DB_NAME = "eventdrop_bench_store"
+DB_NAME = "eventdrop_bench_store" + os.environ.get("EVENTDROP_BENCH_DB_SUFFIX", "")
 SERVER_URL = "postgres://postgres@127.0.0.1:5432"
 BODY = (b'{"id": "evt_bench", "object": "event", "type": "checkout.session.completed", '
         b'"data": {"object": {"id": "cs_test", "amount_total": 1900, "currency": "eur", '

@@ -8,7 +8,8 @@ carries its figure. Nothing is asserted about the figures: they are measured, at
 in docs/benchmarks.md.
 
 The benchmarks use databases of their own (`eventdrop_bench_*`, each recreated or emptied by
-its script) on the PostgreSQL at 127.0.0.1:5432, as their docstrings say.
+its script) on the PostgreSQL at 127.0.0.1:5432, as their docstrings say;
+EVENTDROP_BENCH_DB_SUFFIX gives a second checkout benching at once databases of its own.
 """
 
 import os
