@@ -42,7 +42,7 @@ from ingress.services import (
     signature_question_answer,
 )
 from kernel.errors import EventDropError
-from kernel.processing import require_processing_region
+from kernel.processing_region import require_processing_region
 from outbox.models import RecapSideEffect
 from outbox.services import recap_retry_render, side_effect_mark_dead, side_effect_rearm
 from recaps.models import RecapVideo
@@ -395,7 +395,7 @@ class OperatorActionService:
         if self.note_required and not note:
             raise OperatorActionError(NOTE_REQUIRED)
         # Every action of this table writes processing state: refused as a whole in the
-        # standby region, before its audit row (kernel.processing.ProcessingWritesRefused).
+        # standby region, before its audit row (kernel.processing_region.ProcessingWritesRefused).
         require_processing_region()
         return _run(
             actor=actor,

@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from eventdrop.web import WebServerConfig
 from ingress.sources import Source, all_sources
 from kernel.budgets import webhook_budget_seconds, webhook_receive_worst_case
-from kernel.processes import KINDS
+from kernel.process_kinds import KINDS
 
 
 @checks.register()
@@ -90,7 +90,7 @@ def check_process_kind(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """A misspelt kind would otherwise go unnoticed: it connects with DATABASE_URL instead of
-    its role's URL, and kernel/processes.py checks everything for it."""
+    its role's URL, and kernel/process_kinds.py checks everything for it."""
     kind = settings.PROCESS_KIND
     if not kind or kind in KINDS:
         return []

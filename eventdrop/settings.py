@@ -202,7 +202,7 @@ def _database(url: str) -> dict[str, Any]:
 
 # A process may connect as its kind's own role (`manage.py db_roles`, docs/security.md):
 # EVENTDROP_PROCESS=web reads DATABASE_URL_WEB, and so on; without one, DATABASE_URL. The
-# kind also decides which checks of outbound configuration stop it (kernel/processes.py).
+# kind also decides which checks of outbound configuration stop it (kernel/process_kinds.py).
 PROCESS_KIND = os.environ.get("EVENTDROP_PROCESS", "").strip().lower()
 PROCESS_DATABASE_URL = (
     os.environ.get(f"DATABASE_URL_{PROCESS_KIND.upper()}", "") if PROCESS_KIND else ""
@@ -587,7 +587,7 @@ OUTBOX_IDLE_SLEEP_SECONDS = env_float("OUTBOX_IDLE_SLEEP_SECONDS", 5.0)
 # Nightly recovery counts recaps `rendering` longer than this (a lost completion callback).
 RECAP_STUCK_RENDERING_HOURS = env_int("RECAP_STUCK_RENDERING_HOURS", 24)
 # A recap `rendering` whose completion callback has not arrived by rendering_at + expected
-# time + margin is asked about again (GET /renders/<id>; outbox/render_checks.py), then
+# time + margin is asked about again (GET /renders/<id>; outbox/render_status.py), then
 # every RENDER_CHECK_INTERVAL_SECONDS while the service says it is still rendering or cannot
 # answer. The margin covers the service's own callback retries and our inbox's lag.
 RENDER_EXPECTED_SECONDS = env_float("RENDER_EXPECTED_SECONDS", 900.0)

@@ -93,7 +93,7 @@ from ingress.sources import all_sources
 from ingress.verifiers import StoredRequest, Verdict
 from kernel.db.json_rows import json_rows
 from kernel.logformat import raised_at
-from kernel.processing import processing_pass
+from kernel.processing_region import processing_pass
 from kernel.queue import (
     BEAT,
     CLAIMED_PREFIX,
@@ -609,7 +609,7 @@ def _settle_claim(claim: ClaimedBatch, now: datetime, *, run_handlers: bool) -> 
     return ran
 
 
-WORKER_DIED_ERROR = (
+RAW_EVENT_WORKER_DIED_ERROR = (
     "worker_died: its worker died {deaths} times in a row settling it (killed, out of memory, "
     "a crash); re-verify hands it back to the worker"
 )
@@ -623,7 +623,7 @@ def _set_aside_worker_died(events: list[RawEvent], deaths: dict[int, int], now: 
             signature_status=SignatureStatus.REJECTED,
             rejection_reason=RejectionReason.WORKER_DIED,
             dispatch_status=DispatchStatus.NOT_DISPATCHED,
-            processing_error=WORKER_DIED_ERROR.format(deaths=deaths[event.id])[:255],
+            processing_error=RAW_EVENT_WORKER_DIED_ERROR.format(deaths=deaths[event.id])[:255],
             retry_not_before=None,
             verified_at=now,
             verify_count=F("verify_count") + 1,
@@ -767,7 +767,7 @@ class InboxPass:
 def inbox_run_once(*, limit: int | None = None) -> InboxPass:
     """One pass of the worker: re-arm stale, verify a batch (running the deliveries that
     need no claim right there), run a batch of claimed deliveries. With several regions, only
-    in the processing region, and fenced for the pass (kernel/processing.py)."""
+    in the processing region, and fenced for the pass (kernel/processing_region.py)."""
     with processing_pass() as here:
         if not here:
             return InboxPass(verified=0, delivered=0, rearmed=0)

@@ -17,7 +17,7 @@ Privileges are granted on the partitioned parent `ingress_rawevent` only: Postgr
 the parent's privileges for every access through it, and no role but the owner touches a
 partition directly (partition maintenance is DDL, the owner's job).
 
-The kinds (kernel/processes.py; `release` migrates, so it is the owner and has no role):
+The kinds (kernel/process_kinds.py; `release` migrates, so it is the owner and has no role):
 - web — the receive path: one INSERT into the raw store, reading back the new id and nothing
   else (not a body, not a recap, not a user); and its own ACK latency roll-up.
 - inbox — verify, dedup, write deliveries, and the handlers' writes: a recap's status, its
@@ -121,7 +121,7 @@ HANDLER_WRITES = (
     Grant(("recaps.RecapVideo",), UPDATE),
     Grant(SIDE_EFFECTS, ALL),
 )
-# The outbox (outbox/dispatcher.py, render_checks.py): claims and settles side effects, asks
+# The outbox (outbox/dispatcher.py, render_status.py): claims and settles side effects, asks
 # the render service, moves the recap to rendering, ready or failed, and keeps the breaker.
 DISPATCHER_WRITES = (
     Grant(EVENTS, READ),

@@ -29,7 +29,7 @@ from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler, set_rollback
 
-from kernel.processing import ProcessingWritesRefused
+from kernel.processing_region import ProcessingWritesRefused
 
 logger = logging.getLogger(__name__)
 

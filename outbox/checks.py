@@ -6,7 +6,7 @@
 - outbox.E003  the stale threshold would re-arm a live dispatch
 - outbox.E004  the dispatcher's configuration is incomplete (a deployment: DEBUG off);
   outbox.W001  the same in development (DEBUG on), where the dispatcher still refuses to run.
-  Checked for the process kinds that call the render service (kernel/processes.py),
+  Checked for the process kinds that call the render service (kernel/process_kinds.py),
   and for every kind by `check --deploy`; never by `migrate`.
 - outbox.E005  the rendering deadline settings are not sane or contradict each other
 - outbox.E006  the side effects' retry settings cannot work; outbox.W002  their horizon is
@@ -35,7 +35,7 @@ from kernel.budgets import (
     render_status_worst_case,
     stripe_call_worst_case,
 )
-from kernel.processes import RENDER_SERVICE, kinds_needing, register_configuration_check
+from kernel.process_kinds import RENDER_SERVICE, kinds_needing, register_configuration_check
 from outbox.configuration import dispatch_configuration_problems
 from outbox.render_client import RenderClientConfig
 from outbox.services import outbox_retry_strategy
@@ -66,7 +66,7 @@ OPERATIONS: dict[str, Callable[[], WorstCase]] = {
 CALLERS: list[Caller] = [
     # A run claims a row only while what is left covers one worst-case dispatch.
     Caller("outbox dispatcher run", "OUTBOX_DISPATCH_BUDGET_SECONDS", "render.dispatch"),
-    # Likewise a render-check run (outbox/render_checks.py) asks only while one check fits.
+    # Likewise a render-check run (outbox/render_status.py) asks only while one check fits.
     Caller("render check run", "RENDER_CHECK_BUDGET_SECONDS", "render.status"),
     Caller("recap purchase request", "RECAP_PURCHASE_BUDGET_SECONDS", "stripe.checkout_session"),
     # The receive path is one INSERT; nothing slow may ever join it.
@@ -159,7 +159,7 @@ def check_dispatch_configuration() -> list[checks.CheckMessage]:
 @checks.register()
 def check_rendering_deadline(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """A recap `rendering` is asked about at rendering_at + expected + margin, then every
-    interval (outbox/render_checks.py). Those numbers must be usable and consistent."""
+    interval (outbox/render_status.py). Those numbers must be usable and consistent."""
     expected = settings.RENDER_EXPECTED_SECONDS
     margin = settings.RENDER_CALLBACK_MARGIN_SECONDS
     interval = settings.RENDER_CHECK_INTERVAL_SECONDS

@@ -35,14 +35,14 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from kernel.budgets import BudgetClock, render_dispatch_worst_case
-from kernel.processing import processing_pass
+from kernel.processing_region import processing_pass
 from kernel.queue import this_process
 from kernel.retry import classify
 from outbox.breaker import RENDER_SERVICE_BREAKER, Breaker, BreakerConfig
 from outbox.errors import EventNotFound, RenderCircuitOpen, TooFewPhotos
 from outbox.models import AttemptOutcome, BreakerState, RecapSideEffect, SideEffectClaim
-from outbox.render_checks import RenderCheckReport, render_checks_run
 from outbox.render_client import RenderClient, RenderClientConfig
+from outbox.render_status import RenderCheckReport, render_checks_run
 from outbox.services import (
     side_effect_complete,
     side_effect_fail,
@@ -368,7 +368,7 @@ def dispatch_pass_here() -> tuple[DispatchReport, RenderCheckReport]:
     """A dispatcher run, then a render-check run — in the processing region only (with one
     region, always): the outbox follows the processing region, and the pass is fenced like
     the inbox's, so a region that stops processing sends nothing once the other starts
-    (kernel/processing.py, docs/multi-region.md "The recap outbox")."""
+    (kernel/processing_region.py, docs/multi-region.md "The recap outbox")."""
     with processing_pass() as here:
         if not here:
             worst = render_dispatch_worst_case(RenderClientConfig.from_settings()).seconds

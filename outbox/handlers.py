@@ -7,7 +7,7 @@
      "data": {"recap_id": "<uuid>", "render_id": "…", "idempotency_key": "…",
               "error": {"code": "…", "message": "…"}}}
 
-Here, beside the render client and the status checks (outbox/render_checks.py), because the
+Here, beside the render client and the status checks (outbox/render_status.py), because the
 outbox owns the render service: it asks for the render, and it hears the answer, whether
 pushed (this callback) or pulled (a status check), through the same services.
 

@@ -231,7 +231,7 @@ class RenderClient:
     def render_status(self, *, render_id: str, deadline: float) -> RenderStatus:
         """GET /renders/<id>: one bounded call (the `status` limits, within `deadline`), no
         health precheck and no in-call retry. The retry loop is the render checks' interval
-        (outbox/render_checks.py), as the outbox is the render request's."""
+        (outbox/render_status.py), as the outbox is the render request's."""
         self.config.require_configured()
         answer = self._call(
             "GET", f"/renders/{quote(render_id, safe='')}", self.config.status, deadline

@@ -672,7 +672,7 @@ def outbox_recover(*, now: datetime | None = None) -> RecoveryReport:
     - rows whose claim's holder is gone are re-armed, and holders silent a day forgotten;
     - recaps `rendering` for longer than RECAP_STUCK_RENDERING_HOURS are counted. A lost
       callback does not end there: the nightly task asks the render service about overdue
-      renders first (outbox/render_checks.py), so what is still counted here is a render
+      renders first (outbox/render_status.py), so what is still counted here is a render
       the service says is still running, or a service that cannot be asked.
     """
     now = now or timezone.now()

@@ -5,10 +5,10 @@ Both refuse to run when the dispatcher's configuration is incomplete
 one-line reason, and no row is touched.
 """
 
-from kernel.processing import ProcessingWritesRefused, require_processing_region
+from kernel.processing_region import ProcessingWritesRefused, require_processing_region
 from outbox.configuration import require_dispatch_configuration
 from outbox.dispatcher import dispatch_pass_here
-from outbox.render_checks import render_checks_run
+from outbox.render_status import render_checks_run
 from outbox.services import outbox_recover
 
 

@@ -1,7 +1,7 @@
 """System checks for recaps: configuration the purchase path needs.
 
 - recaps.W001  STRIPE_API_KEY is not set; checked for the process kinds that call Stripe's
-  API (kernel/processes.py), and for every kind by `check --deploy`
+  API (kernel/process_kinds.py), and for every kind by `check --deploy`
 - recaps.E001  RECAP_MIN_PHOTOS is below 1
 - recaps.E002  nothing receives the paid and withdrawn signals (the outbox app is missing)
 """
@@ -9,7 +9,7 @@
 from django.conf import settings
 from django.core import checks
 
-from kernel.processes import STRIPE_API, kinds_needing, register_configuration_check
+from kernel.process_kinds import STRIPE_API, kinds_needing, register_configuration_check
 from recaps.signals import recap_paid, recap_payment_withdrawn
 
 

@@ -86,7 +86,7 @@ class RecapVideo(models.Model):
     rendering_at = models.DateTimeField(null=True, blank=True)
     # While `rendering`: when to ask the render service about this render if its completion
     # callback has not arrived (rendering_at + expected time + margin, then every check
-    # interval; outbox/render_checks.py). A lost callback is not a one-way street.
+    # interval; outbox/render_status.py). A lost callback is not a one-way street.
     render_check_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     failed_at = models.DateTimeField(null=True, blank=True)

@@ -16,7 +16,7 @@ turns each into one of these transitions, or none, and an older event of a sessi
 undoes a newer one.
 
 `rendering` ends by the service's callback or, when that callback is lost, by asking the
-service (outbox/render_checks.py) once `render_check_at` has passed.
+service (outbox/render_status.py) once `render_check_at` has passed.
 
 The outbox (outbox/) sits above recaps: its rows point at recaps, its outcomes call the
 functions here, and it owns the render service (client, callbacks, status checks, operator
@@ -36,7 +36,7 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.utils import timezone
 
-from kernel.processing import require_processing_region
+from kernel.processing_region import require_processing_region
 from kernel.stripe_api import stripe_client
 from recaps.errors import (
     RECAP_IS_FREE,
@@ -385,7 +385,7 @@ def _checkout_event_record(
 def recap_mark_rendering(*, recap_id: RecapId, render_id: str, now: datetime | None = None) -> bool:
     """The render service accepted the render. Only a `paid` recap moves: a callback may
     have made it `ready` already (the service can be faster than our bookkeeping). If no
-    callback has come by `render_check_at`, the service is asked (outbox/render_checks.py)."""
+    callback has come by `render_check_at`, the service is asked (outbox/render_status.py)."""
     now = now or timezone.now()
     return bool(
         RecapVideo.objects.filter(pk=recap_id, status=RecapStatus.PAID).update(
@@ -454,7 +454,7 @@ def recap_mark_ready(
     return True
 
 
-# --- a lost completion callback: the outbox asks the render service (outbox/render_checks.py)
+# --- a lost completion callback: the outbox asks the render service (outbox/render_status.py)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ class RegionsConfig(AppConfig):
     verbose_name = "Regions"
 
     def ready(self) -> None:
-        from kernel.processing import install_processing_gate, install_processing_writes_guard
+        from kernel.processing_region import (
+            install_processing_gate,
+            install_processing_writes_guard,
+        )
         from regions import checks  # noqa: F401  (registers the region checks)
         from regions.selectors import processing_writes_guard
         from regions.services import region_processing_pass

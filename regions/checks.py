@@ -49,7 +49,7 @@ SESSION_LOCK_POOLED_HINT = (
     "Connect the inbox, dispatcher and worker directly or through session pooling: unset "
     'DATABASE_POOLER in their environment (docs/multi-region.md, "Database roles").'
 )
-# The kinds whose processes run processing passes (kernel/processes.py).
+# The kinds whose processes run processing passes (kernel/process_kinds.py).
 PASSING_KINDS = {"inbox", "dispatcher", "worker"}
 
 

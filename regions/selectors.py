@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection
 
-from kernel.processing import (
+from kernel.processing_region import (
     NO_PROCESSING_DECISION,
     PROCESSING_NOT_STARTED,
     STANDBY_REGION,
@@ -70,7 +70,7 @@ def processing_verdict(
 
 
 def processing_writes_guard() -> None:
-    """kernel.processing.require_processing_region, with several regions (installed by
+    """kernel.processing_region.require_processing_region, with several regions (installed by
     regions/apps.py; docs/multi-region.md, "Writes outside processing").
 
     Refused (409, StandbyRegion) while the effective decision names another region: the

@@ -40,7 +40,7 @@ from console.services import (
     acting_user,
     payload_access_record,
 )
-from kernel.processing import ProcessingWritesRefused
+from kernel.processing_region import ProcessingWritesRefused
 
 # At most this many selected rows are listed by name on the confirmation page; all of them
 # are counted and all of them are acted on.

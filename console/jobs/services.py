@@ -79,7 +79,7 @@ from ingress.models import (
 )
 from ingress.services import deliveries_rearm_batch, raw_events_replay_batch
 from kernel.errors import EventDropError
-from kernel.processing import ProcessingWritesRefused, require_processing_region
+from kernel.processing_region import ProcessingWritesRefused, require_processing_region
 from outbox.models import RecapSideEffect, SideEffectStatus
 from outbox.services import side_effect_rearm
 

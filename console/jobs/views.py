@@ -40,7 +40,7 @@ from console.services import acting_user
 from ingress.handlers import all_handlers
 from ingress.models import DeliveryStatus, RejectionReason
 from ingress.sources import all_sources
-from kernel.processing import ProcessingWritesRefused
+from kernel.processing_region import ProcessingWritesRefused
 
 # While a job runs its page reloads this often: the progress bar without JavaScript.
 PROGRESS_REFRESH_SECONDS = 2

@@ -30,7 +30,7 @@ from console.services import NOTE_REQUIRED, OperatorActionError, operator_action
 from ingress.models import HandlerPause
 from ingress.selectors import ActivePause, handler_pauses_active
 from ingress.services import PauseRefused, handler_pause, handler_resume
-from kernel.processing import require_processing_region
+from kernel.processing_region import require_processing_region
 
 # What disabling a source costs, shown wherever sources are (ops page, job form, pauses).
 SOURCE_DISABLE_COST = (
@@ -128,7 +128,7 @@ def _record(
 ) -> OperatorAction:
     scope = _scope(handler, source)
     # Pauses are processing state: refused in the standby region before anything is
-    # recorded (kernel.processing.ProcessingWritesRefused).
+    # recorded (kernel.processing_region.ProcessingWritesRefused).
     require_processing_region()
 
     def changed() -> tuple[int, str, dict]:

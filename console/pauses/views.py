@@ -22,7 +22,7 @@ from console.presentation import format_seconds
 from console.services import acting_user
 from ingress.handlers import all_handlers
 from ingress.sources import all_sources
-from kernel.processing import ProcessingWritesRefused
+from kernel.processing_region import ProcessingWritesRefused
 
 
 def _pause_scopes() -> tuple[list[dict], list[dict]]:

@@ -37,7 +37,7 @@ from console.models import OperatorActionKind
 from console.presentation import EMPTY
 from console.selectors import recaps_by_status
 from kernel.errors import EventDropError
-from kernel.processing import ProcessingWritesRefused, require_processing_region
+from kernel.processing_region import ProcessingWritesRefused, require_processing_region
 from outbox.models import EffectType, RecapSideEffect
 from recaps.models import Event, Photo, RecapVideo
 from recaps.services import recap_create, recap_redeem_free

@@ -17,7 +17,7 @@ from console.models import OperatorActionVia
 from console.ops.figures import VIEW_OPS_PERMISSION
 from console.regions.services import processing_region_switch
 from console.services import OperatorActionError, acting_user
-from kernel.processing import ProcessingWritesRefused
+from kernel.processing_region import ProcessingWritesRefused
 from regions.configuration import multi_region, peers, region_name
 from regions.models import RegionState
 from regions.selectors import effective_decision, replication_lags

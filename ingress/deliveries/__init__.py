@@ -25,9 +25,9 @@ from ingress.deliveries.holds import (
 from ingress.deliveries.ordering import ORDERING_LOCK_CLASS
 from ingress.deliveries.run import (
     DATABASE_UNAVAILABLE,
+    DELIVERY_WORKER_DIED_ERROR,
     HANDLER_MISSING,
     KEY_MISSING_RECHECK_SECONDS,
-    WORKER_DIED_ERROR,
     deliveries_claim,
     deliveries_rearm_orphaned,
     deliveries_run_due,
@@ -37,10 +37,10 @@ from ingress.deliveries.run import (
 
 __all__ = [
     "DATABASE_UNAVAILABLE",
+    "DELIVERY_WORKER_DIED_ERROR",
     "HANDLER_MISSING",
     "KEY_MISSING_RECHECK_SECONDS",
     "ORDERING_LOCK_CLASS",
-    "WORKER_DIED_ERROR",
     "ReplayArming",
     "SettleRunRaised",
     "deliveries_arm_for_replay",

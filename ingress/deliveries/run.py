@@ -41,7 +41,7 @@ logger = logging.getLogger("ingress.deliveries")
 HANDLER_MISSING = "handler {name} is no longer registered"
 # A delivery's last_error when its worker died too often with it (PostgreSQL's format(): %s
 # is the count).
-WORKER_DIED_ERROR = (
+DELIVERY_WORKER_DIED_ERROR = (
     "worker_died: its worker died %s times in a row running it (killed, out of memory, a "
     "crash); re-arm it once the cause is fixed"
 )
@@ -400,7 +400,7 @@ def deliveries_rearm_orphaned(
             now=now,
             backstop_seconds=settings.DELIVERY_STALE_AFTER_SECONDS,
             max_deaths=settings.INBOX_MAX_WORKER_DEATHS,
-            error=WORKER_DIED_ERROR,
+            error=DELIVERY_WORKER_DIED_ERROR,
             ids=ids,
         )
         dead = [orphan for orphan in orphans if orphan.status == DeliveryStatus.DEAD]

@@ -16,7 +16,7 @@ from django.utils.dateparse import parse_datetime
 from ingress.models import ReconciliationStatus
 from ingress.reconcile.errors import WINDOW_NOT_ISO, ReconcileBusy, ReconcileInvalid
 from ingress.reconcile.runs import ReconcileOutcome
-from kernel.processing import ProcessingWritesRefused
+from kernel.processing_region import ProcessingWritesRefused
 
 DRIFT_EXIT_CODE = 3
 OVER_SLO = "Drift {drift:.4f} % exceeds the SLO of {slo:.4f} % (RECONCILE_DRIFT_SLO)."

@@ -28,7 +28,7 @@ from ingress.reconcile.services import (
     reconciliation_run_start,
 )
 from ingress.reconcile.window import Window
-from kernel.processing import require_processing_region
+from kernel.processing_region import require_processing_region
 
 logger = logging.getLogger(__name__)
 

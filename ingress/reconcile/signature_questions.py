@@ -44,7 +44,7 @@ from ingress.reconcile.github import (
 from ingress.reconcile.window import iso
 from ingress.services import AnswerRefused, signature_question_answer
 from kernel.budgets import BudgetClock, reconcile_budget_problem
-from kernel.processing import require_processing_region
+from kernel.processing_region import require_processing_region
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from ingress.reconcile.errors import ReconcileBusy, ReconcileInvalid
 from ingress.reconcile.github import GitHubHook, github_reconcile
 from ingress.reconcile.signature_questions import signature_questions_ask
 from ingress.reconcile.stripe import stripe_reconcile
-from kernel.processing import ProcessingWritesRefused
+from kernel.processing_region import ProcessingWritesRefused
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ signed in, `WWW-Authenticate: Token`), 403 (not yours / not free / cross-site), 
 409 (already redeemed or paid), 415 (not JSON), 503 (Stripe). With two regions, every POST
 in the standby region is a 409 `standby_region` naming the processing region (503
 `processing_not_started` with Retry-After while a switch to this region completes): the
-error is the kernel's (kernel.processing), answered by kernel/problems.py.
+error is the kernel's (kernel.processing_region), answered by kernel/problems.py.
 """
 
 from django.contrib.auth.models import User

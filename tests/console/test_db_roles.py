@@ -22,7 +22,7 @@ from console.models import OperatorAction
 from console.ops.ack_rollup import COLUMNS, ack_rollup_add
 from ingress.models import Delivery, RawEvent
 from kernel.db_roles import ROLES, db_roles_apply, role_name
-from kernel.processes import KINDS
+from kernel.process_kinds import KINDS
 from outbox.models import RecapSideEffect
 from recaps.models import RecapStatus, RecapVideo
 from tests.console.conftest import github_signature

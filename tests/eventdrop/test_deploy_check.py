@@ -35,7 +35,7 @@ PRODUCTION = {
 }
 
 
-# What only the other processes need (kernel/processes.py): the web process stores
+# What only the other processes need (kernel/process_kinds.py): the web process stores
 # webhooks and calls nothing out.
 OUTBOUND = ("RENDER_SERVICE_URL", "RENDER_CALLBACK_URL", "STRIPE_API_KEY")
 

@@ -1,5 +1,5 @@
 """Checks per process kind (issue 26): a missing piece of outbound configuration stops only the
-processes whose kind needs it (kernel/processes.py `NEEDED_BY`), `migrate` never, and
+processes whose kind needs it (kernel/process_kinds.py `NEEDED_BY`), `migrate` never, and
 `check --deploy` reports it once whatever the kind.
 
 In process, through Django's own check runner with the arguments its commands pass: `check`
@@ -13,7 +13,7 @@ import re
 import pytest
 from django.core import checks
 
-from kernel.processes import KINDS, NEEDED_BY, RENDER_SERVICE, STRIPE_API
+from kernel.process_kinds import KINDS, NEEDED_BY, RENDER_SERVICE, STRIPE_API
 from tests.support.processes import ROOT
 
 # What a missing piece of configuration reports (in a deployment: DEBUG off).

@@ -126,7 +126,7 @@ def test_the_service_reports_the_render_failed_the_recap_fails_with_its_reason(
 
 
 def test_still_rendering_is_asked_again_only_after_the_interval(compressed, paid_recap):
-    from outbox.render_checks import render_checks_run
+    from outbox.render_status import render_checks_run
 
     compressed.configure(complete_after=30.0)  # a slow render, not a lost one
     recap, side_effect = rendering(paid_recap)
@@ -146,7 +146,7 @@ def test_still_rendering_is_asked_again_only_after_the_interval(compressed, paid
 def test_a_transient_failure_of_the_status_call_never_writes_a_terminal_state(
     compressed, paid_recap, mode
 ):
-    from outbox.render_checks import render_checks_run
+    from outbox.render_status import render_checks_run
 
     recap, side_effect = rendering(paid_recap)
     wait_until_due(recap)
@@ -169,7 +169,7 @@ def test_a_transient_failure_of_the_status_call_never_writes_a_terminal_state(
 
 
 def test_a_failing_service_stops_the_run_after_one_check(compressed, paid_recap):
-    from outbox.render_checks import render_checks_run
+    from outbox.render_status import render_checks_run
 
     recaps = [rendering(paid_recap)[0] for _ in range(3)]
     wait_until_due(recaps[-1])
@@ -287,7 +287,7 @@ def test_two_check_runs_never_ask_about_the_same_render_at_once(compressed, paid
 
 
 def test_a_run_never_starts_a_check_its_budget_cannot_cover(compressed, paid_recap):
-    from outbox.render_checks import render_checks_run
+    from outbox.render_status import render_checks_run
 
     recap, _ = rendering(paid_recap)
     wait_until_due(recap)
@@ -365,8 +365,8 @@ def test_the_defaults_pass_the_deadline_checks():
 def test_a_recap_deleted_while_its_render_is_asked_about_ends_the_check_quietly(
     compressed, paid_recap
 ):
-    from outbox.render_checks import render_checks_run
     from outbox.render_client import RenderClient
+    from outbox.render_status import render_checks_run
 
     recap, _ = rendering(paid_recap)
     wait_until_due(recap)

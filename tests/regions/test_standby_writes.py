@@ -24,7 +24,7 @@ from console.jobs.services import bulk_job_preview, bulk_job_run, bulk_job_start
 from console.models import BulkJob, BulkJobState, OperatorAction
 from ingress.models import Delivery, DeliveryAttempt, HandlerPause, RawEvent, ReconciliationRun
 from kernel.db_roles import ROLES, db_roles_apply, role_name
-from kernel.processing import (
+from kernel.processing_region import (
     ProcessingNotStarted,
     StandbyRegion,
     require_processing_region,

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ingress.reconcile.errors import ReconcileInvalid
 from ingress.reconcile.signature_questions import signature_questions_ask
-from kernel.processing import ProcessingWritesRefused
+from kernel.processing_region import ProcessingWritesRefused
 
 
 class Command(BaseCommand):

@@ -6,7 +6,7 @@ from django.utils.dateparse import parse_datetime
 from ingress.models import RawEvent, RejectionReason, SignatureStatus
 from ingress.services import raw_event_reverify
 from ingress.sources import all_sources
-from kernel.processing import ProcessingWritesRefused, require_processing_region
+from kernel.processing_region import ProcessingWritesRefused, require_processing_region
 
 
 class Command(BaseCommand):

@@ -4,12 +4,12 @@ from django.core.management.base import BaseCommand
 from kernel.worker_loop import run_until_stopped
 from outbox.configuration import dispatch_command_start
 from outbox.dispatcher import DispatchReport, dispatch_pass_here
-from outbox.render_checks import RenderCheckReport
+from outbox.render_status import RenderCheckReport
 
 
 def _dispatch_pass() -> tuple[DispatchReport, RenderCheckReport]:
     """One dispatcher run, then one render-check run (the scheduled task's pass); with several
-    regions only in the processing region, fenced for the pass (kernel/processing.py)."""
+    regions only in the processing region, fenced for the pass (kernel/processing_region.py)."""
     return dispatch_pass_here()
 
 

@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from kernel.processing import ProcessingWritesRefused, require_processing_region
+from kernel.processing_region import ProcessingWritesRefused, require_processing_region
 from outbox.configuration import dispatch_command_start
-from outbox.render_checks import render_checks_run
+from outbox.render_status import render_checks_run
 from outbox.services import outbox_recover
 
 
