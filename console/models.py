@@ -200,7 +200,7 @@ class PayloadAccess(ActorRecord):
         return f"{self.get_kind_display()} by {self.actor_username}"
 
 
-# The receive view's ACK histogram buckets (ingress.views.ACK_SECONDS), one column each, as
+# The receive view's ACK histogram buckets (ingress.receive.ACK_SECONDS), one column each, as
 # (upper bound in seconds, column). A test holds the two in step; a changed bucket is a
 # migration.
 ACK_ROLLUP_BUCKETS: tuple[tuple[float, str], ...] = (

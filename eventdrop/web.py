@@ -28,12 +28,16 @@ receive path bounds each source lower, `max_header_bytes`), `WEB_MAX_CONNECTIONS
 process), `WEB_MAX_CONCURRENT_REQUESTS` (256 webhooks per process, below the connections),
 `WEB_MAX_BODY_BYTES_IN_FLIGHT` (16 MiB per process, at least the largest source
 `max_body_bytes`: ingress.E003), `WEB_STORE_CONNECTIONS` (4: the asyncio connections per
-process that write webhooks, ingress/store.py) and `WEB_LOG_LEVEL` (info).
+process that write webhooks, ingress/store.py), `WEB_LOG_LEVEL` (info) and `WEB_RELOAD` (off;
+`make run` sets it: the processes restart when a source file changes).
 """
 
 import os
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # How long the server waits at shutdown for requests in flight, which end within their own
 # deadlines anyway (each webhook within its source's budget: ingress.E003).
@@ -51,6 +55,7 @@ class WebServerConfig:
     max_concurrent_requests: int = 256
     max_body_bytes_in_flight: int = 16 * 1024 * 1024
     store_connections: int = 4
+    reload: bool = False
 
     def __post_init__(self) -> None:
         if self.processes < 1:
@@ -85,6 +90,7 @@ class WebServerConfig:
                 env.get("WEB_MAX_BODY_BYTES_IN_FLIGHT") or 16 * 1024 * 1024
             ),
             store_connections=int(env.get("WEB_STORE_CONNECTIONS") or 4),
+            reload=env.get("WEB_RELOAD", "") in ("1", "true", "yes"),
         )
 
 
@@ -130,6 +136,9 @@ def serve(
         workers_kill_timeout=GRACEFUL_SHUTDOWN_SECONDS,
         log_level=LogLevels(os.environ.get("WEB_LOG_LEVEL", "info")),
         log_access=False,
+        reload=config.reload,
+        reload_paths=[ROOT] if config.reload else None,
+        reload_ignore_dirs=[".venv", ".git", "node_modules", "staticfiles", "tests"],
     ).serve()
 
 

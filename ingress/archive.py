@@ -298,8 +298,13 @@ def archive_day(day: date, *, partition: str, storage: Storage | None = None) ->
                 ),
                 "files": [
                     {
-                        "source": f.source, "name": f.name, "events": f.events, "bytes": f.size,
-                        "sha256": f.sha256, "first_id": f.first_id, "last_id": f.last_id,
+                        "source": f.source,
+                        "name": f.name,
+                        "events": f.events,
+                        "bytes": f.size,
+                        "sha256": f.sha256,
+                        "first_id": f.first_id,
+                        "last_id": f.last_id,
                     }
                     for f in result.files
                 ],
@@ -308,7 +313,9 @@ def archive_day(day: date, *, partition: str, storage: Storage | None = None) ->
         ).encode()
         storage.save(manifest_name(day), File(io.BytesIO(manifest), name=MANIFEST_NAME))
         _verify_object(
-            storage, manifest_name(day), size=len(manifest),
+            storage,
+            manifest_name(day),
+            size=len(manifest),
             sha256=hashlib.sha256(manifest).hexdigest(),
         )
     except _transient_errors() as exc:
@@ -438,7 +445,9 @@ def restore_archived_events(
     logger.info(
         "ingress.archive.restored",
         extra={
-            "day": day.isoformat(), "dry_run": dry_run, "restored": result.restored,
+            "day": day.isoformat(),
+            "dry_run": dry_run,
+            "restored": result.restored,
             "already_present": result.already_present,
         },
     )

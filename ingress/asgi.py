@@ -1,7 +1,7 @@
 """The receive path as an ASGI application: what the production server runs for `/webhooks/`.
 
 eventdrop/asgi.py mounts it beside Django's own handler. It translates an ASGI request for
-the core (ingress/views.py) and the core's answer back, and adds what a server hands an
+the core (ingress/receive.py) and the core's answer back, and adds what a server hands an
 application but not Django's request handling: the Host check (Django's own public
 functions over ALLOWED_HOSTS, as HttpRequest.get_host() applies them), the route
 (`/webhooks/<source>/` or without the slash), the body, and the request's clock. No Django
@@ -34,9 +34,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.http.request import split_domain_port, validate_host
 
-from ingress.services import raw_event_store_async
-from ingress.store import RawEventWriter
-from ingress.views import (
+from ingress.receive import (
     Answer,
     Head,
     Refused,
@@ -47,6 +45,8 @@ from ingress.views import (
     body_too_large,
     store_unavailable,
 )
+from ingress.services import raw_event_store_async
+from ingress.store import RawEventWriter
 from kernel.budgets import webhook_budget_seconds
 
 logger = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from ingress.models import (
     SignatureStatus,
 )
 from ingress.sources import Source, all_sources
-from ingress.store import RawEventWriter
+from ingress.store import RawEventWriter, raw_event_insert
 from kernel.db import database_deadline
 from kernel.errors import EventDropError
 
@@ -79,7 +79,8 @@ def raw_event_store(
     remote_addr: str | None,
 ) -> RawEvent:
     """Persist one received request, exactly as received, and return it once committed:
-    one ORM INSERT on this thread's connection (the Django view; tests, commands).
+    the group commit's INSERT, for one row, on this thread's connection (the Django view;
+    tests, commands).
 
     Everything here ends within WEBHOOK_STORE_TIMEOUT_SECONDS (kernel.db): opening a
     connection if this thread has none, the INSERT, and one retry when the server dropped the
@@ -89,7 +90,7 @@ def raw_event_store(
     fields = _raw_event_fields(source, method, path, query_string, headers, body, remote_addr)
     with database_deadline(settings.WEBHOOK_STORE_TIMEOUT_SECONDS):
         try:
-            return RawEvent.objects.create(**fields)
+            return raw_event_insert(fields)
         except (OperationalError, InterfaceError):
             # Lost, not refused or timed out, and not inside a caller's transaction (a new
             # connection would silently lose the statements before this one): a restart the
@@ -99,7 +100,7 @@ def raw_event_store(
             if not getattr(connection.connection, "broken", False) or connection.in_atomic_block:
                 raise
             connection.close()
-            return RawEvent.objects.create(**fields)
+            return raw_event_insert(fields)
 
 
 async def raw_event_store_async(

@@ -65,8 +65,7 @@ class _Row:
 
     def __init__(self, fields: dict[str, Any], deadline: float, outcome: asyncio.Future):
         self.names = tuple(fields)  # the columns it sets: one statement per set of them
-        # A dict is the JSON column's value (the headers): psycopg sends it as jsonb.
-        self.values = [Jsonb(v) if isinstance(v, dict) else v for v in fields.values()]
+        self.values = list(fields.values())
         self.deadline = deadline
         # (id, None) or (None, error): set by the writer, never raised into the future, so
         # an outcome nobody waits for any more is not an unretrieved exception.
@@ -205,10 +204,8 @@ class RawEventWriter:
         `held` under it (a restart the idle check did not see yet). If the first one did
         commit before the connection died, its events are stored twice; the inbox's dedup
         key makes each copy a `duplicate`."""
-        statement, constants = _statement(batch[0].names)
-        params = [field.get_default() for field in constants]
-        params = [Jsonb(value) if isinstance(value, dict) else value for value in params]
-        params += [[row.values[i] for row in batch] for i in range(len(batch[0].names))]
+        statement, constants = _statement(batch[0].names, "%b")
+        params = _parameters(constants, [row.values for row in batch])
         with self._errors:
             try:
                 cursor = await held.execute(statement, params)
@@ -244,15 +241,45 @@ def _hung_up(fileno: int) -> bool:
     return bool(poller.poll(0))
 
 
+def raw_event_insert(fields: dict[str, Any]) -> RawEvent:
+    """One row by the group commit's statement, on this thread's Django connection (the WSGI
+    view, commands, tests): a webhook row is written one way. Its caller bounds the time."""
+    names = tuple(fields)
+    # %s: a client-side binding connection (behind PgBouncer) cannot send binary parameters.
+    statement, constants = _statement(names, "%s")
+    with connections["default"].cursor() as cursor:
+        cursor.execute(statement, _parameters(constants, [list(fields.values())]))
+        (pk,) = cursor.fetchone()
+    row = {field.attname: field.get_default() for field in constants}
+    row.update(fields, **{RawEvent._meta.pk.attname: pk})
+    columns = [field.attname for field in RawEvent._meta.concrete_fields]  # from_db's order
+    return RawEvent.from_db("default", columns, [row[name] for name in columns])
+
+
+def _parameters(constants: tuple[Field, ...], rows: list[list[Any]]) -> list[Any]:
+    """The statement's parameters: the defaults it sends once, then one array per column."""
+    params = [field.get_default() for field in constants]
+    params += [[row[i] for row in rows] for i in range(len(rows[0]))]
+    return [_json(value) for value in params]
+
+
+def _json(value: Any) -> Any:
+    """A dict is the JSON column's value (the headers): psycopg sends it as jsonb."""
+    if isinstance(value, list):
+        return [_json(item) for item in value]
+    return Jsonb(value) if isinstance(value, dict) else value
+
+
 @cache
-def _statement(names: tuple[str, ...]) -> tuple[str, tuple[Field, ...]]:
+def _statement(names: tuple[str, ...], placeholder: str) -> tuple[str, tuple[Field, ...]]:
     """The INSERT of a batch of rows that set the columns `names` (attnames), and the fields
     whose model default it is sent once for the whole batch.
 
     A column the rows set is one array parameter (its values, in the rows' order); any
-    other column is its model default, one parameter for the batch. Every parameter is
-    sent in binary: psycopg dumps a list of bodies as raw bytes, where the text form would
-    escape every byte in Python. The statement is the same whatever the batch's size.
+    other column is its model default, one parameter for the batch. The group commit sends
+    every parameter in binary (`%b`): psycopg dumps a list of bodies as raw bytes, where the
+    text form would escape every byte in Python. The statement is the same whatever the
+    batch's size.
     """
     connection = connections["default"]
     quote = connection.ops.quote_name
@@ -264,10 +291,10 @@ def _statement(names: tuple[str, ...]) -> tuple[str, tuple[Field, ...]]:
     selected = [
         f"r.{quote(field.column)}"
         if field.attname in names
-        else f"%b::{field.db_type(connection)}"
+        else f"{placeholder}::{field.db_type(connection)}"
         for field in fields
     ]
-    arrays = ", ".join(f"%b::{by_name[name].db_type(connection)}[]" for name in names)
+    arrays = ", ".join(f"{placeholder}::{by_name[name].db_type(connection)}[]" for name in names)
     aliases = ", ".join(quote(by_name[name].column) for name in names)
     return (
         f"INSERT INTO {quote(RawEvent._meta.db_table)} "  # noqa: S608 (model names and types)

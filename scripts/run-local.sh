@@ -53,8 +53,7 @@ EventDrop on http://127.0.0.1:$PORT/  (console /admin/, ops /ops/)
   in another shell:  .venv/bin/python manage.py createsuperuser
                      .venv/bin/python manage.py demo     (a free and a paid recap, to ready)
 BANNER
-# Django's development server: it reloads on code changes and serves the admin's static
-# files. The production server (Procfile: python -m eventdrop.web) is what the fault suite
-# and the benchmarks run.
-$PY manage.py runserver "127.0.0.1:$PORT" --skip-checks & pids+=($!)
+# The production web server (the Procfile's web line: the receive path providers hit),
+# one process, restarted when a source file changes.
+WEB_RELOAD=1 WEB_CONCURRENCY=1 $PY -m eventdrop.web & pids+=($!)
 wait -n

@@ -101,9 +101,7 @@ def fresh_clone(reachable_tmp_path):
     for name in ("git", "make", "curl", "openssl"):
         tool(name)
     clone = reachable_tmp_path / "eventdrop"
-    subprocess.run(
-        ["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=60
-    )
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=60)
     (clone / ".venv").symlink_to(VENV_BIN.parent)  # the suite's own virtualenv
     home = reachable_tmp_path / "home"
     home.mkdir()
@@ -116,7 +114,10 @@ def make_run(clone: Path, home: Path, log: Path, **env: str) -> subprocess.Popen
     with log.open("wb") as out:
         return subprocess.Popen(
             ["make", "--no-print-directory", "-o", ".venv/.installed", "run"],
-            cwd=clone, env=clean_env(home, **env), stdout=out, stderr=subprocess.STDOUT,
+            cwd=clone,
+            env=clean_env(home, **env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
@@ -148,8 +149,13 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
     pg_port = free_port()  # nothing answers there: make run starts the embedded PostgreSQL
     log_path = tmp_path / "make-run.log"
     run = make_run(
-        clone, home, log_path, PORT=str(port), FAKE_RENDERER_PORT=str(renderer_port),
-        FAKE_STRIPE_PORT=str(stripe_port), LOCAL_POSTGRES_PORT=str(pg_port),
+        clone,
+        home,
+        log_path,
+        PORT=str(port),
+        FAKE_RENDERER_PORT=str(renderer_port),
+        FAKE_STRIPE_PORT=str(stripe_port),
+        LOCAL_POSTGRES_PORT=str(pg_port),
     )
     started_pids: set[int] = set()
     survivors: list[int] = []
@@ -163,8 +169,12 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
         # No ports, no secrets: all of that must come from the .env the first run wrote.
         result = subprocess.run(
             [".venv/bin/python", "manage.py", *args],
-            cwd=clone, env=clean_env(home, **env), capture_output=True, text=True,
-            timeout=left(limit), check=False,
+            cwd=clone,
+            env=clean_env(home, **env),
+            capture_output=True,
+            text=True,
+            timeout=left(limit),
+            check=False,
         )
         assert result.returncode == 0, f"{args}: {result.stdout}{result.stderr}"
         return result
@@ -191,7 +201,10 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
         assert f"PORT={port}\n" in env_file and "DJANGO_SECRET_KEY=" in env_file
         assert f"LOCAL_POSTGRES_PORT={pg_port}\n" in env_file  # what another shell needs
         assert not subprocess.run(
-            ["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True,
+            ["git", "status", "--porcelain"],
+            cwd=clone,
+            capture_output=True,
+            text=True,
             check=True,
         ).stdout.strip(), ".env and .pgdata/ must be ignored by git"
 
@@ -199,7 +212,12 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
         assert "System check identified no issues" in second_shell("check").stdout
         assert second_shell("process_inbox", "--once").stdout.startswith("verified ")
         second_shell(
-            "createsuperuser", "--noinput", "--username", "oncall", "--email", "oncall@localhost",
+            "createsuperuser",
+            "--noinput",
+            "--username",
+            "oncall",
+            "--email",
+            "oncall@localhost",
             DJANGO_SUPERUSER_PASSWORD=PASSWORD,
         )
         console = signed_in(f"http://127.0.0.1:{port}", timeout=left(10))
@@ -208,7 +226,8 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
         pauses = console.get(f"http://127.0.0.1:{port}/ops/pauses/", timeout=left(10))
         assert f'data-handler="{HANDLER}"' in pauses.text
         paused = post_form(
-            console, f"http://127.0.0.1:{port}/ops/pauses/pause/",
+            console,
+            f"http://127.0.0.1:{port}/ops/pauses/pause/",
             {"handler": HANDLER, "reason": "first run: hold the demo's payment"},
             timeout=left(10),
         )
@@ -217,7 +236,10 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
         # 4. The demo: its paid recap's payment webhook is stored, verified, and held.
         demo = subprocess.Popen(
             [".venv/bin/python", "manage.py", "demo", "--wait", "90"],
-            cwd=clone, env=clean_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cwd=clone,
+            env=clean_env(home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
         )
         try:
@@ -226,11 +248,13 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
                 time.sleep(0.5)
 
             # 5. Resumed on the same page: the held delivery is released and runs.
-            resumed = post_form(console, f"http://127.0.0.1:{port}/ops/pauses/resume/",
-                                {"handler": HANDLER}, timeout=left(10))
-            assert f"Resumed handler {HANDLER}: 1 deliveries released" in resumed.text, (
-                resumed.text
+            resumed = post_form(
+                console,
+                f"http://127.0.0.1:{port}/ops/pauses/resume/",
+                {"handler": HANDLER},
+                timeout=left(10),
             )
+            assert f"Resumed handler {HANDLER}: 1 deliveries released" in resumed.text, resumed.text
             assert 'id="pauses-none"' in resumed.text
             output, _ = demo.communicate(timeout=left(100))
         finally:
@@ -251,14 +275,20 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
         # 7. The ops page: green, overall and on every figure.
         ops = console.get(f"http://127.0.0.1:{port}/ops/", timeout=left(10))
         assert ops.status_code == 200
-        assert re.search(r'id="ops-overall">Overall: <span class="ops-level ops-level-green"',
-                         ops.text), re.findall(r'data-level="\w+"', ops.text)
+        assert re.search(
+            r'id="ops-overall">Overall: <span class="ops-level ops-level-green"', ops.text
+        ), re.findall(r'data-level="\w+"', ops.text)
         assert not re.findall(r'data-level="(?:yellow|red)"', ops.text)
 
         # 8. The README's curl, pasted into a shell where PORT is this run's.
         curl = subprocess.run(
-            ["bash", "-c", readme_curl()], cwd=clone, env=clean_env(home, PORT=str(port)),
-            capture_output=True, text=True, timeout=left(15), check=False,
+            ["bash", "-c", readme_curl()],
+            cwd=clone,
+            env=clean_env(home, PORT=str(port)),
+            capture_output=True,
+            text=True,
+            timeout=left(15),
+            check=False,
         )
         assert "HTTP/1.1 202" in curl.stdout, curl.stdout + curl.stderr
         assert '"status": "accepted"' in curl.stdout
@@ -279,15 +309,21 @@ def signed_in(base: str, timeout: float) -> requests.Session:
     session = requests.Session()
     page = session.get(f"{base}/admin/login/", timeout=timeout)
     response = post_form(
-        session, f"{base}/admin/login/?next=/admin/",
-        {"username": "oncall", "password": PASSWORD}, timeout=timeout, page=page.text,
+        session,
+        f"{base}/admin/login/?next=/admin/",
+        {"username": "oncall", "password": PASSWORD},
+        timeout=timeout,
+        page=page.text,
     )
     assert "Log out" in response.text or "logout" in response.text, response.text[-2000:]
     return session
 
 
 def post_form(
-    session: requests.Session, url: str, data: dict[str, str], timeout: float,
+    session: requests.Session,
+    url: str,
+    data: dict[str, str],
+    timeout: float,
     page: str | None = None,
 ) -> requests.Response:
     """A form post as the browser sends it: the CSRF token of the page, redirects followed."""
@@ -295,7 +331,9 @@ def post_form(
         page = session.get(url.rsplit("/", 2)[0] + "/", timeout=timeout).text
     token = re.findall(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)[0]
     response = session.post(
-        url, data={"csrfmiddlewaretoken": token, **data}, timeout=timeout,
+        url,
+        data={"csrfmiddlewaretoken": token, **data},
+        timeout=timeout,
         headers={"Referer": url},
     )
     assert response.status_code == 200, (response.status_code, response.text[-2000:])
@@ -317,8 +355,13 @@ def test_make_run_prints_each_check_warning_once(fresh_clone, tmp_path):
     port = free_port()
     log_path = tmp_path / "make-run.log"
     run = make_run(
-        clone, home, log_path, PORT=str(port), FAKE_RENDERER_PORT=str(free_port()),
-        FAKE_STRIPE_PORT=str(free_port()), LOCAL_POSTGRES_PORT=str(free_port()),
+        clone,
+        home,
+        log_path,
+        PORT=str(port),
+        FAKE_RENDERER_PORT=str(free_port()),
+        FAKE_STRIPE_PORT=str(free_port()),
+        LOCAL_POSTGRES_PORT=str(free_port()),
         STRIPE_API_KEY="",
     )
     pids: set[int] = set()

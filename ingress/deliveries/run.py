@@ -385,9 +385,7 @@ def record_failure(failure: HandlerFailure) -> None:
 # --- claims of the dead --------------------------------------------------------------------
 
 
-def deliveries_rearm_orphaned(
-    *, now: datetime | None = None, ids: list[int] | None = None
-) -> int:
+def deliveries_rearm_orphaned(*, now: datetime | None = None, ids: list[int] | None = None) -> int:
     """Deliveries whose claim's holder is gone (its worker died, its region was lost) go back
     to `pending`, the attempt given back, in one statement (kernel/queue.py); the death is
     counted, and a delivery whose worker died INBOX_MAX_WORKER_DEATHS times in a row with it

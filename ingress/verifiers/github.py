@@ -6,7 +6,6 @@ delivery id is what stops an identical redelivery from running twice. The legacy
 `X-Hub-Signature` header is deliberately ignored.
 """
 
-
 from ingress.verifiers.base import Source, StoredRequest, Verdict
 from ingress.verifiers.common import (
     body_text,

@@ -5,7 +5,6 @@ a replay in time; dedup on the delivery id or the body is the only guard). The h
 prefix come from the source's configuration.
 """
 
-
 from ingress.models import RejectionReason
 from ingress.verifiers.base import Source, StoredRequest, Verdict
 from ingress.verifiers.common import (

@@ -20,7 +20,7 @@ from console.ops.ack_rollup import (
     histogram_bucket_counts,
 )
 from console.ops.figures import hourly_ack_p99
-from ingress.views import ACK_SECONDS
+from ingress.receive import ACK_SECONDS
 from tests.console.conftest import grant
 from tests.support.processes import app_env, free_port, start_procfile
 

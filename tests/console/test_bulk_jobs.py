@@ -369,12 +369,24 @@ def test_a_delivery_reason_selects_by_error_class_never_by_the_handlers_message(
     events = stored_events(3)
     Delivery.objects.bulk_create(
         [
-            Delivery(raw_event_id=events[0].id, handler="app.on_push", status="dead",
-                     last_error="KeyError: 'card_number=4242'"),
-            Delivery(raw_event_id=events[1].id, handler="app.on_push", status="dead",
-                     last_error="ValueError: card_number=4242"),
-            Delivery(raw_event_id=events[2].id, handler="app.on_push", status="dead",
-                     last_error="card_number: free text"),
+            Delivery(
+                raw_event_id=events[0].id,
+                handler="app.on_push",
+                status="dead",
+                last_error="KeyError: 'card_number=4242'",
+            ),
+            Delivery(
+                raw_event_id=events[1].id,
+                handler="app.on_push",
+                status="dead",
+                last_error="ValueError: card_number=4242",
+            ),
+            Delivery(
+                raw_event_id=events[2].id,
+                handler="app.on_push",
+                status="dead",
+                last_error="card_number: free text",
+            ),
         ]
     )
 

@@ -236,7 +236,9 @@ def test_a_held_event_says_which_pause_holds_it_who_paused_and_how_to_resume(
     recap = RecapVideo(status=RecapStatus.PENDING_PAYMENT)
     assert held_hint(recap) == ""
     handlers_pause(
-        actor=admin_user, via="admin", handler="recaps.handlers.record_checkout_session",
+        actor=admin_user,
+        via="admin",
+        handler="recaps.handlers.record_checkout_session",
         reason="Stripe incident",
     )
     assert "held: handler recaps.handlers.record_checkout_session paused" in held_hint(recap)

@@ -16,8 +16,8 @@ from console.ops.figures import (
     raw_event_lags,
 )
 from ingress.models import Delivery, RawEvent, ReconciliationRun
+from ingress.receive import ACK_SECONDS
 from ingress.sources import all_sources
-from ingress.views import ACK_SECONDS
 from outbox.breaker import RENDER_SERVICE_BREAKER
 from outbox.models import CircuitBreaker, RecapSideEffect
 from tests.console.conftest import grant

@@ -68,7 +68,9 @@ def test_a_delivery_is_left_to_its_live_worker_and_taken_back_once_it_is_gone(
 
 
 def test_a_side_effect_is_left_to_its_live_dispatcher_and_taken_back_once_it_is_gone(
-    client, operator, paid_recap  # noqa: F811 (the fixture)
+    client,
+    operator,
+    paid_recap,  # noqa: F811 (the fixture)
 ):
     _, side_effect = paid_recap()
     holder = Holder.new()

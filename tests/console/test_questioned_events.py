@@ -116,9 +116,11 @@ def test_the_ops_page_and_metrics_count_them(admin_client, questioned, settings)
     assert 'id="queue-raw-events-questioned"' in page
     assert 'id="slo-raw_events_oldest_questioned_age"' in page
     settings.METRICS_BEARER_TOKEN = "questioned-metrics-token-0123456789"
-    scrape = Client().get(
-        "/metrics", HTTP_AUTHORIZATION=f"Bearer {settings.METRICS_BEARER_TOKEN}"
-    ).content.decode()
+    scrape = (
+        Client()
+        .get("/metrics", HTTP_AUTHORIZATION=f"Bearer {settings.METRICS_BEARER_TOKEN}")
+        .content.decode()
+    )
     assert "eventdrop_raw_events_questioned 1.0" in scrape
     labels = '{signature_status="questioned",source="github"}'
     assert f"eventdrop_raw_events_received_last_24h{labels} 1.0" in scrape

@@ -27,8 +27,12 @@ def test_staff_see_what_runs_and_where_to_go(client):
     response = client.get("/")
     assert response.status_code == 200
     page = response.content.decode()
-    for link in ('href="/admin/"', 'href="/admin/ingress/rawevent/"', 'href="/api/raw-events/"',
-                 'href="/admin/recaps/event/"'):
+    for link in (
+        'href="/admin/"',
+        'href="/admin/ingress/rawevent/"',
+        'href="/api/raw-events/"',
+        'href="/admin/recaps/event/"',
+    ):
         assert link in page
     assert "process_inbox" in page and "dispatch_side_effects" in page
     assert "Waiting: 0 raw events" in page

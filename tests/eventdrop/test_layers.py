@@ -21,7 +21,11 @@ PACKAGES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importl
 def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(LINT_IMPORTS), "--no-logo", "--no-cache"],
-        cwd=tree, capture_output=True, text=True, timeout=120, check=False,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 

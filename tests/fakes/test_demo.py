@@ -90,16 +90,16 @@ def test_demo_drives_a_free_and_a_paid_recap_to_ready(running_app, fake_stripe, 
     out = StringIO()
     call_command(
         "reconcile_stripe",
-        "--since", (now - timedelta(minutes=5)).isoformat(),
-        "--until", (now + timedelta(seconds=5)).isoformat(),
+        "--since",
+        (now - timedelta(minutes=5)).isoformat(),
+        "--until",
+        (now + timedelta(seconds=5)).isoformat(),
         stdout=out,
     )
     assert "Stripe listed 1, known 1" in out.getvalue() and "missing 0" in out.getvalue()
 
 
-def test_a_second_demo_run_reuses_the_buyer_and_never_repeats_a_payment(
-    running_app, fake_stripe
-):
+def test_a_second_demo_run_reuses_the_buyer_and_never_repeats_a_payment(running_app, fake_stripe):
     demo("--web-url", running_app.url, "--wait", "0")
     # A restarted fake Stripe (numbering its sessions from 1 again) must not collide either.
     fake_stripe.sessions.clear()
@@ -117,7 +117,9 @@ def test_a_second_demo_run_reuses_the_buyer_and_never_repeats_a_payment(
 
 def test_without_the_fake_stripe_the_demo_names_it_and_writes_nothing(settings, live_server):
     settings.STRIPE_API_BASE = "http://127.0.0.1:9"
-    with pytest.raises(CommandError, match=r"the fake Stripe does not answer at http://127\.0\.0\.1:9/"):
+    with pytest.raises(
+        CommandError, match=r"the fake Stripe does not answer at http://127\.0\.0\.1:9/"
+    ):
         demo("--web-url", live_server.url)
     assert not Event.objects.exists()
 

@@ -64,8 +64,13 @@ def test_run_fake_stripe_signs_with_the_current_secret_during_a_rotation(
             STRIPE_WEBHOOK_SECRET=rotation,
         )
         fake = start_manage(
-            ["run_fake_stripe", "--port", str(port),
-             "--webhook-url", f"{live_server.url}/webhooks/stripe/"],
+            [
+                "run_fake_stripe",
+                "--port",
+                str(port),
+                "--webhook-url",
+                f"{live_server.url}/webhooks/stripe/",
+            ],
             env,
             log=tmp_path / "fake_stripe.log",
         )

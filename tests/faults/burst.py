@@ -30,11 +30,16 @@ import uuid
 def github(n: int) -> tuple[str, str, bytes, dict[str, str]]:
     body = json.dumps({"zen": "topology", "n": n}).encode()
     digest = hmac.new(os.environ["GITHUB_WEBHOOK_SECRET"].encode(), body, hashlib.sha256)
-    return "github", f"gh-{n}", body, {
-        "X-Hub-Signature-256": f"sha256={digest.hexdigest()}",
-        "X-GitHub-Event": "ping",
-        "X-GitHub-Delivery": str(uuid.uuid5(uuid.NAMESPACE_URL, f"topology/{n}")),
-    }
+    return (
+        "github",
+        f"gh-{n}",
+        body,
+        {
+            "X-Hub-Signature-256": f"sha256={digest.hexdigest()}",
+            "X-GitHub-Event": "ping",
+            "X-GitHub-Delivery": str(uuid.uuid5(uuid.NAMESPACE_URL, f"topology/{n}")),
+        },
+    )
 
 
 def slack(n: int) -> tuple[str, str, bytes, dict[str, str]]:
@@ -43,12 +48,19 @@ def slack(n: int) -> tuple[str, str, bytes, dict[str, str]]:
     ).encode()
     timestamp = str(int(time.time()))
     digest = hmac.new(
-        os.environ["SLACK_SIGNING_SECRET"].encode(), f"v0:{timestamp}:".encode() + body,
+        os.environ["SLACK_SIGNING_SECRET"].encode(),
+        f"v0:{timestamp}:".encode() + body,
         hashlib.sha256,
     )
-    return "slack", f"ev-{n}", body, {
-        "X-Slack-Request-Timestamp": timestamp, "X-Slack-Signature": f"v0={digest.hexdigest()}",
-    }
+    return (
+        "slack",
+        f"ev-{n}",
+        body,
+        {
+            "X-Slack-Request-Timestamp": timestamp,
+            "X-Slack-Signature": f"v0={digest.hexdigest()}",
+        },
+    )
 
 
 def stripe(event_id: str, event_type: str, data: dict) -> tuple[str, str, bytes, dict]:
@@ -57,7 +69,8 @@ def stripe(event_id: str, event_type: str, data: dict) -> tuple[str, str, bytes,
     ).encode()
     timestamp = int(time.time())
     digest = hmac.new(
-        os.environ["STRIPE_WEBHOOK_SECRET"].encode(), f"{timestamp}.".encode() + body,
+        os.environ["STRIPE_WEBHOOK_SECRET"].encode(),
+        f"{timestamp}.".encode() + body,
         hashlib.sha256,
     )
     return "stripe", event_id, body, {"Stripe-Signature": f"t={timestamp},v1={digest.hexdigest()}"}
@@ -81,9 +94,14 @@ def build(kind: str, key: int | str):
     if kind == "stripe":
         return stripe(f"evt_topo_{key}", "customer.created", {"id": f"cus_{key}"})
     return stripe(
-        f"evt_paid_{key}", "checkout.session.completed",
-        {"id": f"cs_{key}", "payment_status": "paid", "payment_intent": f"pi_{key}",
-         "metadata": {"recap_id": key}},
+        f"evt_paid_{key}",
+        "checkout.session.completed",
+        {
+            "id": f"cs_{key}",
+            "payment_status": "paid",
+            "payment_intent": f"pi_{key}",
+            "metadata": {"recap_id": key},
+        },
     )
 
 
@@ -126,7 +144,9 @@ def main() -> None:
                 try:
                     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
                     connection.request(
-                        "POST", f"/webhooks/{source}/", body=body,
+                        "POST",
+                        f"/webhooks/{source}/",
+                        body=body,
                         headers={"Content-Type": "application/json", **headers},
                     )
                     response = connection.getresponse()

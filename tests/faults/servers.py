@@ -58,9 +58,26 @@ class PgBouncer:
     def admin(self, command: str) -> str:
         """A command on PgBouncer's admin console (simple query protocol: psql)."""
         result = subprocess.run(
-            ["psql", "-X", "-A", "-t", "-h", "127.0.0.1", "-p", str(self.port), "-U",
-             "postgres", "-d", "pgbouncer", "-c", command],
-            capture_output=True, text=True, timeout=30, check=True,
+            [
+                "psql",
+                "-X",
+                "-A",
+                "-t",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                "pgbouncer",
+                "-c",
+                command,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         )
         return result.stdout
 
@@ -129,8 +146,19 @@ def redis_server(timeout: float = 15) -> Iterator[Redis]:
     port = free_port()
     log = workdir / "redis.log"
     args = [
-        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-        "--appendonly", "no", "--dir", str(workdir), "--protected-mode", "yes",
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(workdir),
+        "--protected-mode",
+        "yes",
     ]
     with log.open("ab") as out:
         process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)

@@ -83,9 +83,10 @@ class Stack:
 
     def rows(self) -> dict[int, bytes]:
         with psycopg.connect(self.database_url, connect_timeout=10) as conn:
-            return {pk: bytes(body) for pk, body in conn.execute(
-                "SELECT id, body FROM ingress_rawevent"
-            )}
+            return {
+                pk: bytes(body)
+                for pk, body in conn.execute("SELECT id, body FROM ingress_rawevent")
+            }
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +150,10 @@ def wait_for_answers(load: Managed, out: Path, what: str, enough) -> list[dict]:
             return results
         if not load.alive or time.monotonic() > deadline:
             state = "running" if load.alive else f"exited {load.process.returncode}"
-            pytest.fail(f"waited {WAIT_SECONDS} s for {what}; the load ({state}) recorded "
-                        f"{len(results)} answers, {statuses(results)}: {load.output()[-1500:]}")
+            pytest.fail(
+                f"waited {WAIT_SECONDS} s for {what}; the load ({state}) recorded "
+                f"{len(results)} answers, {statuses(results)}: {load.output()[-1500:]}"
+            )
         time.sleep(0.1)
 
 
@@ -162,8 +165,11 @@ def started_after(moment: float, count: int = 1):
 def burst(stack: Stack, name: str) -> list[dict]:
     """Enough back-to-back requests that every store connection takes some."""
     load, out = start_load(
-        stack, name, requests=6 * WEB_PROCESSES * WEB_STORE_CONNECTIONS,
-        concurrency=WEB_PROCESSES * WEB_STORE_CONNECTIONS, pause=0,
+        stack,
+        name,
+        requests=6 * WEB_PROCESSES * WEB_STORE_CONNECTIONS,
+        concurrency=WEB_PROCESSES * WEB_STORE_CONNECTIONS,
+        pause=0,
     )
     return finish_load(load, out)
 
@@ -193,8 +199,10 @@ def assert_every_answer_kept_its_promise(stack: Stack, results: list[dict]) -> N
         if 200 <= status < 300:
             stored = rows.get(answer.get("id"))
             if stored != sent:
-                problems.append(f"{where}: {status} for row {answer.get('id')}, which holds "
-                                f"{'nothing' if stored is None else 'other bytes'}")
+                problems.append(
+                    f"{where}: {status} for row {answer.get('id')}, which holds "
+                    f"{'nothing' if stored is None else 'other bytes'}"
+                )
         elif status == 503:
             if not result["retry_after"]:
                 problems.append(f"{where}: 503 without Retry-After")
@@ -229,12 +237,20 @@ def test_restart_during_load(stack, mode):
     wait_for_answers(load, out, "the first answers", lambda results: len(results) >= CONCURRENCY)
     stack.cluster.stop(mode)
     stopped_at = time.time()
-    wait_for_answers(load, out, "an answer to a request sent while PostgreSQL was down",
-                     started_after(stopped_at))
+    wait_for_answers(
+        load,
+        out,
+        "an answer to a request sent while PostgreSQL was down",
+        started_after(stopped_at),
+    )
     stack.cluster.start()  # returns once PostgreSQL accepts connections (crash recovery done)
     healthy_at = time.time()
-    wait_for_answers(load, out, "answers to requests sent after recovery",
-                     started_after(healthy_at + RECOVERY_SECONDS, CONCURRENCY))
+    wait_for_answers(
+        load,
+        out,
+        "answers to requests sent after recovery",
+        started_after(healthy_at + RECOVERY_SECONDS, CONCURRENCY),
+    )
     results = finish_load(load, out, stop=True)
 
     assert_every_answer_kept_its_promise(stack, results)
@@ -265,18 +281,24 @@ def test_freeze_during_load_is_answered_within_the_store_deadline(stack):
 
     def answered_while_frozen(results: list[dict]) -> bool:
         latest = time.time() - ended_frozen
-        return sum(
-            frozen_at + 0.5 <= r["started"] <= latest for r in results
-        ) >= ANSWERED_DURING_FREEZE
+        return (
+            sum(frozen_at + 0.5 <= r["started"] <= latest for r in results)
+            >= ANSWERED_DURING_FREEZE
+        )
 
     try:
-        wait_for_answers(load, out, "answers to requests sent while PostgreSQL was frozen",
-                         answered_while_frozen)
+        wait_for_answers(
+            load, out, "answers to requests sent while PostgreSQL was frozen", answered_while_frozen
+        )
     finally:
         stack.cluster.thaw()
     thawed_at = time.time()
-    wait_for_answers(load, out, "answers to requests sent after the thaw",
-                     started_after(thawed_at + RECOVERY_SECONDS, CONCURRENCY))
+    wait_for_answers(
+        load,
+        out,
+        "answers to requests sent after the thaw",
+        started_after(thawed_at + RECOVERY_SECONDS, CONCURRENCY),
+    )
     results = finish_load(load, out, stop=True)
 
     assert_every_answer_kept_its_promise(stack, results)

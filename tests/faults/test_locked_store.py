@@ -56,10 +56,26 @@ def stack(tmp_path):
 def send(port: int, out: Path, log: Path, requests: int, concurrency: int) -> list[dict]:
     """`requests` webhooks from `concurrency` connections at once; their answers."""
     load = Managed(
-        [PYTHON, str(LOAD_SCRIPT), "--port", str(port), "--out", str(out),
-         "--requests", str(requests), "--concurrency", str(concurrency),
-         "--duration", str(LOAD_WAIT_SECONDS), "--pause", "0", "--timeout", "60"],
-        env=dict(os.environ), log=log,
+        [
+            PYTHON,
+            str(LOAD_SCRIPT),
+            "--port",
+            str(port),
+            "--out",
+            str(out),
+            "--requests",
+            str(requests),
+            "--concurrency",
+            str(concurrency),
+            "--duration",
+            str(LOAD_WAIT_SECONDS),
+            "--pause",
+            "0",
+            "--timeout",
+            "60",
+        ],
+        env=dict(os.environ),
+        log=log,
     )
     load.process.wait(timeout=LOAD_WAIT_SECONDS + 30)
     assert load.stop() == 0, load.output()
@@ -77,8 +93,7 @@ def test_a_locked_table_is_answered_within_githubs_timeout(stack, tmp_path):
     with psycopg.connect(database_url, connect_timeout=10) as lock:
         lock.execute("LOCK TABLE ingress_rawevent IN ACCESS EXCLUSIVE MODE")
         locked_at = time.monotonic()
-        results = send(port, tmp_path / "locked.jsonl", tmp_path / "locked.log",
-                       SENDERS, SENDERS)
+        results = send(port, tmp_path / "locked.jsonl", tmp_path / "locked.log", SENDERS, SENDERS)
         time.sleep(max(0.0, locked_at + LOCK_SECONDS - time.monotonic()))
         lock.rollback()
     released_at = time.time()
@@ -90,9 +105,11 @@ def test_a_locked_table_is_answered_within_githubs_timeout(stack, tmp_path):
     for r in results:
         code = json.loads(r["response"]).get("error", "") if r["status"] else r["error"]
         statuses[f"{r['status']} {code}"] = statuses.get(f"{r['status']} {code}", 0) + 1
-    print(f"{SENDERS} webhooks against a locked table: {statuses}; answer seconds min "
-          f"{seconds[0]:.2f}, median {seconds[len(seconds) // 2]:.2f}, p99 "
-          f"{seconds[int(len(seconds) * 0.99) - 1]:.2f}, max {seconds[-1]:.2f}")
+    print(
+        f"{SENDERS} webhooks against a locked table: {statuses}; answer seconds min "
+        f"{seconds[0]:.2f}, median {seconds[len(seconds) // 2]:.2f}, p99 "
+        f"{seconds[int(len(seconds) * 0.99) - 1]:.2f}, max {seconds[-1]:.2f}"
+    )
     problems = []
     for r in results:
         where = f"request {r['n']} ({r['seconds']:.2f} s, status {r['status']})"

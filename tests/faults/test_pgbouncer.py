@@ -114,10 +114,14 @@ def slack_request(n: int) -> tuple[str, bytes, dict[str, str]]:
         f"v0:{timestamp}:".encode() + body,
         hashlib.sha256,
     ).hexdigest()
-    return "slack", body, {
-        "X-Slack-Request-Timestamp": timestamp,
-        "X-Slack-Signature": f"v0={digest}",
-    }
+    return (
+        "slack",
+        body,
+        {
+            "X-Slack-Request-Timestamp": timestamp,
+            "X-Slack-Signature": f"v0={digest}",
+        },
+    )
 
 
 def github_request(n: int) -> tuple[str, bytes, dict[str, str]]:
@@ -125,11 +129,15 @@ def github_request(n: int) -> tuple[str, bytes, dict[str, str]]:
     digest = hmac.new(
         TEST_SECRETS["GITHUB_WEBHOOK_SECRET"].encode(), body, hashlib.sha256
     ).hexdigest()
-    return "github", body, {
-        "X-Hub-Signature-256": f"sha256={digest}",
-        "X-GitHub-Event": "ping",
-        "X-GitHub-Delivery": str(uuid.uuid4()),
-    }
+    return (
+        "github",
+        body,
+        {
+            "X-Hub-Signature-256": f"sha256={digest}",
+            "X-GitHub-Event": "ping",
+            "X-GitHub-Delivery": str(uuid.uuid4()),
+        },
+    )
 
 
 def stripe_request(n: int) -> tuple[str, bytes, dict[str, str]]:
@@ -147,7 +155,9 @@ def post(port: int, source: str, body: bytes, headers: dict[str, str], timeout: 
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request(
-            "POST", f"/webhooks/{source}/", body=body,
+            "POST",
+            f"/webhooks/{source}/",
+            body=body,
             headers={"Content-Type": "application/json", **headers},
         )
         response = conn.getresponse()
@@ -162,8 +172,9 @@ def test_webhooks_and_the_inbox_run_through_pgbouncer(stack):
     log_start = len(bouncer.output())
     env = pooled_env(bouncer, WEB_CONCURRENCY="2")
     port = free_port()
-    requests = [make(n) for n in range(30) for make in (github_request, stripe_request,
-                                                       slack_request)]
+    requests = [
+        make(n) for n in range(30) for make in (github_request, stripe_request, slack_request)
+    ]
     # The same Stripe event twice: one event after dedup.
     requests.append(stripe_request(0))
     with start_procfile("web", env, port=port, log=workdir / "web.log") as web:
@@ -175,9 +186,11 @@ def test_webhooks_and_the_inbox_run_through_pgbouncer(stack):
     manage("raw_event_partitions", env=env, timeout=120)
 
     with psycopg.connect(direct, connect_timeout=10) as conn:
-        statuses: dict[str, int] = dict(conn.execute(
-            "SELECT signature_status, count(*) FROM ingress_rawevent GROUP BY 1"
-        ).fetchall())
+        statuses: dict[str, int] = dict(
+            conn.execute(
+                "SELECT signature_status, count(*) FROM ingress_rawevent GROUP BY 1"
+            ).fetchall()
+        )
         duplicates = scalar(
             conn, "SELECT count(*) FROM ingress_rawevent WHERE duplicate_of_id IS NOT NULL"
         )

@@ -36,8 +36,11 @@ SCHEDULER_WAIT_SECONDS = 75
 # What django-q2 logs for each task its scheduler enqueues: the task's name and the schedule.
 ENQUEUED = re.compile(r"created task (\S+) from schedule \[([^\]]+)\]")
 MINUTE_SCHEDULES = {
-    "ingress.inbox_pass", "ingress.raw_event_partitions", "outbox.dispatch_side_effects",
-    "console.bulk_jobs_sweep", "ingress.signature_questions_github",
+    "ingress.inbox_pass",
+    "ingress.raw_event_partitions",
+    "outbox.dispatch_side_effects",
+    "console.bulk_jobs_sweep",
+    "ingress.signature_questions_github",
 }
 
 
@@ -68,8 +71,10 @@ def test_schedules_fire_once_per_tick_across_two_clusters_and_a_lost_message_los
         assert {name for name, is_due in due.items() if is_due} == MINUTE_SCHEDULES
         # One tick each: the next one an hour away, wherever the test's clock has got to.
         with psycopg.connect(url, connect_timeout=10) as conn:
-            conn.execute("UPDATE django_q_schedule SET minutes = 60 WHERE name = ANY(%s)",
-                         [sorted(MINUTE_SCHEDULES)])
+            conn.execute(
+                "UPDATE django_q_schedule SET minutes = 60 WHERE name = ANY(%s)",
+                [sorted(MINUTE_SCHEDULES)],
+            )
 
         clusters = [
             start_procfile("worker", env, log=tmp_path / f"qcluster-{n}.log") for n in (1, 2)
@@ -78,7 +83,7 @@ def test_schedules_fire_once_per_tick_across_two_clusters_and_a_lost_message_los
             deadline = time.monotonic() + SCHEDULER_WAIT_SECONDS
             while True:
                 enqueued = [ENQUEUED.findall(c.output()) for c in clusters]
-                ran = counts(url, "SELECT name, \"group\" FROM django_q_task")
+                ran = counts(url, 'SELECT name, "group" FROM django_q_task')
                 logged = dict(enqueued[0] + enqueued[1])
                 if set(logged.values()) >= MINUTE_SCHEDULES and set(logged) <= set(ran):
                     break  # every minute schedule enqueued, and every task enqueued has run
@@ -108,17 +113,23 @@ def test_schedules_fire_once_per_tick_across_two_clusters_and_a_lost_message_los
         # A message lost in the broker: the rows it should have nudged wait, untouched.
         store_pending_events(env, 40, 5)
         manage(
-            "shell", "-c",
+            "shell",
+            "-c",
             "from django_q.tasks import async_task; async_task('ingress.tasks.inbox_pass')",
             env=env,
         )
         queued = subprocess.run(
             ["redis-cli", "-p", str(redis.port), "LLEN", "django_q:eventdrop:q"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout.strip()
         assert queued == "1"
         subprocess.run(
-            ["redis-cli", "-p", str(redis.port), "FLUSHALL"], timeout=10, check=True,
+            ["redis-cli", "-p", str(redis.port), "FLUSHALL"],
+            timeout=10,
+            check=True,
             capture_output=True,
         )
         assert counts(

@@ -77,9 +77,10 @@ def store_events(env, first: int, count: int) -> None:
 def wait_replayed(primary, replica, timeout: float = 20) -> None:
     target = primary.psql("SELECT pg_current_wal_lsn()", db="eventdrop")
     deadline = time.monotonic() + timeout
-    while replica.psql(
-        f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn", db="eventdrop"
-    ) != "t":
+    while (
+        replica.psql(f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn", db="eventdrop")
+        != "t"
+    ):
         replayed = replica.psql("SELECT pg_last_wal_replay_lsn()", db="eventdrop")
         assert time.monotonic() < deadline, (
             f"waited {timeout} s for the replica to replay up to {target}; it is at {replayed}"
@@ -97,7 +98,8 @@ def test_reads_from_the_replica_writes_and_claims_on_the_primary_with_fallback()
 
             def env(max_lag: float = 3600):
                 return app_env(
-                    url, DATABASE_REPLICA_URL=replica_url,
+                    url,
+                    DATABASE_REPLICA_URL=replica_url,
                     DATABASE_REPLICA_MAX_LAG_SECONDS=str(max_lag),
                     ALLOWED_HOSTS="testserver",
                 )

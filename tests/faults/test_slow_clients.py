@@ -158,10 +158,26 @@ def test_slow_clients_do_not_move_the_p99_of_normal_senders(web):
     with PeakRSS(server, interval=0.2) as memory, SlowClients(port, SLOW_CLIENTS) as slow:
         slow.wait_mid_body(30)
         load = Managed(
-            [PYTHON, str(LOAD_SCRIPT), "--port", str(port), "--out", str(out),
-             "--requests", str(NORMAL_REQUESTS), "--concurrency", str(NORMAL_CONCURRENCY),
-             "--duration", "30", "--pause", "0.1", "--timeout", "5"],
-            env=dict(os.environ), log=workdir / "load.log",
+            [
+                PYTHON,
+                str(LOAD_SCRIPT),
+                "--port",
+                str(port),
+                "--out",
+                str(out),
+                "--requests",
+                str(NORMAL_REQUESTS),
+                "--concurrency",
+                str(NORMAL_CONCURRENCY),
+                "--duration",
+                "30",
+                "--pause",
+                "0.1",
+                "--timeout",
+                "5",
+            ],
+            env=dict(os.environ),
+            log=workdir / "load.log",
         )  # about 8 s: through one round of slow bodies being cut off and reconnecting
         load.process.wait(timeout=60)
         assert load.stop() == 0, load.output()

@@ -110,7 +110,8 @@ class Fleet:
 
     def dead(self) -> list[str]:
         return [
-            name for name, process in self.processes.items()
+            name
+            for name, process in self.processes.items()
             if name != "burst" and not process.alive
         ]
 
@@ -167,16 +168,23 @@ def run_topology(tmp_path, direct, replica, bouncer, replica_bouncer, redis, rec
 
     fleet = Fleet(tmp_path)
     try:
-        fleet.start("renderer", lambda log: start_manage(
-            ["run_fake_renderer", "--port", str(renderer_port), "--complete-after", "0.5"],
-            env, log=log))
+        fleet.start(
+            "renderer",
+            lambda log: start_manage(
+                ["run_fake_renderer", "--port", str(renderer_port), "--complete-after", "0.5"],
+                env,
+                log=log,
+            ),
+        )
         for n, port in enumerate(web_ports, 1):
-            fleet.start(f"web{n}", lambda log, port=port: start_procfile(
-                "web", env, port=port, log=log))
+            fleet.start(
+                f"web{n}", lambda log, port=port: start_procfile("web", env, port=port, log=log)
+            )
         for n in (1, 2):
             fleet.start(f"inbox{n}", lambda log: start_procfile("inbox", env, log=log))
-            fleet.start(f"dispatcher{n}", lambda log: start_manage(
-                ["dispatch_side_effects"], env, log=log))
+            fleet.start(
+                f"dispatcher{n}", lambda log: start_manage(["dispatch_side_effects"], env, log=log)
+            )
             fleet.start(f"worker{n}", lambda log: start_procfile("worker", env, log=log))
         for n, port in enumerate(web_ports, 1):
             fleet.processes[f"web{n}"].wait_listening(port, timeout=60)
@@ -184,13 +192,31 @@ def run_topology(tmp_path, direct, replica, bouncer, replica_bouncer, redis, rec
 
         replica_reads_before = replica_commits(replica)
         burst_deadline = time.monotonic() + BURST_SECONDS
-        burst = fleet.start("burst", lambda log: Managed(
-            [sys.executable, str(BURST), "--ports", ",".join(map(str, web_ports)),
-             "--events", str(EVENTS), "--recaps", str(tmp_path / "recaps.json"),
-             "--out", str(tmp_path / "burst.json"), "--concurrency", "8",
-             "--rate", str(BURST_RATE), "--deadline", str(BURST_SECONDS)],
-            env, log=log,
-        ))
+        burst = fleet.start(
+            "burst",
+            lambda log: Managed(
+                [
+                    sys.executable,
+                    str(BURST),
+                    "--ports",
+                    ",".join(map(str, web_ports)),
+                    "--events",
+                    str(EVENTS),
+                    "--recaps",
+                    str(tmp_path / "recaps.json"),
+                    "--out",
+                    str(tmp_path / "burst.json"),
+                    "--concurrency",
+                    "8",
+                    "--rate",
+                    str(BURST_RATE),
+                    "--deadline",
+                    str(BURST_SECONDS),
+                ],
+                env,
+                log=log,
+            ),
+        )
         # One of each kind killed mid-burst and restarted at once (its replacement starts
         # while the others carry the load). Fewer rows than the burst's events means the
         # burst is still sending, so every kill lands during it.
@@ -205,42 +231,57 @@ def run_topology(tmp_path, direct, replica, bouncer, replica_bouncer, redis, rec
         try:
             burst.process.wait(timeout=max(1.0, burst_deadline - time.monotonic()) + 30)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the burst had not exited 30 s past its own {BURST_SECONDS} s "
-                        f"deadline; {progress_of(direct)}; kills: {kills}")
+            pytest.fail(
+                f"the burst had not exited 30 s past its own {BURST_SECONDS} s "
+                f"deadline; {progress_of(direct)}; kills: {kills}"
+            )
         summary = json.loads((tmp_path / "burst.json").read_text())
         assert summary["failed"] == [], summary["failed"][:10]
         assert sum(summary["acked"].values()) == EVENTS + len(recaps), summary
 
         wait_drained(direct, fleet)
         assert fleet.dead() == [], fleet.dead()
-        renders = json.load(urllib.request.urlopen(
-            f"http://127.0.0.1:{renderer_port}/_stats", timeout=5))
+        renders = json.load(
+            urllib.request.urlopen(f"http://127.0.0.1:{renderer_port}/_stats", timeout=5)
+        )
     finally:
         fleet.stop_all()
 
     # Every logical event stored once and verified; retried copies are duplicates of it.
-    statuses = dict(query(direct, "SELECT signature_status, count(*) FROM ingress_rawevent "
-                                  "GROUP BY 1"))
+    statuses = dict(
+        query(direct, "SELECT signature_status, count(*) FROM ingress_rawevent GROUP BY 1")
+    )
     assert set(statuses) == {"verified"}, statuses
-    originals = scalar(direct, "SELECT count(*) FROM ingress_rawevent "
-                               "WHERE dispatch_status <> 'duplicate'")
+    originals = scalar(
+        direct, "SELECT count(*) FROM ingress_rawevent WHERE dispatch_status <> 'duplicate'"
+    )
     # The burst's events, and one renderer callback per recap.
     assert originals == EVENTS + 2 * len(recaps), (originals, summary)
     # One dedup key per original; a body-only signature (GitHub, HMAC) also claims its
     # signature's key (ingress/signature_replays.py), so that a replay under a new delivery
     # id is questioned.
-    assert scalar(direct, "SELECT count(*) FROM ingress_dedupkey "
-                          "WHERE key NOT LIKE 'sig:%'") == originals
+    assert (
+        scalar(direct, "SELECT count(*) FROM ingress_dedupkey WHERE key NOT LIKE 'sig:%'")
+        == originals
+    )
     # Handled once: one delivery per (event, handler), each done.
     deliveries = dict(query(direct, "SELECT status, count(*) FROM ingress_delivery GROUP BY 1"))
     assert deliveries == {"done": 2 * len(recaps)}, deliveries
-    assert scalar(direct, "SELECT count(*) FROM (SELECT raw_event_id, handler FROM "
-                          "ingress_delivery GROUP BY 1, 2 HAVING count(*) > 1) d") == 0
+    assert (
+        scalar(
+            direct,
+            "SELECT count(*) FROM (SELECT raw_event_id, handler FROM "
+            "ingress_delivery GROUP BY 1, 2 HAVING count(*) > 1) d",
+        )
+        == 0
+    )
     # Every paid recap rendered once.
     assert dict(query(direct, "SELECT status, count(*) FROM recap_videos GROUP BY 1")) == {
-        "ready": len(recaps)}
+        "ready": len(recaps)
+    }
     assert dict(query(direct, "SELECT status, count(*) FROM recap_side_effects GROUP BY 1")) == {
-        "done": len(recaps)}
+        "done": len(recaps)
+    }
     assert renders["renders"] == len(recaps), renders
     # Reads through the replica while the burst ran.
     assert metrics_answers == [200] * 4
@@ -260,16 +301,18 @@ def scrape_metrics(port: int) -> int:
 
 
 def replica_commits(replica) -> int:
-    return int(replica.psql(
-        "SELECT xact_commit FROM pg_stat_database WHERE datname = 'eventdrop'"))
+    return int(replica.psql("SELECT xact_commit FROM pg_stat_database WHERE datname = 'eventdrop'"))
 
 
 def progress_of(direct: str) -> dict[str, int]:
     """How far the burst has come: rows stored and events the inbox has verified."""
-    stored, verified = query(direct, """
+    stored, verified = query(
+        direct,
+        """
         SELECT count(*), count(*) FILTER (WHERE signature_status = 'verified')
         FROM ingress_rawevent
-    """)[0]
+    """,
+    )[0]
     return {"stored": stored, "verified": verified}
 
 
@@ -281,8 +324,10 @@ def wait_stored(direct: str, rows: int, burst: Managed, deadline: float) -> dict
         if progress["stored"] >= rows:
             return progress
         if not burst.alive:
-            pytest.fail(f"the burst exited ({burst.process.returncode}) with {progress} before "
-                        f"{rows} rows were stored: {burst.output()[-1500:]}")
+            pytest.fail(
+                f"the burst exited ({burst.process.returncode}) with {progress} before "
+                f"{rows} rows were stored: {burst.output()[-1500:]}"
+            )
         if time.monotonic() > deadline:
             pytest.fail(f"waited {BURST_SECONDS} s for {rows} rows stored; saw {progress}")
         time.sleep(0.2)
@@ -291,7 +336,10 @@ def wait_stored(direct: str, rows: int, burst: Managed, deadline: float) -> dict
 def wait_drained(direct: str, fleet: Fleet) -> None:
     deadline = time.monotonic() + DRAIN_SECONDS
     while True:
-        waiting = dict(query(direct, """
+        waiting = dict(
+            query(
+                direct,
+                """
             SELECT 'raw events pending', count(*) FROM ingress_rawevent
                 WHERE signature_status = 'pending'
             UNION ALL SELECT 'deliveries pending or processing', count(*) FROM ingress_delivery
@@ -300,7 +348,9 @@ def wait_drained(direct: str, fleet: Fleet) -> None:
                 FROM recap_side_effects WHERE status IN ('pending', 'processing')
             UNION ALL SELECT 'recaps not ready', count(*) FROM recap_videos
                 WHERE status <> 'ready'
-        """))
+        """,
+            )
+        )
         if not any(waiting.values()):
             return
         if time.monotonic() > deadline:

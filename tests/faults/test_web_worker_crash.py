@@ -34,7 +34,9 @@ def _database_url() -> str:
 def _workers(supervisor: int) -> set[int]:
     """The supervisor's worker processes: its children (the server forks them)."""
     out = subprocess.run(
-        ["ps", "-o", "pid=", "--ppid", str(supervisor)], capture_output=True, text=True,
+        ["ps", "-o", "pid=", "--ppid", str(supervisor)],
+        capture_output=True,
+        text=True,
         check=False,
     )
     return {int(pid) for pid in out.stdout.split()}
@@ -43,9 +45,15 @@ def _workers(supervisor: int) -> set[int]:
 def _post(port: int, body: bytes) -> tuple[int, dict]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        conn.request("POST", "/webhooks/stripe/", body=body, headers={
-            "Content-Type": "application/json", "Stripe-Signature": "t=1700000000,v1=00",
-        })
+        conn.request(
+            "POST",
+            "/webhooks/stripe/",
+            body=body,
+            headers={
+                "Content-Type": "application/json",
+                "Stripe-Signature": "t=1700000000,v1=00",
+            },
+        )
         response = conn.getresponse()
         return response.status, json.loads(response.read())
     finally:
@@ -79,5 +87,6 @@ def test_a_killed_worker_is_replaced_and_webhooks_are_still_stored(tmp_path):
 
     assert [status for status, _ in answers] == [202] * 20, answers
     stored = {answer["id"]: body for (_, answer), body in zip(answers, bodies, strict=True)}
-    assert {event.pk: bytes(event.body) for event in RawEvent.objects.filter(pk__in=stored)} \
-        == stored
+    assert {
+        event.pk: bytes(event.body) for event in RawEvent.objects.filter(pk__in=stored)
+    } == stored

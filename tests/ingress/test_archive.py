@@ -70,8 +70,11 @@ def s3(s3_endpoint, settings, monkeypatch):
     settings.AWS_S3_ENDPOINT_URL = s3_endpoint
     settings.AWS_S3_REGION_NAME = "us-east-1"
     client = boto3.client(
-        "s3", endpoint_url=s3_endpoint, region_name="us-east-1",
-        aws_access_key_id="testing", aws_secret_access_key="testing",
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
     )
     client.create_bucket(Bucket=BUCKET)
     yield client
@@ -85,24 +88,45 @@ def old_events() -> list[RawEvent]:
     headers with non-ASCII text, two sources."""
     return [
         make_event(
-            OLD, event_type="checkout.session.completed",
-            body=b'{"id": "evt_a", "name": "J\xc3\xbcrgen"}\n', body_sha256="a" * 64,
+            OLD,
+            event_type="checkout.session.completed",
+            body=b'{"id": "evt_a", "name": "J\xc3\xbcrgen"}\n',
+            body_sha256="a" * 64,
             headers={"stripe-signature": "t=1,v1=ab", "x-note": "caf\u00e9 \u2713"},
         ),
         make_event(
-            OLD + timedelta(hours=5), event_type="invoice.paid",
-            body=bytes(range(256)), body_encryption="fernet:0123abcd", body_sha256="b" * 64,
+            OLD + timedelta(hours=5),
+            event_type="invoice.paid",
+            body=bytes(range(256)),
+            body_encryption="fernet:0123abcd",
+            body_sha256="b" * 64,
         ),
         make_event(
-            OLD + timedelta(hours=7), status="rejected", source="github", provider="github",
-            event_type="push", body=b"payload=%7B%7D", body_sha256="c" * 64,
+            OLD + timedelta(hours=7),
+            status="rejected",
+            source="github",
+            provider="github",
+            event_type="push",
+            body=b"payload=%7B%7D",
+            body_sha256="c" * 64,
             headers={"content-type": "application/x-www-form-urlencoded"},
         ),
     ]
 
 
-STORED = ("id", "source", "provider", "headers", "body_encryption", "body_sha256",
-          "received_at", "signature_status", "rejection_reason", "event_type", "dispatch_status")
+STORED = (
+    "id",
+    "source",
+    "provider",
+    "headers",
+    "body_encryption",
+    "body_sha256",
+    "received_at",
+    "signature_status",
+    "rejection_reason",
+    "event_type",
+    "dispatch_status",
+)
 
 
 def snapshot(events) -> dict[int, tuple]:
@@ -141,8 +165,14 @@ def test_a_day_is_archived_verified_dropped_and_restored_byte_for_byte(pg, s3):
 
     # A subset first: one source, one event type, a time window.
     out = run(
-        "restore_raw_events", OLD_DAY.isoformat(), "--source", "stripe",
-        "--event-type", "invoice.paid", "--from", (OLD + timedelta(hours=1)).isoformat(),
+        "restore_raw_events",
+        OLD_DAY.isoformat(),
+        "--source",
+        "stripe",
+        "--event-type",
+        "invoice.paid",
+        "--from",
+        (OLD + timedelta(hours=1)).isoformat(),
     )
     assert "restore 1 events" in out
     assert set(RawEvent.objects.values_list("id", flat=True)) == {events[1].id}

@@ -1,6 +1,6 @@
-"""The receive contract, through both adapters of the one receive core (ingress/views.py).
+"""The receive contract, through both adapters of the one receive core (ingress/receive.py).
 
-- `django`: the Django view, through Django's test client (make run, a Django-only
+- `django`: the Django view, through Django's test client (a Django-only
   deployment); its row is written by the ORM.
 - `asgi`: the ASGI application the production server mounts at /webhooks/ (ingress/asgi.py),
   called as a server calls it; its row is written on its own asyncio connections.
@@ -33,9 +33,7 @@ SIGNED = {"Stripe-Signature": "t=1700000000,v1=deadbeef", "Content-Type": "appli
 Reply = tuple[int, dict[str, str], bytes]
 
 
-def via_django(
-    path: str, headers: dict[str, str], body: bytes, method: str = "POST"
-) -> Reply:
+def via_django(path: str, headers: dict[str, str], body: bytes, method: str = "POST") -> Reply:
     extra: dict[str, Any] = {}
     for name, value in headers.items():
         key = name.upper().replace("-", "_")
@@ -82,8 +80,13 @@ def asgi_scope(path: str, headers: dict[str, str], method: str = "POST") -> dict
 
 def webhook_app(**limits: Any) -> WebhookApp:
     return WebhookApp(
-        **{"header_read_timeout_seconds": 1, "max_requests": 8, "max_body_bytes": 4 * 2**20,
-           "store_connections": 1, **limits}
+        **{
+            "header_read_timeout_seconds": 1,
+            "max_requests": 8,
+            "max_body_bytes": 4 * 2**20,
+            "store_connections": 1,
+            **limits,
+        }
     )
 
 
@@ -123,14 +126,28 @@ def test_a_webhook_is_stored_byte_exact_and_answered_with_its_id(send):
     [
         ("/webhooks/nope/", "POST", SIGNED, 404, "unknown_source"),
         ("/webhooks/stripe/", "GET", SIGNED, 405, "method_not_allowed"),
-        ("/webhooks/stripe/", "POST", {"Content-Type": "application/json"}, 400,
-         "missing_signature"),
-        ("/webhooks/stripe/", "POST", {**SIGNED, "X-Pad": "p" * 40_000}, 431,
-         "headers_too_large"),
-        ("/webhooks/stripe/", "POST", {**SIGNED, "Content-Length": "ten"}, 400,
-         "bad_content_length"),
-        ("/webhooks/stripe/", "POST", {**SIGNED, "Content-Length": str(1024 * 1024 + 1)}, 413,
-         "body_too_large"),
+        (
+            "/webhooks/stripe/",
+            "POST",
+            {"Content-Type": "application/json"},
+            400,
+            "missing_signature",
+        ),
+        ("/webhooks/stripe/", "POST", {**SIGNED, "X-Pad": "p" * 40_000}, 431, "headers_too_large"),
+        (
+            "/webhooks/stripe/",
+            "POST",
+            {**SIGNED, "Content-Length": "ten"},
+            400,
+            "bad_content_length",
+        ),
+        (
+            "/webhooks/stripe/",
+            "POST",
+            {**SIGNED, "Content-Length": str(1024 * 1024 + 1)},
+            413,
+            "body_too_large",
+        ),
     ],
 )
 def test_refusals_are_json_errors_without_a_row(send, path, method, headers, status, code):
@@ -224,8 +241,12 @@ def test_a_body_past_the_source_limit_is_413_and_read_no_further():
 
 
 def test_a_client_gone_before_the_end_of_its_body_is_never_stored():
-    messages: Iterator[dict] = iter([{"type": "http.request", "body": b"y" * 10, "more_body": True},
-                     {"type": "http.disconnect"}])
+    messages: Iterator[dict] = iter(
+        [
+            {"type": "http.request", "body": b"y" * 10, "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+    )
 
     async def receive() -> dict:
         return next(messages)
@@ -234,7 +255,8 @@ def test_a_client_gone_before_the_end_of_its_body_is_never_stored():
     status, _, answer = call_asgi(webhook_app(), scope, receive)
 
     assert json.loads(answer) == {
-        "error": "truncated_body", "message": "The body ended after 10 of the 500 bytes declared."
+        "error": "truncated_body",
+        "message": "The body ended after 10 of the 500 bytes declared.",
     }
     assert status == 400 and not RawEvent.objects.exists()
 

@@ -49,8 +49,18 @@ def _start(kind: str, port: int, log) -> Managed:
     )
     if kind == "web":
         return start_procfile("web", env, port=port, log=log)
-    args = [str(VENV_BIN / "gunicorn"), "eventdrop.wsgi", "--bind", f"127.0.0.1:{port}",
-            "--workers", "1", "--threads", "4", "--worker-class", "gthread"]
+    args = [
+        str(VENV_BIN / "gunicorn"),
+        "eventdrop.wsgi",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--workers",
+        "1",
+        "--threads",
+        "4",
+        "--worker-class",
+        "gthread",
+    ]
     return Managed(args, env, log)
 
 
@@ -67,8 +77,9 @@ def server(request, django_db_setup, tmp_path_factory):
         process.stop()
 
 
-def exchange(port: int, head: bytes, body: bytes = b"", *, half_close: bool = False,
-             pause: float = 0.0) -> tuple[int | None, dict | None]:
+def exchange(
+    port: int, head: bytes, body: bytes = b"", *, half_close: bool = False, pause: float = 0.0
+) -> tuple[int | None, dict | None]:
     """Send `head` (request line and headers, without the blank line) and `body`, maybe
     half-close, and read one response: (status, JSON body), or (None, None) if the server
     closed without answering."""
@@ -101,8 +112,10 @@ def exchange(port: int, head: bytes, body: bytes = b"", *, half_close: bool = Fa
 
 
 def post_head(path: str = "/webhooks/stripe/", *extra: bytes) -> bytes:
-    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/json\r\n" + SIGNATURE + b"".join(extra))
+    return (
+        b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\n" + SIGNATURE + b"".join(extra)
+    )
 
 
 def assert_refused(status: int | None, answer: dict | None, *codes: str) -> None:
@@ -118,8 +131,9 @@ def test_a_whole_body_is_stored(server):
     _, port = server
     body = b'{"id": "evt_framing_ok"}'
 
-    status, answer = exchange(port, post_head(
-        "/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body)), body)
+    status, answer = exchange(
+        port, post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body)), body
+    )
 
     assert status == 202 and answer is not None, answer
     assert bytes(RawEvent.objects.get(pk=answer["id"]).body) == body
@@ -131,8 +145,9 @@ def test_a_whole_chunked_body_is_stored_byte_exact(server):
     chunks = [b'{"id": "evt_', bytes(range(256)), b"\r\n0\r\n", b'"}']
     framed = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
 
-    status, answer = exchange(port, post_head(
-        "/webhooks/stripe/", b"Transfer-Encoding: chunked\r\n"), framed)
+    status, answer = exchange(
+        port, post_head("/webhooks/stripe/", b"Transfer-Encoding: chunked\r\n"), framed
+    )
 
     assert status == 202 and answer is not None, answer
     event = RawEvent.objects.get(pk=answer["id"])
@@ -146,13 +161,15 @@ def test_a_body_at_the_source_limit_is_stored_and_one_byte_more_is_413(server):
     limit = 1024 * 1024  # the default max_body_bytes
     body = bytes(range(256)) * (limit // 256)
 
-    status, answer = exchange(port, post_head(
-        "/webhooks/stripe/", b"Content-Length: %d\r\n" % limit), body)
+    status, answer = exchange(
+        port, post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % limit), body
+    )
     assert status == 202 and answer is not None, answer
     assert bytes(RawEvent.objects.get(pk=answer["id"]).body) == body
 
-    status, answer = exchange(port, post_head(
-        "/webhooks/stripe/", b"Content-Length: %d\r\n" % (limit + 1)), body + b"x")
+    status, answer = exchange(
+        port, post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % (limit + 1)), body + b"x"
+    )
     assert status == 413 and answer is not None, answer
     assert answer["error"] == "body_too_large"
     assert RawEvent.objects.count() == 1
@@ -162,8 +179,11 @@ def test_a_body_at_the_source_limit_is_stored_and_one_byte_more_is_413(server):
 def test_body_shorter_than_its_content_length_is_never_stored(server):
     _, port = server
     status, answer = exchange(
-        port, post_head("/webhooks/stripe/", b"Content-Length: 500\r\n"), b"y" * 102,
-        half_close=True, pause=0.2,
+        port,
+        post_head("/webhooks/stripe/", b"Content-Length: 500\r\n"),
+        b"y" * 102,
+        half_close=True,
+        pause=0.2,
     )
 
     assert_refused(status, answer, "truncated_body")
@@ -174,7 +194,8 @@ def test_body_shorter_than_its_content_length_is_never_stored(server):
 def test_chunk_size_that_is_not_hex_is_400(server):
     _, port = server
     status, answer = exchange(
-        port, post_head("/webhooks/stripe/", b"Transfer-Encoding: chunked\r\n"),
+        port,
+        post_head("/webhooks/stripe/", b"Transfer-Encoding: chunked\r\n"),
         b"zz\r\nabc\r\n0\r\n\r\n",
     )
 
@@ -187,8 +208,11 @@ def test_chunk_size_that_is_not_hex_is_400(server):
 def test_chunked_body_cut_off_mid_chunk_is_never_stored(server):
     _, port = server
     status, answer = exchange(
-        port, post_head("/webhooks/stripe/", b"Transfer-Encoding: chunked\r\n"),
-        b"a\r\nabc", half_close=True, pause=0.2,
+        port,
+        post_head("/webhooks/stripe/", b"Transfer-Encoding: chunked\r\n"),
+        b"a\r\nabc",
+        half_close=True,
+        pause=0.2,
     )
 
     assert_refused(status, answer, "malformed_body")
@@ -210,9 +234,14 @@ def test_both_spellings_of_the_url_are_stored(server):
     _, port = server
     for path in ("/webhooks/github/", "/webhooks/github"):
         body = b'{"zen": "%s"}' % path.encode()
-        status, answer = exchange(port, (
-            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"X-Hub-Signature-256: sha256=00\r\nContent-Length: %d\r\n" % len(body)), body)
+        status, answer = exchange(
+            port,
+            (
+                b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"X-Hub-Signature-256: sha256=00\r\nContent-Length: %d\r\n" % len(body)
+            ),
+            body,
+        )
 
         assert status == 202 and answer is not None, (path, status, answer)
         assert bytes(RawEvent.objects.get(pk=answer["id"]).body) == body
@@ -223,8 +252,9 @@ def test_headers_over_the_source_limit_are_431_without_a_row(server):
     _, port = server
     padding = b"".join(b"X-Pad-%d: %s\r\n" % (n, b"p" * 8000) for n in range(5))  # 40 KB
 
-    status, answer = exchange(port, post_head("/webhooks/stripe/", padding,
-                                              b"Content-Length: 2\r\n"), b"{}")
+    status, answer = exchange(
+        port, post_head("/webhooks/stripe/", padding, b"Content-Length: 2\r\n"), b"{}"
+    )
 
     assert status == 431 and answer is not None, answer
     assert answer["error"] == "headers_too_large"
@@ -235,8 +265,10 @@ def test_headers_over_the_source_limit_are_431_without_a_row(server):
 def test_the_rest_of_the_app_is_served_too(server):
     _, port = server
     with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
-        sock.sendall(b"GET /admin/login/?next=/admin/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     b"Connection: close\r\n\r\n")
+        sock.sendall(
+            b"GET /admin/login/?next=/admin/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Connection: close\r\n\r\n"
+        )
         received = b""
         while data := sock.recv(65536):
             received += data
@@ -308,7 +340,8 @@ def test_chunked_body_that_never_ends_is_408_and_never_stored(server):
     if kind != "web":
         pytest.skip("gunicorn has no body read deadline: that is why it is not the Procfile's")
     status, answer = exchange(
-        port, post_head("/webhooks/stripe/", b"Transfer-Encoding: chunked\r\n"),
+        port,
+        post_head("/webhooks/stripe/", b"Transfer-Encoding: chunked\r\n"),
         b"5\r\nabcde\r\n",  # and then nothing, with the connection open
     )
 
@@ -324,8 +357,9 @@ def test_the_server_bounds_headers_before_any_source_does(server):
         pytest.skip("gunicorn's limits are per field (8190 bytes x 100 fields)")
     padding = b"".join(b"X-Pad-%d: %s\r\n" % (n, b"p" * 8000) for n in range(95))  # 761 KB
 
-    status, _ = exchange(port, post_head("/webhooks/stripe/", padding,
-                                              b"Content-Length: 2\r\n"), b"{}")
+    status, _ = exchange(
+        port, post_head("/webhooks/stripe/", padding, b"Content-Length: 2\r\n"), b"{}"
+    )
 
     assert status == 431
     assert not RawEvent.objects.exists()
@@ -355,8 +389,14 @@ def _read_response(sock: socket.socket) -> bytes:
             return received
         received += data
     head, _, rest = received.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
+    length = next(
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
     while len(rest) < length:
         data = sock.recv(65536)
         if not data:
@@ -455,9 +495,10 @@ def test_a_malformed_request_line_is_a_400(server):
     # The first the server's parser refuses (its own answer, empty-bodied); the second it
     # parses (the authority of an absolute target is not the Host), and the Host check
     # refuses it.
-    for head, code in ((b"POST /webhooks/stripe/ HTTP/1.1 extra\r\nHost: x\r\n", None),
-                       (b"POST http://a:99999/webhooks/stripe/ HTTP/1.1\r\nHost: x\r\n",
-                        "disallowed_host")):
+    for head, code in (
+        (b"POST /webhooks/stripe/ HTTP/1.1 extra\r\nHost: x\r\n", None),
+        (b"POST http://a:99999/webhooks/stripe/ HTTP/1.1\r\nHost: x\r\n", "disallowed_host"),
+    ):
         status, answer = exchange(port, head)
 
         assert status == 400, (head, answer)
@@ -478,7 +519,9 @@ def test_past_the_webhooks_in_progress_503_at_once_past_the_connections_wait_unr
         _database_url(),
         WEBHOOK_BODY_READ_TIMEOUT_SECONDS=str(BODY_READ_TIMEOUT_SECONDS),
         WEB_HEADER_READ_TIMEOUT_SECONDS=str(HEADER_READ_TIMEOUT_SECONDS),
-        WEB_CONCURRENCY="1", WEB_MAX_CONNECTIONS="2", WEB_MAX_CONCURRENT_REQUESTS="1",
+        WEB_CONCURRENCY="1",
+        WEB_MAX_CONNECTIONS="2",
+        WEB_MAX_CONCURRENT_REQUESTS="1",
     )
     body = b'{"id": "evt_waits_its_turn"}'
     request = post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body))
@@ -500,8 +543,10 @@ def test_past_the_webhooks_in_progress_503_at_once_past_the_connections_wait_unr
             slow.settimeout(SOCKET_TIMEOUT_SECONDS)
             assert _read_response(slow).startswith(b"HTTP/1.1 408")
 
-        idle = [socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS)
-                for _ in range(2)]
+        idle = [
+            socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS)
+            for _ in range(2)
+        ]
         opened = time.monotonic()
         with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as third:
             third.sendall(request)
@@ -532,8 +577,10 @@ def _wait_read_by_server(port: int, client: socket.socket, seconds: float = 30) 
         with open("/proc/net/tcp") as table:
             for line in list(table)[1:]:
                 fields = line.split()
-                if (int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)) \
-                        == (port, peer):
+                if (int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)) == (
+                    port,
+                    peer,
+                ):
                     unread = int(fields[4].split(":")[1], 16)
         if unread == 0:
             return
@@ -581,8 +628,9 @@ def test_100_continue_is_sent_while_the_client_waits_with_its_body(server):
     if kind != "web":
         pytest.skip("how the production server writes")
     body = b'{"id": "evt_continue"}'
-    head = post_head("/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body),
-                     b"Expect: 100-continue\r\n")
+    head = post_head(
+        "/webhooks/stripe/", b"Content-Length: %d\r\n" % len(body), b"Expect: 100-continue\r\n"
+    )
     with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_SECONDS) as sock:
         sock.sendall(head + b"\r\n")
         sock.settimeout(BODY_READ_TIMEOUT_SECONDS / 2)  # well inside the body's deadline

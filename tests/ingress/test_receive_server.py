@@ -29,8 +29,13 @@ def test_binds_loopback_unless_told_otherwise():
 
 def test_port_processes_and_header_bounds_come_from_the_environment():
     config = WebServerConfig.from_environ(
-        {"PORT": "5001", "WEB_CONCURRENCY": "3", "WEB_STORE_CONNECTIONS": "2",
-         "WEB_HEADER_READ_TIMEOUT_SECONDS": "2.5", "WEB_MAX_HEADER_BYTES": "100"}
+        {
+            "PORT": "5001",
+            "WEB_CONCURRENCY": "3",
+            "WEB_STORE_CONNECTIONS": "2",
+            "WEB_HEADER_READ_TIMEOUT_SECONDS": "2.5",
+            "WEB_MAX_HEADER_BYTES": "100",
+        }
     )
     assert (config.port, config.processes, config.store_connections) == (5001, 3, 2)
     assert config.header_read_timeout_seconds == 2.5
@@ -44,7 +49,10 @@ def test_defaults_fit_the_webhook_budget(environ):
 def test_each_sources_budget_is_its_senders_timeout_within_the_routes():
     sources = all_sources()
     assert {name: source.timeout_seconds for name, source in sources.items()} == {
-        "stripe": None, "github": 10, "slack": 3, "renderer": 15
+        "stripe": None,
+        "github": 10,
+        "slack": 3,
+        "renderer": 15,
     }
     assert webhook_budget_seconds(sources["slack"].timeout_seconds) == 3.0
     assert webhook_budget_seconds(sources["stripe"].timeout_seconds) == 30.0  # publishes none
@@ -100,7 +108,10 @@ def test_the_routes_budget_caps_every_source(environ, settings):
     messages = server_messages()
 
     assert sorted(m.msg.split("'")[1] for m in messages) == [
-        "github", "renderer", "slack", "stripe"
+        "github",
+        "renderer",
+        "slack",
+        "stripe",
     ]
     assert all("(WEBHOOK_REQUEST_BUDGET_SECONDS)" in m.msg for m in messages)
 
@@ -116,9 +127,13 @@ def test_body_bytes_in_flight_below_a_sources_largest_body_fails_the_check(envir
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("WEB_CONCURRENCY", "many"), ("WEB_CONCURRENCY", "0"),
-     ("WEB_HEADER_READ_TIMEOUT_SECONDS", "61"), ("WEB_STORE_CONNECTIONS", "0"),
-     ("WEB_MAX_CONNECTIONS", "100")],
+    [
+        ("WEB_CONCURRENCY", "many"),
+        ("WEB_CONCURRENCY", "0"),
+        ("WEB_HEADER_READ_TIMEOUT_SECONDS", "61"),
+        ("WEB_STORE_CONNECTIONS", "0"),
+        ("WEB_MAX_CONNECTIONS", "100"),
+    ],
 )
 def test_malformed_server_setting_fails_the_check(environ, variable, value):
     environ.setenv(variable, value)
@@ -146,7 +161,10 @@ def test_connections_webhooks_and_body_bytes_per_process_are_capped_explicitly()
         {"WEB_MAX_CONNECTIONS": "64", "WEB_MAX_CONCURRENT_REQUESTS": "16"}
     )
     assert (config.max_connections, config.max_concurrent_requests) == (64, 16)
-    for variables in ({"WEB_MAX_CONCURRENT_REQUESTS": "0"}, {"WEB_MAX_CONNECTIONS": "256"},
-                      {"WEB_MAX_BODY_BYTES_IN_FLIGHT": "-1"}):
+    for variables in (
+        {"WEB_MAX_CONCURRENT_REQUESTS": "0"},
+        {"WEB_MAX_CONNECTIONS": "256"},
+        {"WEB_MAX_BODY_BYTES_IN_FLIGHT": "-1"},
+    ):
         with pytest.raises(ValueError, match="WEB_MAX_"):
             WebServerConfig.from_environ(variables)

@@ -30,9 +30,7 @@ def test_a_configured_source_without_rejections_has_nothing_to_do():
     assert run("reverify_events", "--source", "slack") == "re-verified 0 event(s) — nothing to do\n"
 
 
-def test_a_source_no_longer_configured_is_still_reverified_while_its_rows_exist(
-    client, settings
-):
+def test_a_source_no_longer_configured_is_still_reverified_while_its_rows_exist(client, settings):
     event_id = receive(client, secret="rotated-in secret")
     run("process_inbox", "--once")
     # The source is renamed in the configuration; its rejected rows are still there.
@@ -40,6 +38,7 @@ def test_a_source_no_longer_configured_is_still_reverified_while_its_rows_exist(
         name: options for name, options in settings.WEBHOOK_SOURCES.items() if name != "github"
     }
     assert RawEvent.objects.get(pk=event_id).signature_status == "rejected"
-    assert run(
-        "reverify_events", "--source", "github"
-    ).strip() == "re-verified 1 event(s) — unknown_source: 1"
+    assert (
+        run("reverify_events", "--source", "github").strip()
+        == "re-verified 1 event(s) — unknown_source: 1"
+    )

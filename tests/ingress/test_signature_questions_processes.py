@@ -130,9 +130,7 @@ def answer_questions(env: dict, **extra: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_repeats_github_lists_are_handled_once_each_and_an_invented_guid_never(
-    servers, handled
-):
+def test_repeats_github_lists_are_handled_once_each_and_an_invented_guid_never(servers, handled):
     web, github, env = servers
     guids = [github_sends(github, "org_block.blocked") for _ in range(3)]
     other = github_sends(github, "member.added")  # another delivery on GitHub's list
@@ -178,9 +176,7 @@ def test_repeats_github_lists_are_handled_once_each_and_an_invented_guid_never(
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_without_api_access_the_repeats_wait_show_and_an_operator_settles_them(
-    servers, handled
-):
+def test_without_api_access_the_repeats_wait_show_and_an_operator_settles_them(servers, handled):
     web, github, env = servers
     guids = [github_sends(github, "member.added") for _ in range(3)]
     inbox_run_once()

@@ -109,9 +109,9 @@ def test_sending_a_large_statement_to_a_frozen_server_is_bounded_too(cluster):
     wrapper = wrapper_for(cluster, client_wait_timeout=1.0)
     select_one(wrapper)
     with frozen(cluster):
-        seconds, error = elapsed(lambda: wrapper.cursor().execute(
-            "SELECT length(%s::bytea)", [b"x" * (4 * 1024 * 1024)]
-        ))
+        seconds, error = elapsed(
+            lambda: wrapper.cursor().execute("SELECT length(%s::bytea)", [b"x" * (4 * 1024 * 1024)])
+        )
     assert isinstance(error, OperationalError)
     assert 1.0 <= seconds < 1.0 + MARGIN_SECONDS
     wrapper.close()

@@ -215,9 +215,12 @@ class OneQueue(RuleBasedStateMachine):
                     and first is not None
                     and self.now >= first + HORIZON
                 )
-                assert (
-                    row.id in self.verdicts or row.worker_deaths >= MAX_DEATHS or by_horizon
-                ), (row.id, row.attempts, row.worker_deaths, row.last_error)
+                assert row.id in self.verdicts or row.worker_deaths >= MAX_DEATHS or by_horizon, (
+                    row.id,
+                    row.attempts,
+                    row.worker_deaths,
+                    row.last_error,
+                )
 
 
 def test_any_interleaving_keeps_the_queue_whole(settings):

@@ -110,9 +110,10 @@ def test_a_held_lock_on_the_breaker_row_fails_no_recap(tmp_path):
 @pytest.mark.django_db(transaction=True)
 def test_postgresql_restarted_mid_run_fails_no_recap(tmp_path):
     rows = 160
-    with throwaway_cluster(prefix="h3") as cluster, FakeRenderer(
-        secret=SECRET, callbacks=False
-    ) as fake:
+    with (
+        throwaway_cluster(prefix="h3") as cluster,
+        FakeRenderer(secret=SECRET, callbacks=False) as fake,
+    ):
         cluster.createdb("eventdrop")
         env = _dispatcher_env(cluster.url("eventdrop"), fake)
         migrate(env)

@@ -104,8 +104,10 @@ def test_a_region_joins_one_with_a_hundred_thousand_events_and_both_work_on(tmp_
             for n in range(NEW):
                 assert post(ports["eu" if n % 2 else "us"], f"evt_joined_{n}") == 202
             wait_until(
-                lambda: sum(1 for key in handler_runs(urls["eu"]) if key.startswith("evt_joined"))
-                == NEW,
+                lambda: (
+                    sum(1 for key in handler_runs(urls["eu"]) if key.startswith("evt_joined"))
+                    == NEW
+                ),
                 "every new event handled in eu, the processing region",
                 lambda: handler_runs(urls["eu"]),
                 fleet,

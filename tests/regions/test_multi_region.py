@@ -475,8 +475,10 @@ def run_melt(tmp_path: Path, eu_db: Cluster, urls: dict[str, str], envs: dict) -
         assert max(in_us.values()) == 1 and max(in_eu.values(), default=1) == 1
         # eu's claims that had replicated were taken back and worked in us: none left.
         wait_until(
-            lambda: not scalar(
-                urls["us"], "SELECT count(*) FROM ingress_delivery WHERE status = 'processing'"
+            lambda: (
+                not scalar(
+                    urls["us"], "SELECT count(*) FROM ingress_delivery WHERE status = 'processing'"
+                )
             ),
             "no delivery left processing in us",
             lambda: settled_summary(urls["us"]),

@@ -76,7 +76,8 @@ CircuitBreaker.objects.update_or_create(
 
 def statuses(url: str, table: str) -> Counter:
     return Counter(
-        status for (status,) in query(url, f"SELECT status FROM {table}")  # noqa: S608 (a name)
+        status
+        for (status,) in query(url, f"SELECT status FROM {table}")  # noqa: S608 (a name)
     )
 
 
@@ -151,10 +152,9 @@ def test_the_lost_regions_claims_are_done_in_the_new_region_within_a_minute_once
             took_over = time.monotonic()
 
             def done_in_us() -> bool:
-                return (
-                    statuses(urls["us"], "ingress_delivery") == Counter({"done": DELIVERIES})
-                    and statuses(urls["us"], "recap_side_effects") == Counter({"done": RECAPS})
-                )
+                return statuses(urls["us"], "ingress_delivery") == Counter(
+                    {"done": DELIVERIES}
+                ) and statuses(urls["us"], "recap_side_effects") == Counter({"done": RECAPS})
 
             wait_until(
                 done_in_us,
@@ -167,8 +167,10 @@ def test_the_lost_regions_claims_are_done_in_the_new_region_within_a_minute_once
                 timeout=120,
             )
             took = time.monotonic() - took_over
-            print(f"\neu's {DELIVERIES} deliveries and {RECAPS} renders done in us {took:.1f} s "
-                  "after the takeover")
+            print(
+                f"\neu's {DELIVERIES} deliveries and {RECAPS} renders done in us {took:.1f} s "
+                "after the takeover"
+            )
             assert took < 60, took
             # Once each: one `done` attempt per delivery in us; one render asked per recap.
             attempts = Counter(

@@ -73,8 +73,9 @@ class Cluster:
         # Missing, the test is skipped with the install line (failed on CI).
         tool("pg_createcluster")
         tool(f"/usr/lib/postgresql/{self.version}/bin/postgres")
-        _run("pg_createcluster", self.version, self.name, "-p", str(self.port), "--",
-             "--auth=trust")
+        _run(
+            "pg_createcluster", self.version, self.name, "-p", str(self.port), "--", "--auth=trust"
+        )
         with (self.config_dir / "postgresql.conf").open("a") as conf:
             conf.write("\n# throw-away test cluster (tests/support/pg_cluster.py)\n")
             conf.write("\n".join(_SETTINGS) + "\n")
@@ -86,8 +87,15 @@ class Cluster:
     def stop(self, mode: str = "fast") -> None:
         """`fast` is a clean shutdown; `immediate` is a crash (recovery on next start)."""
         self.thaw()
-        _run("pg_ctlcluster", "--skip-systemctl-redirect", self.version, self.name, "stop",
-             "-m", mode)
+        _run(
+            "pg_ctlcluster",
+            "--skip-systemctl-redirect",
+            self.version,
+            self.name,
+            "stop",
+            "-m",
+            mode,
+        )
 
     def restart(self, mode: str = "fast", timeout: float = 30) -> None:
         self.stop(mode)
@@ -97,7 +105,9 @@ class Cluster:
         self.thaw()
         subprocess.run(
             ["pg_dropcluster", self.version, self.name, "--stop"],
-            capture_output=True, timeout=60, check=False,
+            capture_output=True,
+            timeout=60,
+            check=False,
         )
 
     def wait_ready(self, timeout: float = 30) -> None:
@@ -105,7 +115,8 @@ class Cluster:
         while time.monotonic() < deadline:
             ready = subprocess.run(
                 ["pg_isready", "-q", "-h", "127.0.0.1", "-p", str(self.port)],
-                timeout=10, check=False,
+                timeout=10,
+                check=False,
             )
             if ready.returncode == 0:
                 return
@@ -141,9 +152,26 @@ class Cluster:
     # --- SQL -----------------------------------------------------------------------------
 
     def psql(self, sql: str, db: str = "postgres", timeout: float = 30) -> str:
-        return _run("psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1",
-                    "-p", str(self.port), "-U", "postgres", "-d", db, "-c", sql,
-                    timeout=timeout).strip()
+        return _run(
+            "psql",
+            "-X",
+            "-q",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "-d",
+            db,
+            "-c",
+            sql,
+            timeout=timeout,
+        ).strip()
 
     def createdb(self, name: str) -> str:
         self.psql(f'CREATE DATABASE "{name}"')
@@ -180,8 +208,22 @@ def replica_of(primary: Cluster, prefix: str = "edreplica") -> Iterator[Cluster]
                 shutil.rmtree(entry)
             else:
                 entry.unlink()
-        backup = ["pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
-                  "-D", str(replica.data_dir), "-R", "-X", "stream", "-c", "fast"]
+        backup = [
+            "pg_basebackup",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(primary.port),
+            "-U",
+            "postgres",
+            "-D",
+            str(replica.data_dir),
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+        ]
         if os.geteuid() == 0:
             backup = ["runuser", "-u", "postgres", "--", *backup]
         _run(*backup, timeout=120)

@@ -90,7 +90,12 @@ def manage(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.
     """Run one manage.py command to completion; raises with its output if it fails."""
     result = subprocess.run(
         [PYTHON, "manage.py", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     if result.returncode != 0:
         command = " ".join(args)
@@ -124,7 +129,11 @@ class Managed:
         if self.log_path:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
         self.process = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            args,
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         self.pid = self.process.pid

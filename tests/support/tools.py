@@ -42,8 +42,7 @@ def tool(name: str) -> str:
     install = install_line(name)
     if on_ci():
         pytest.fail(
-            f"{name} is missing, and CI runs every test: {install} "
-            "(scripts/install-test-deps.sh)",
+            f"{name} is missing, and CI runs every test: {install} (scripts/install-test-deps.sh)",
             pytrace=False,
         )
     pytest.skip(f"{name} is missing: {install}")

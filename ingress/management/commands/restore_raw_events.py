@@ -25,10 +25,18 @@ class Command(BaseCommand):
         parser.add_argument("day", type=date.fromisoformat, help="The UTC day, YYYY-MM-DD.")
         parser.add_argument("--source", help="Only this source's file.")
         parser.add_argument("--event-type", help="Only events of this type.")
-        parser.add_argument("--from", dest="received_from", type=_instant,
-                            help="Received at or after this ISO 8601 instant.")
-        parser.add_argument("--until", dest="received_until", type=_instant,
-                            help="Received before this ISO 8601 instant.")
+        parser.add_argument(
+            "--from",
+            dest="received_from",
+            type=_instant,
+            help="Received at or after this ISO 8601 instant.",
+        )
+        parser.add_argument(
+            "--until",
+            dest="received_until",
+            type=_instant,
+            help="Received before this ISO 8601 instant.",
+        )
         parser.add_argument("--dry-run", action="store_true", help="Count only; write nothing.")
 
     def handle(self, *args: Any, day: date, dry_run: bool = False, **options: Any) -> None:

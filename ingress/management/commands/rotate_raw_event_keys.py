@@ -20,9 +20,7 @@ class Command(BaseCommand):
             "--max-batches", type=int, default=None, help="Stop after this many batches."
         )
 
-    def handle(
-        self, *args: Any, batch_size: int, max_batches: int | None, **options: Any
-    ) -> None:
+    def handle(self, *args: Any, batch_size: int, max_batches: int | None, **options: Any) -> None:
         if batch_size < 1:
             raise CommandError("--batch-size must be at least 1.")
         try:

@@ -168,9 +168,7 @@ def test_the_command_prints_each_answer(client, github_api, blocked):
     assert "1 asked, 1 genuine, 0 replayed, 0 waiting" in output
 
 
-def test_the_walk_stops_once_it_reaches_back_past_the_oldest_question(
-    client, github_api, blocked
-):
+def test_the_walk_stops_once_it_reaches_back_past_the_oldest_question(client, github_api, blocked):
     long_ago = timezone.now() - timedelta(hours=5)
     for n in range(9):  # three pages of deliveries older than any question
         github_api.add_delivery(REPO_HOOK, guid=f"g-old-{n}", delivered_at=long_ago)
