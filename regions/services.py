@@ -14,7 +14,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from kernel.errors import EventDropError
-from regions import publications, takeover
+from regions import replication
 from regions.configuration import multi_region, peers, region_name
 from regions.fingerprints import secret_fingerprints
 from regions.models import ProcessingDecision, RegionState
@@ -87,9 +87,9 @@ def region_heartbeat() -> ProcessingVerdict:
                 if exclusive:
                     # Stop publishing state in the transaction that acknowledges: every state
                     # change of this region before it reaches the others, none after it.
-                    publications.publish_state(False)
+                    replication.publish_state(False)
             if verdict.may_process:
-                if publications.publish_state(True):
+                if replication.publish_state(True):
                     logger.info("regions.processing.started", extra={"epoch": verdict.epoch})
                 lease = timedelta(seconds=settings.EVENTDROP_REGION_LEASE_SECONDS)
                 me.lease_until = now + lease
@@ -154,7 +154,7 @@ def processing_region_set(
     )
     if peer_lost:
         for peer in peers():
-            takeover.subscription_without_state(me, peer.name)
+            replication.subscription_without_state(me, peer.name, direct_if_no_function=True)
     logger.info(
         "regions.processing.decided",
         extra={"epoch": epoch, "region": region, "peer_lost": peer_lost},
