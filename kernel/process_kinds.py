@@ -1,14 +1,6 @@
-"""Process kinds (EVENTDROP_PROCESS) and the outbound configuration each one needs.
-
-A process says what it is in EVENTDROP_PROCESS: the Procfile sets it on its `release`,
-`inbox`, `dispatcher` and `worker` lines; a split web tier runs `web` (webhooks only) and
-`console` (docs/security.md). The same variable picks the kind's database role
-(eventdrop/settings.py).
-
-The system check of a piece of outbound configuration is registered with
-`register_configuration_check(need)`: it stops (or warns) only the processes whose kind
-needs it, per `NEEDED_BY`, and `manage.py check --deploy` reports it whatever the kind, since
-a deployment needs every one of its processes. Every other check holds for every kind.
+"""Process kinds (EVENTDROP_PROCESS) and the outbound configuration each one needs: a check
+registered with `register_configuration_check(need)` stops only the kinds in `NEEDED_BY`, and
+`check --deploy` reports it for the rest (docs/checks.md, "Which process needs what").
 """
 
 from collections.abc import Callable, Collection

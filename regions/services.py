@@ -1,6 +1,5 @@
-"""Writes about regions: the heartbeat and processing gate every inbox and dispatcher pass
-goes through, and the processing decision, the operator's audited action
-(docs/multi-region.md)."""
+"""Writes about regions: the heartbeat and processing gate every inbox and dispatcher pass goes
+through, and the processing decision, the operator's audited action (docs/multi-region.md)."""
 
 import contextlib
 import logging
@@ -22,11 +21,9 @@ from regions.selectors import ProcessingVerdict, effective_decision, processing_
 
 logger = logging.getLogger(__name__)
 
-# A pass holds this advisory lock shared for its whole length (session-level: a pass spans
-# several transactions); acknowledging a decision that moves processing away takes it
-# exclusively, so the acknowledgement — which lets the other region start — is written only
-# once no pass of this region still runs under the old decision. Any fixed 64-bit number
-# that no other advisory lock user of the database takes.
+# Held shared by every pass (session-level: a pass spans transactions) and exclusively to
+# acknowledge a decision that moves processing away, so the other region starts only once no
+# pass here runs under the old decision.
 PASS_LOCK_KEY = 0x7265_6769_6F6E_7061  # b"regionpa"
 # Beats closer together than this are skipped: every beat is a row change that crosses.
 HEARTBEAT_INTERVAL = timedelta(seconds=1)
