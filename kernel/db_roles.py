@@ -73,11 +73,9 @@ INBOX_PIPELINE = (
     # The rejected-payload cap's per-minute accounts, pruned after their rows' retention.
     Grant(("ingress.RejectedPayloadMinute",), ALL),
 )
-# What webhook handlers write (recaps/handlers.py, outbox/handlers.py), granted to the roles
-# that run them inside a delivery's transaction (inbox, worker). A handler moves a recap on
-# (paid, payment failed, ready, failed) and never creates or deletes one; a paid recap gets
-# its render row, and a withdrawn payment deletes that row while no dispatcher has claimed
-# it (outbox.services.side_effect_withdraw), its attempts with it.
+# What webhook handlers write in a delivery's transaction, for the roles that run them (inbox,
+# worker): a recap moves on but is never created or deleted; its render row is written, or
+# deleted with its attempts while unclaimed (outbox.services.side_effect_withdraw).
 HANDLER_WRITES = (
     Grant(EVENTS, READ),
     Grant(("recaps.RecapVideo",), UPDATE),

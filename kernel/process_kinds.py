@@ -31,13 +31,8 @@ CheckFunction = Callable[[], list[checks.CheckMessage]]
 
 def process_kind(*, databases: Collection[str] | None) -> str:
     """This process's kind, or "" for none (a developer's shell, `make run`: every need).
-
-    Without EVENTDROP_PROCESS, a check run given `databases` is taken for the release phase.
-    Django passes them to the checks of a command that works on a database: `migrate`
-    (BaseCommand.get_check_kwargs) and `check --database`. A migration never calls out, so a
-    plain `manage.py migrate` passes with the web process's settings, while `manage.py
-    check` still checks every need.
-    """
+    Without EVENTDROP_PROCESS, a check run given `databases` (Django gives them to `migrate`
+    and `check --database`) is the release phase, which never calls out."""
     if settings.PROCESS_KIND:
         return settings.PROCESS_KIND
     return "release" if databases is not None else ""

@@ -276,14 +276,10 @@ def publish_state(on: bool) -> bool:
 
 
 def subscription_without_state(region: str, peer: str, *, direct_if_no_function: bool) -> bool:
-    """At a takeover: stop taking the lost peer's state now, without reaching it (no refresh: a
-    refresh connects to the publisher). Its raw events and region row still come when it
-    returns. False when this region has no subscription from the peer.
-
-    Through the function when region_setup created it (any role granted it; a name that is
-    not a peer's raises). Without it, `direct_if_no_function` runs the ALTER itself, which
-    only the subscription's owner may (a shell as the owner); otherwise the function's
-    absence raises, as it would for a console that was never granted it."""
+    """At a takeover: stop taking the lost peer's state now, without reaching it (no refresh).
+    False when this region has no subscription from the peer. Through the function when it
+    exists (a name not a peer's raises); else `direct_if_no_function` runs the ALTER itself,
+    which needs the subscription's owner, and without it the missing function raises."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regprocedure(%s) IS NOT NULL", [WITHOUT_STATE_SIGNATURE])
         if cursor.fetchone()[0] or not direct_if_no_function:

@@ -38,13 +38,10 @@ def processing_verdict(
     decision: ProcessingDecision | None,
     now: datetime,
 ) -> ProcessingVerdict:
-    """The rule, written once (docs/multi-region.md, "Processing in exactly one place").
-
-    The decision must name this region, and one of: every other region acknowledges it
-    freshly (its seen_epoch is at least the decision's, its heartbeat, as replicated here,
-    younger than EVENTDROP_REGION_PEER_FRESH_SECONDS); this region's lease, taken under this
-    very epoch, is running; or the decision was made here declaring the others lost, less
-    than a lease ago."""
+    """The rule, written once (docs/multi-region.md, "Processing in exactly one place"): the
+    decision names this region, and every other region acknowledges it freshly, or this
+    region's lease under this epoch runs, or the decision was a takeover here, under a lease
+    ago."""
     if decision is None:
         return ProcessingVerdict(False, "no processing decision yet")
     if decision.processing_region != me.name:
