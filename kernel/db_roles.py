@@ -1,44 +1,6 @@
 """Database roles per process kind: what each process may do, as GRANTs PostgreSQL enforces.
-
-`manage.py db_roles` creates or updates one role per kind below (named DATABASE_ROLE_PREFIX +
-kind), revokes whatever else it held on the project's tables and every role it was a member
-of, and grants exactly what the table says. It runs as the owner of the tables (the migrating
-user; on managed PostgreSQL the admin user, which has CREATEROLE); run it after every
-`migrate` (the release phase), since a new table has no grants. Each process then connects
-as its role (DATABASE_URL_<KIND>, see docs/security.md).
-
-No role is a member of another, so none can `SET ROLE` to another (PostgreSQL 15 lets a
-member become any role it belongs to, whatever INHERIT says): each holds its own grants,
-nothing more. What a process does on behalf of code it runs is granted to that process's
-role and stated here: the inbox holds the webhook handlers' writes (HANDLER_WRITES), since it
-runs them in the delivery's transaction; the worker holds everything its scheduled tasks do.
-
-Privileges are granted on the partitioned parent `ingress_rawevent` only: PostgreSQL checks
-the parent's privileges for every access through it, and no role but the owner touches a
-partition directly (partition maintenance is DDL, the owner's job).
-
-The kinds (kernel/process_kinds.py; `release` migrates, so it is the owner and has no role):
-- web — the receive path: one INSERT into the raw store, reading back the new id and nothing
-  else (not a body, not a recap, not a user); and its own ACK latency roll-up.
-- inbox — verify, dedup, write deliveries, and the handlers' writes: a recap's status, its
-  outbox rows. It creates and deletes no recap, and reads no user.
-- dispatcher — the outbox: claims side effects, calls the render service, moves the recap
-  on, trips its breaker; reads no raw event.
-- worker — django-q2's cluster: the scheduled inbox pass, the dispatcher, recovery,
-  reconciliation and bulk jobs; no DDL, so partition maintenance runs as the owner.
-- console — the admin, the staff API, the ops page and the buyer API: reads everything, and
-  writes only what the operator services, bulk jobs, purchases and sign-in write; never
-  DELETE of pipeline rows.
-
-With several regions (docs/multi-region.md, "Database roles"): the inbox, the dispatcher
-and the worker pass through the processing gate, which writes their region's heartbeat row,
-reads the decisions, and calls `eventdrop_region_publish_state` (SECURITY DEFINER, created by
-region_setup); the console reads both tables for the standby guard, appends decisions (the
-audited switch) and calls `eventdrop_region_subscription_without_state` (the takeover's
-ALTER SUBSCRIPTION, which only the subscription's owner may run). EXECUTE on those functions
-is revoked from PUBLIC (PostgreSQL grants it to everyone by default, and either function acts
-with its owner's rights) and granted to exactly those roles — when the function exists:
-run db_roles again after region_setup created it.
+The rules, the kinds and how to run `manage.py db_roles`: docs/security.md, "Database roles
+per process kind"; the regions' functions: docs/multi-region.md, "Database roles".
 """
 
 from collections.abc import Callable, Iterable
@@ -111,11 +73,9 @@ INBOX_PIPELINE = (
     # The rejected-payload cap's per-minute accounts, pruned after their rows' retention.
     Grant(("ingress.RejectedPayloadMinute",), ALL),
 )
-# What webhook handlers write (recaps/handlers.py, outbox/handlers.py), granted to the roles
-# that run them inside a delivery's transaction (inbox, worker). A handler moves a recap on
-# (paid, payment failed, ready, failed) and never creates or deletes one; a paid recap gets
-# its render row, and a withdrawn payment deletes that row while no dispatcher has claimed
-# it (outbox.services.side_effect_withdraw), its attempts with it.
+# What webhook handlers write in a delivery's transaction, for the roles that run them (inbox,
+# worker): a recap moves on but is never created or deleted; its render row is written, or
+# deleted with its attempts while unclaimed (outbox.services.side_effect_withdraw).
 HANDLER_WRITES = (
     Grant(EVENTS, READ),
     Grant(("recaps.RecapVideo",), UPDATE),
@@ -222,7 +182,7 @@ ROLES: tuple[RoleSpec, ...] = (
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     # The gate fills or empties this region's state publications.
     "eventdrop_region_publish_state(boolean)": ("inbox", "dispatcher", "worker"),
-    # The takeover re-points the subscription from the lost peer (regions/takeover.py).
+    # The takeover re-points the subscription from the lost peer (regions/replication.py).
     "eventdrop_region_subscription_without_state(text)": ("console",),
 }
 
@@ -333,8 +293,8 @@ def db_roles_plan(
                 quote,
             )
         )
-    # Earlier versions made the inbox a member of a `handler` role it switched to; whatever
-    # the history, a role of ours is a member of nothing.
+    # A role of ours is a member of nothing: a membership would let it SET ROLE into
+    # another's grants.
     for role, member in sorted(memberships):
         if member in ours:
             plan.add(f"REVOKE {quote(role)} FROM {quote(member)}")

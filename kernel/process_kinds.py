@@ -1,14 +1,6 @@
-"""Process kinds (EVENTDROP_PROCESS) and the outbound configuration each one needs.
-
-A process says what it is in EVENTDROP_PROCESS: the Procfile sets it on its `release`,
-`inbox`, `dispatcher` and `worker` lines; a split web tier runs `web` (webhooks only) and
-`console` (docs/security.md). The same variable picks the kind's database role
-(eventdrop/settings.py).
-
-The system check of a piece of outbound configuration is registered with
-`register_configuration_check(need)`: it stops (or warns) only the processes whose kind
-needs it, per `NEEDED_BY`, and `manage.py check --deploy` reports it whatever the kind, since
-a deployment needs every one of its processes. Every other check holds for every kind.
+"""Process kinds (EVENTDROP_PROCESS) and the outbound configuration each one needs: a check
+registered with `register_configuration_check(need)` stops only the kinds in `NEEDED_BY`, and
+`check --deploy` reports it for the rest (docs/checks.md, "Which process needs what").
 """
 
 from collections.abc import Callable, Collection
@@ -39,13 +31,8 @@ CheckFunction = Callable[[], list[checks.CheckMessage]]
 
 def process_kind(*, databases: Collection[str] | None) -> str:
     """This process's kind, or "" for none (a developer's shell, `make run`: every need).
-
-    Without EVENTDROP_PROCESS, a check run given `databases` is taken for the release phase.
-    Django passes them to the checks of a command that works on a database: `migrate`
-    (BaseCommand.get_check_kwargs) and `check --database`. A migration never calls out, so a
-    plain `manage.py migrate` passes with the web process's settings, while `manage.py
-    check` still checks every need.
-    """
+    Without EVENTDROP_PROCESS, a check run given `databases` (Django gives them to `migrate`
+    and `check --database`) is the release phase, which never calls out."""
     if settings.PROCESS_KIND:
         return settings.PROCESS_KIND
     return "release" if databases is not None else ""

@@ -1,16 +1,8 @@
-"""Whether this process may process now, and whether this region may write processing state:
-the two questions asked of the regions (docs/multi-region.md).
-
-`processing_pass()` is what the inbox and the dispatcher ask before every pass
-("Processing in exactly one place"). `require_processing_region()` is what every operator or
-buyer action that writes processing state (the tables of regions.publications.STATE_MODELS
-and the raw events' verdicts) asks first ("Writes outside processing"): in the standby region
-it raises instead of writing rows that the processing region's replicated state would meet.
-
-With one region both always say yes. With several, the regions app installs its gate and
-its guard at start-up (regions/apps.py): they live above the apps that ask, in the layers
-(pyproject.toml [tool.importlinter]), since they read those apps' tables, so the apps reach
-them through this seam instead of importing them.
+"""The two questions asked of the regions: may this process run a pass now
+(`processing_pass`), and may this region write processing state (`require_processing_region`).
+With one region both say yes; with several, regions/apps.py installs the answers here, since
+regions sits above the apps that ask (docs/architecture.md, "The layers"; the rules:
+docs/multi-region.md).
 """
 
 import contextlib

@@ -1,10 +1,5 @@
-"""Webhook handlers for recaps (registered with ingress; run by the inbox worker): Stripe's
-checkout events. The render service's callbacks are the outbox's (outbox/handlers.py).
-
-The handler is thin: it reads what it needs from the payload and calls one service. It runs
-inside the delivery's transaction (ingress/inbox.py), so the recap's new status, its outbox
-row and the delivery's `done` commit together or not at all. Nothing here calls another
-service over the network: that is the outbox dispatcher's job, on its own budget.
+"""Stripe's checkout events for recaps (the render service's callbacks are outbox/handlers.py).
+A handler runs inside the delivery's transaction and calls no other service over the network.
 """
 
 import logging

@@ -1,28 +1,6 @@
-"""Every write to recaps: create, checkout, pay, redeem, and the render's status changes.
-
-The status machine (constraints in recaps/models.py hold the invariants):
-
-    pending_payment ──paid or redeemed──▶ paid ──render accepted──▶ rendering ──▶ ready
-      │      ▲  ▲                          │  │                          │
-      │      │  └─ async payment failed ───┘  └── outbox dead / render failed ──▶ failed
-      │      │     (before the render: back to waiting, with the reason)
-      ▼      │ new checkout
-    checkout_expired ──late payment──▶ paid
-    failed ──operator retry──▶ paid            (a late `render.completed` of the current
-    rendering ──the service lost it──▶ paid     render still wins: ready)
-
-Stripe's checkout events (recaps/handlers.py) arrive in any order; checkout_event_apply
-turns each into one of these transitions, or none, and an older event of a session never
-undoes a newer one.
-
-`rendering` ends by the service's callback or, when that callback is lost, by asking the
-service (outbox/render_status.py) once `render_check_at` has passed.
-
-The outbox (outbox/) sits above recaps: its rows point at recaps, its outcomes call the
-functions here, and it owns the render service (client, callbacks, status checks, operator
-retry). Nothing here imports the outbox; the one thing recaps must tell it, "this recap is
-paid, render it", is the `recap_paid` signal (recaps/signals.py), sent inside the transaction
-that makes the recap paid.
+"""Every write to recaps: create, checkout, pay, redeem, and the render's status changes. The
+status machine: docs/outbox.md, "Recap statuses"; Stripe's events in any order: docs/flows.md,
+"Flow 3". Nothing here imports the outbox: "paid, render it" is the `recap_paid` signal.
 """
 
 import logging
@@ -113,16 +91,9 @@ class Checkout:
 def recap_checkout_create(*, recap: RecapVideo, buyer: User) -> Checkout:
     """A Stripe Checkout Session for the recap, with its id in the session's metadata.
 
-    Deliberately not atomic as a whole: a transaction held open across a network call
-    would keep a connection and the recap's row lock for up to the SDK's worst case. The
-    checks and the final write are short transactions of their own.
-
-    The idempotency key makes a double click (or the SDK's own retry) return the same
-    session instead of a second one.
-
-    Refused in the standby region before Stripe is asked: the session's id is written on
-    the recap, which only the processing region writes (docs/multi-region.md).
-    """
+    Not atomic as a whole: a transaction open across the call would hold a connection and
+    the recap's lock for the SDK's worst case. The idempotency key makes a double click
+    return the same session. Refused in the standby region before Stripe is asked."""
     require_processing_region()
     recap = _recap_for_checkout(recap_id=recap.pk, buyer=buyer)
     if not settings.STRIPE_API_KEY:
@@ -208,14 +179,10 @@ def recap_checkout_attach(*, recap_id: RecapId, session_id: str) -> None:
 def recap_mark_paid(
     *, recap_id: RecapId, payment_reference: str = "", now: datetime | None = None
 ) -> tuple[RecapVideo, bool]:
-    """One transaction: the recap `paid`, its payment reference, and its outbox row (written
-    by the outbox's receiver of `recap_paid`, in this transaction).
-
-    Returns (recap, changed). The same payment delivered again (Stripe retries, replays,
-    `completed` followed by `async_payment_succeeded`) changes nothing and adds no row;
-    a *different* payment for an already-paid recap is refused (RecapAlreadyPaid) so that
-    someone can refund it. An empty payment reference means a free redemption.
-    """
+    """One transaction: the recap `paid`, its payment reference, and its outbox row (the
+    receiver of `recap_paid`). Returns (recap, changed): the same payment again changes
+    nothing; a *different* one for a paid recap is refused (RecapAlreadyPaid) so that someone
+    can refund it. An empty payment reference means a free redemption."""
     now = now or timezone.now()
     recap = recap_lock(recap_id=recap_id)
     if recap.status not in UNPAID_STATUSES:
@@ -305,20 +272,10 @@ class CheckoutEvent:
 def checkout_event_apply(
     *, recap_id: RecapId, event: CheckoutEvent, now: datetime | None = None
 ) -> CheckoutOutcome:
-    """One Stripe checkout event, applied to its recap as the product decided:
+    """One Stripe checkout event, applied to its recap (the rules: docs/flows.md, "Flow 3").
 
-    - paid (or paid without a charge) pays the recap, whichever checkout it came from;
-    - a failed asynchronous payment before the render puts the recap back to waiting for a
-      payment, with the reason (a paid recap's unclaimed render row is withdrawn); after
-      the render has started it is refused (RecapStateConflict): a dead delivery to act on;
-    - an expiry closes an unpaid checkout and does nothing to a paid recap.
-
-    Order: the inbox runs one event of a session at a time and never an older one after a
-    newer one (the handler's ordering key); on its own, this function also refuses to let
-    an older event of the recap's current session undo a newer one (`checkout_event_at`).
-    Failures and expiries of a session other than the current one are about an abandoned
-    checkout and change nothing.
-    """
+    Besides the inbox's ordering, an older event of the current session never undoes a newer
+    one (`checkout_event_at`); a failure or expiry of another session changes nothing."""
     now = now or timezone.now()
     recap = recap_lock(recap_id=recap_id)
     current = recap.checkout_session_id in ("", event.session_id)
@@ -476,13 +433,9 @@ _CLAIM_RENDER_CHECKS = (
 def recaps_claim_render_checks(
     *, limit: int, now: datetime | None = None
 ) -> list[RenderCheckClaim]:
-    """Claim up to `limit` rendering recaps whose check is due, in one statement (SKIP
-    LOCKED).
-
-    The next check is scheduled before anyone asks (as the outbox's claim does): two check
-    runs never ask about the same render at once, and a run that dies mid-way leaves each
-    claimed recap due again one interval later, nothing half-written.
-    """
+    """Claim up to `limit` rendering recaps whose check is due, in one statement (SKIP LOCKED).
+    The next check is scheduled before anyone asks: two runs never ask about one render at
+    once, and a run that dies leaves each claimed recap due again one interval later."""
     now = now or timezone.now()
     later = now + timedelta(seconds=settings.RENDER_CHECK_INTERVAL_SECONDS)
     with connection.cursor() as cursor:

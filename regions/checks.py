@@ -1,11 +1,6 @@
-"""The region checks (docs/multi-region.md): a region needs a name and a number, a peer is
-another database, and every region verifies webhooks with the same secrets.
-
-Secrets are compared by fingerprint: each region writes sha256 of each secret into its own
-regions_regionstate row (region_setup, every heartbeat), and the check compares this
-region's fingerprints with the peer's row as replicated here. That one runs with the
-database checks (`manage.py check --database default`, the release phase), since it reads
-the table; before the peer's row has arrived it says nothing.
+"""The region checks (docs/multi-region.md, "Configuration"): a region needs a name and a
+number, a peer is another database, and every region verifies webhooks with the same secrets
+(compared by fingerprint, with the database checks: the peer's row is read as replicated).
 """
 
 from collections.abc import Sequence

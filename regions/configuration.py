@@ -22,11 +22,6 @@ class Peer:
     name: str
     url: str = ""
 
-    @property
-    def conninfo(self) -> str:
-        """The URL as libpq conninfo for CREATE SUBSCRIPTION (libpq reads URIs too)."""
-        return self.url
-
 
 def region_name() -> str:
     return settings.EVENTDROP_REGION

@@ -1,15 +1,6 @@
-"""Who processes, and what each region has seen (docs/multi-region.md).
-
-Both tables cross regions on insert-only or own-row publications, so neither ever carries a
-change back to where it came from:
-
-- ProcessingDecision is an insert-only log. The effective decision is the row with the
-  highest epoch a region can see (ties, two regions deciding at once, broken by the name of
-  the region that decided). It is written only by the audited operator action and by
-  `region_setup --processing-region` on a fresh pair; never updated, never deleted.
-- RegionState is one row per region, written only by that region: its number, its webhook
-  secrets' fingerprints (sha256, never the value), its heartbeat, the highest decision epoch
-  it has acknowledged, and its processing lease.
+"""Who processes, and what each region has seen (docs/multi-region.md, "Processing in exactly
+one place"). ProcessingDecision is an insert-only log; RegionState is one row per region,
+written only by that region: neither carries a change back to where it came from.
 """
 
 from django.db import models

@@ -38,13 +38,10 @@ def processing_verdict(
     decision: ProcessingDecision | None,
     now: datetime,
 ) -> ProcessingVerdict:
-    """The rule, written once (docs/multi-region.md, "Processing in exactly one place").
-
-    The decision must name this region, and one of: every other region acknowledges it
-    freshly (its seen_epoch is at least the decision's, its heartbeat, as replicated here,
-    younger than EVENTDROP_REGION_PEER_FRESH_SECONDS); this region's lease, taken under this
-    very epoch, is running; or the decision was made here declaring the others lost, less
-    than a lease ago."""
+    """The rule, written once (docs/multi-region.md, "Processing in exactly one place"): the
+    decision names this region, and every other region acknowledges it freshly, or this
+    region's lease under this epoch runs, or the decision was a takeover here, under a lease
+    ago."""
     if decision is None:
         return ProcessingVerdict(False, "no processing decision yet")
     if decision.processing_region != me.name:
@@ -70,19 +67,10 @@ def processing_verdict(
 
 
 def processing_writes_guard() -> None:
-    """kernel.processing_region.require_processing_region, with several regions (installed by
-    regions/apps.py; docs/multi-region.md, "Writes outside processing").
-
-    Refused (409, StandbyRegion) while the effective decision names another region: the
-    processing region's state reaches this one by replication, and a row written here would
-    meet it (a unique violation that stops the apply worker) or be overwritten, and would
-    never reach the processing region (this region's state publications are empty).
-    Refused for a few seconds (503, ProcessingNotStarted) while the decision names this region
-    but no pass has yet taken the processing lease under it: until then the previous region
-    may still be writing state that is on its way here, and this region's state
-    publications are not filled yet (they are filled in the transaction that takes the
-    lease), so a row written now would not reach the other region either. Past that, the
-    lease need not be running: a stopped inbox does not stop the console."""
+    """kernel.processing_region.require_processing_region with several regions: StandbyRegion
+    (409) while the decision names another region, ProcessingNotStarted (503) while it names
+    this one but no pass has taken the lease under it yet (docs/multi-region.md, "Writes
+    outside processing")."""
     if not multi_region():
         return
     me = region_name()

@@ -1,6 +1,5 @@
-"""Writes about regions: the heartbeat and processing gate every inbox and dispatcher pass
-goes through, and the processing decision, the operator's audited action
-(docs/multi-region.md)."""
+"""Writes about regions: the heartbeat and processing gate every inbox and dispatcher pass goes
+through, and the processing decision, the operator's audited action (docs/multi-region.md)."""
 
 import contextlib
 import logging
@@ -14,7 +13,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from kernel.errors import EventDropError
-from regions import publications, takeover
+from regions import replication
 from regions.configuration import multi_region, peers, region_name
 from regions.fingerprints import secret_fingerprints
 from regions.models import ProcessingDecision, RegionState
@@ -22,11 +21,9 @@ from regions.selectors import ProcessingVerdict, effective_decision, processing_
 
 logger = logging.getLogger(__name__)
 
-# A pass holds this advisory lock shared for its whole length (session-level: a pass spans
-# several transactions); acknowledging a decision that moves processing away takes it
-# exclusively, so the acknowledgement — which lets the other region start — is written only
-# once no pass of this region still runs under the old decision. Any fixed 64-bit number
-# that no other advisory lock user of the database takes.
+# Held shared by every pass (session-level: a pass spans transactions) and exclusively to
+# acknowledge a decision that moves processing away, so the other region starts only once no
+# pass here runs under the old decision.
 PASS_LOCK_KEY = 0x7265_6769_6F6E_7061  # b"regionpa"
 # Beats closer together than this are skipped: every beat is a row change that crosses.
 HEARTBEAT_INTERVAL = timedelta(seconds=1)
@@ -87,9 +84,9 @@ def region_heartbeat() -> ProcessingVerdict:
                 if exclusive:
                     # Stop publishing state in the transaction that acknowledges: every state
                     # change of this region before it reaches the others, none after it.
-                    publications.publish_state(False)
+                    replication.publish_state(False)
             if verdict.may_process:
-                if publications.publish_state(True):
+                if replication.publish_state(True):
                     logger.info("regions.processing.started", extra={"epoch": verdict.epoch})
                 lease = timedelta(seconds=settings.EVENTDROP_REGION_LEASE_SECONDS)
                 me.lease_until = now + lease
@@ -154,7 +151,7 @@ def processing_region_set(
     )
     if peer_lost:
         for peer in peers():
-            takeover.subscription_without_state(me, peer.name)
+            replication.subscription_without_state(me, peer.name, direct_if_no_function=True)
     logger.info(
         "regions.processing.decided",
         extra={"epoch": epoch, "region": region, "peer_lost": peer_lost},

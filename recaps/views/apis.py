@@ -1,26 +1,6 @@
-"""The recap API for signed-in buyers (DRF). Thin: validate input, call a service, map
-domain errors to clear 4xx/5xx JSON — a refusal is never a 500.
-
-    POST /recaps/                  {"event_id": 1}  → 201 recap + checkout_url (purchase)
-    GET  /recaps/<id>/                              → 200 the recap
-    POST /recaps/<id>/checkout/                     → 201 a (new or the same) checkout_url
-    POST /recaps/<id>/redeem/                       → 200 a free recap, redeemed
-
-Every POST takes a JSON body (`{}` for checkout and redeem): anything else is a 415.
-
-Who may call it, as the console's API (kernel/api_access.py, docs/security.md): a browser
-with its session, whose writes need Django's CSRF token; a script with a token
-(`Authorization: Token …`); never HTTP Basic, which a browser caches and replays on another
-site's requests. A write another site's page started (its `Origin` or `Sec-Fetch-Site`) is a
-403 whatever it carries.
-
-Errors are RFC 9457 problems like the console API's (kernel/problems.py): `type` ends in
-the code (`urn:eventdrop:problem:recap_not_found`), `detail` is the constant text; 401 (not
-signed in, `WWW-Authenticate: Token`), 403 (not yours / not free / cross-site), 404 (unknown),
-409 (already redeemed or paid), 415 (not JSON), 503 (Stripe). With two regions, every POST
-in the standby region is a 409 `standby_region` naming the processing region (503
-`processing_not_started` with Retry-After while a switch to this region completes): the
-error is the kernel's (kernel.processing_region), answered by kernel/problems.py.
+"""The recap API for signed-in buyers (DRF): validate input, call a service, answer a domain
+error as a problem (kernel/problems.py), never a 500. Endpoints and errors: docs/flows.md,
+"Flow 3"; who may call it: docs/security.md, "The buyer API".
 """
 
 from django.contrib.auth.models import User

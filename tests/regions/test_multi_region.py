@@ -33,7 +33,7 @@ import psycopg
 import pytest
 import requests
 
-from regions.takeover import SIGNATURE as TAKEOVER_SIGNATURE
+from regions.replication import WITHOUT_STATE_SIGNATURE as TAKEOVER_SIGNATURE
 from tests.regions.support import (
     BOTH_EVERY,
     EVENT_TYPE,

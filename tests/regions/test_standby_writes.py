@@ -31,7 +31,7 @@ from kernel.processing_region import (
 )
 from outbox.models import RecapSideEffect
 from recaps.models import Event, Photo, RecapStatus, RecapVideo
-from regions import publications, takeover
+from regions import replication
 from regions.checks import check_pass_lock_session
 from regions.models import ProcessingDecision, RegionState
 from regions.services import processing_region_set, region_processing_pass
@@ -444,6 +444,7 @@ def test_transaction_pooling_under_a_pass_is_refused(
 
 PREFIX = f"edregion_{uuid.uuid4().hex[:6]}_"
 PUBLISH = "eventdrop_region_publish_state(boolean)"
+TAKEOVER = replication.WITHOUT_STATE_SIGNATURE
 
 
 def privileged(role: str, signature: str) -> bool:
@@ -473,8 +474,8 @@ def test_db_roles_grant_the_region_functions_to_exactly_their_callers(settings):
     settings.DATABASE_ROLE_PREFIX = PREFIX
     db_roles_apply()  # no function yet: the grant is skipped
     with connection.cursor() as cursor:
-        cursor.execute(publications.publish_state_function("eu"))
-        cursor.execute(takeover.subscription_without_state_function("eu"))
+        cursor.execute(replication.publish_state_function("eu"))
+        cursor.execute(replication.subscription_without_state_function("eu"))
         cursor.execute("CREATE ROLE edregion_stranger_" + PREFIX[9:-1])
     stranger = "edregion_stranger_" + PREFIX[9:-1]
     # PostgreSQL's default: every role may execute a new function, SECURITY DEFINER or not.
@@ -485,15 +486,15 @@ def test_db_roles_grant_the_region_functions_to_exactly_their_callers(settings):
     for spec in ROLES:
         role = role_name(spec.kind, PREFIX)
         assert privileged(role, PUBLISH) == (spec.kind in callers), spec.kind
-        assert privileged(role, takeover.SIGNATURE) == (spec.kind == "console"), spec.kind
-    assert not privileged(stranger, PUBLISH) and not privileged(stranger, takeover.SIGNATURE)
+        assert privileged(role, TAKEOVER) == (spec.kind == "console"), spec.kind
+    assert not privileged(stranger, PUBLISH) and not privileged(stranger, TAKEOVER)
 
 
 def test_the_gate_runs_as_the_inbox_and_the_guard_and_takeover_as_the_console(settings):
     settings.DATABASE_ROLE_PREFIX = PREFIX
     with connection.cursor() as cursor:
-        cursor.execute(publications.publish_state_function("us"))
-        cursor.execute(takeover.subscription_without_state_function("us"))
+        cursor.execute(replication.publish_state_function("us"))
+        cursor.execute(replication.subscription_without_state_function("us"))
         # A subscription that never connects (created, like region_setup's, by the owner).
         cursor.execute(
             "CREATE SUBSCRIPTION eventdrop_us_from_eu CONNECTION 'host=127.0.0.1 port=1 "
@@ -515,7 +516,7 @@ def test_the_gate_runs_as_the_inbox_and_the_guard_and_takeover_as_the_console(se
     assert as_role("inbox", one_pass) is False
     assert RegionState.objects.get(name="us").seen_epoch == 3
     # The web role may not flip the publications.
-    refused = as_role("web", lambda: publications.publish_state(False))
+    refused = as_role("web", lambda: replication.publish_state(False))
     assert isinstance(refused, ProgrammingError) and "permission denied" in str(refused)
 
     # The standby guard as the console: it reads what it needs, and refuses.
@@ -557,6 +558,9 @@ def test_the_gate_runs_as_the_inbox_and_the_guard_and_takeover_as_the_console(se
             "eventdrop_region_eu",
         ]
     # The function touches this region's subscription from a peer, and nothing else.
-    assert as_role("console", lambda: takeover.subscription_without_state("us", "mars")) is False
-    bad = as_role("console", lambda: takeover.subscription_without_state("us", "x'; DROP"))
+    def without_state(peer: str) -> bool:
+        return replication.subscription_without_state("us", peer, direct_if_no_function=False)
+
+    assert as_role("console", lambda: without_state("mars")) is False
+    bad = as_role("console", lambda: without_state("x'; DROP"))
     assert isinstance(bad, Exception) and "not a peer region name" in str(bad)

@@ -3,8 +3,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from regions.configuration import multi_region
+from regions.rejoin import rejoin as rejoin_region
 from regions.setup import RegionSetupError, region_setup
-from regions.setup import rejoin as rejoin_region
 
 
 class Command(BaseCommand):
