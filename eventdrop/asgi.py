@@ -14,6 +14,13 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "eventdrop.settings")
 django_application = get_asgi_application()  # sets Django up: only then may models be imported
 
+from django.conf import settings  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+if settings.DEBUG:
+    # `make run`: the admin's static files from the apps, as runserver serves them.
+    django_application = ASGIStaticFilesHandler(django_application)
+
 from eventdrop.web import WebServerConfig  # noqa: E402
 from ingress.asgi import PATH_PREFIX, WebhookApp  # noqa: E402
 from kernel.db.plans import serve_pages  # noqa: E402

@@ -1,6 +1,4 @@
-from django.conf import settings
 from django.contrib import admin
-from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.urls import include, path
 
 from console.ops.views import metrics, ops_page
@@ -16,7 +14,3 @@ urlpatterns = [
     path("ops/", include("console.urls_ops")),  # bulk jobs and handler pauses
     path("metrics", metrics, name="metrics"),
 ]
-
-# `make run` (DEBUG) serves the admin's static files from the apps, as runserver would.
-if settings.DEBUG:
-    urlpatterns += staticfiles_urlpatterns()

@@ -13,6 +13,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models.fields import AutoFieldMixin
 
+from kernel.db import sql_literal
+
 READ = ("SELECT",)
 APPEND = ("SELECT", "INSERT")
 WRITE = ("SELECT", "INSERT", "UPDATE")
@@ -260,7 +262,7 @@ def db_roles_plan(
         if spec.kind in passwords:
             # DDL takes no bind parameters; a literal quoted by the database driver.
             plan.add(
-                f"ALTER ROLE {name} PASSWORD {_literal(passwords[spec.kind])}",
+                f"ALTER ROLE {name} PASSWORD {sql_literal(passwords[spec.kind])}",
                 shown=f"ALTER ROLE {name} PASSWORD '…'",
             )
         plan.add(f"GRANT CONNECT ON DATABASE {quote(database)} TO {name}")
@@ -306,7 +308,7 @@ def _sequence_grant(model: type[models.Model], role: str) -> str:
     table, column = model._meta.db_table, model._meta.pk.column
     return (
         "DO $$ DECLARE seq text := pg_get_serial_sequence("
-        f"{_literal(table)}, {_literal(column)}); BEGIN IF seq IS NOT NULL THEN "
+        f"{sql_literal(table)}, {sql_literal(column)}); BEGIN IF seq IS NOT NULL THEN "
         f"EXECUTE format('GRANT USAGE ON SEQUENCE %s TO {role}', seq); END IF; END $$"
     )
 
@@ -319,14 +321,10 @@ def _function_grant(
     everyone = ", ".join(["PUBLIC", *(quote(role) for role in ours)])
     granted = ", ".join(quote(role) for role in allowed)
     return (
-        f"DO $$ BEGIN IF to_regprocedure({_literal(signature)}) IS NOT NULL THEN "
+        f"DO $$ BEGIN IF to_regprocedure({sql_literal(signature)}) IS NOT NULL THEN "
         f"REVOKE ALL ON FUNCTION {signature} FROM {everyone}; "
         f"GRANT EXECUTE ON FUNCTION {signature} TO {granted}; END IF; END $$"
     )
-
-
-def _literal(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
 
 
 def _plan_now(

@@ -11,6 +11,7 @@ from django.db import connection, models
 from psycopg import sql
 
 from ingress.models import RawEvent, RawEventOrigin
+from kernel.db import sql_literal
 from regions.models import ProcessingDecision, RegionState
 
 # Tables only the processing region writes: published whole, from there. Every other table is
@@ -106,10 +107,6 @@ def state_free_publications(region: str) -> list[str]:
     return [ingest_publication(region), region_publication(region), catalog_publication(region)]
 
 
-def _literal(value: str) -> str:
-    return sql.Literal(value).as_string(None)
-
-
 def _identifiers(names: list[str]) -> sql.Composable:
     return sql.SQL(", ").join(sql.Identifier(name) for name in names)
 
@@ -195,9 +192,12 @@ def publish_state_function(region: str) -> str:
     SECURITY DEFINER so that the inbox's role may call it without owning them. Called in the
     transaction that records the acknowledgement: every state change before it is published,
     none after (PostgreSQL decodes a change against the catalog as of that change)."""
-    raw = _literal(RawEvent._meta.db_table)
-    state_list = ", ".join(_literal(table) for table in state_tables())
-    state_raw, state = _literal(state_raw_publication(region)), _literal(state_publication(region))
+    raw = sql_literal(RawEvent._meta.db_table)
+    state_list = ", ".join(sql_literal(table) for table in state_tables())
+    state_raw, state = (
+        sql_literal(state_raw_publication(region)),
+        sql_literal(state_publication(region)),
+    )
     return f"""
 CREATE OR REPLACE FUNCTION {PUBLISH_STATE_FUNCTION}(publish boolean) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_catalog AS $fn$
@@ -241,11 +241,11 @@ def subscription_without_state_function(region: str) -> str:
     roles"). It checks the peer's name and builds every name itself (format('%I')), so it can
     re-point nothing but this region's subscription from a peer, to its state-free
     publications."""
-    prefix = _literal(subscription_name(region, ""))
+    prefix = sql_literal(subscription_name(region, ""))
     ingest, own, catalog = (
-        _literal(ingest_publication("")),
-        _literal(region_publication("")),
-        _literal(catalog_publication("")),
+        sql_literal(ingest_publication("")),
+        sql_literal(region_publication("")),
+        sql_literal(catalog_publication("")),
     )
     return f"""
 CREATE OR REPLACE FUNCTION {WITHOUT_STATE_FUNCTION}(peer text) RETURNS boolean
@@ -253,7 +253,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_catalog AS $fn$
 DECLARE
   sub text;
 BEGIN
-  IF peer !~ '^[a-z][a-z0-9_]{{0,30}}$' OR peer = {_literal(region)} THEN
+  IF peer !~ '^[a-z][a-z0-9_]{{0,30}}$' OR peer = {sql_literal(region)} THEN
     RAISE EXCEPTION 'not a peer region name: %', peer;
   END IF;
   sub := {prefix} || peer;

@@ -16,6 +16,13 @@ So every wait for PostgreSQL also has a bound on our side:
   round trip.
 """
 
+from psycopg import sql
+
 from kernel.db.bounds import database_deadline, deadline_seconds_left
 
-__all__ = ["database_deadline", "deadline_seconds_left"]
+__all__ = ["database_deadline", "deadline_seconds_left", "sql_literal"]
+
+
+def sql_literal(value: str) -> str:
+    """`value` as an SQL string literal, for DDL and DO blocks, which take no parameters."""
+    return sql.Literal(value).as_string(None)
