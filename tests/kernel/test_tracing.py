@@ -192,7 +192,7 @@ def test_off_the_rows_keep_no_trace():
 
 @pytest.mark.django_db
 def test_a_paid_recap_continues_the_payments_trace_up_to_the_render_post(
-    spans, fake_renderer, settings
+    spans, fake_renderer, settings  # noqa: F811 (the fixture imported above)
 ):
     recap = RecapFactory.create(event=EventFactory.create())
     with tracing.span("webhook receive", kind=SpanKind.SERVER):
