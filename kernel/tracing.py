@@ -130,6 +130,9 @@ def configure(*, process: str, environ: Mapping[str, str] = os.environ) -> bool:
             )
     trace.set_tracer_provider(provider)
     _instrument()
+    global _tracer
+    # Once: the SDK builds a new tracer on every get_tracer call.
+    _tracer = provider.get_tracer(TRACER_NAME)
     _enabled = True
     return True
 
