@@ -107,15 +107,18 @@ class WebhookApp:
             return await self._admitted_answer(head, receive, started)
         # The webhook's trace starts here (or under the traceparent a sender passed, as the
         # render service's callback does); its row keeps this span's context.
-        with tracing.span(
+        span, token = tracing.enter(
             "webhook receive",
             headers=head.headers,
             kind=SpanKind.SERVER,
             attributes=_receive_attributes(head),
-        ) as span:
+        )
+        try:
             answer = await self._admitted_answer(head, receive, started)
             span.set_attribute("http.response.status_code", answer[0])
             return answer
+        finally:
+            tracing.leave(span, token)
 
     async def _admitted_answer(self, head: Head, receive: Any, started: float) -> Answer:
         if self.requests >= self.max_requests:
@@ -136,11 +139,11 @@ class WebhookApp:
             except DatabaseError:
                 return store_unavailable(admitted)
             finally:
-                if tracing.enabled():
-                    span = trace.get_current_span()
+                span = trace.get_current_span() if tracing.enabled() else None
+                if span is not None and span.is_recording():
                     span.set_attribute("eventdrop.store_seconds", time.monotonic() - storing)
-            if tracing.enabled():
-                trace.get_current_span().set_attribute("eventdrop.raw_event_id", event_id)
+            if span is not None and span.is_recording():
+                span.set_attribute("eventdrop.raw_event_id", event_id)
             return acknowledged(admitted, event_id)
         except Refused as refused:
             return refused.answer
