@@ -147,6 +147,24 @@ def test_headers_carry_the_context_in_and_out(spans):
     assert tracing.trace_id_of(headers["traceparent"]) == tracing.trace_id_of(TRACEPARENT)
 
 
+def test_enter_and_leave_make_a_receive_span_current_under_the_senders_context(spans):
+    span, token = tracing.enter(
+        "webhook receive", headers={"traceparent": TRACEPARENT}, kind=SpanKind.SERVER,
+        attributes={"eventdrop.source": "renderer"},
+    )
+    stored = tracing.current_traceparent()
+    tracing.leave(span, token)
+    assert tracing.current_traceparent() == ""  # detached
+    (receive,) = spans.get_finished_spans()
+    assert stored == traceparent(receive)
+    assert f"{receive.parent.span_id:016x}" == "b7ad6b7169203331"
+    # Without the propagators' fields the request starts a trace of its own.
+    span, token = tracing.enter("webhook receive", headers={"host": "x"}, kind=SpanKind.SERVER,
+                                attributes=None)
+    tracing.leave(span, token)
+    assert spans.get_finished_spans()[-1].parent is None
+
+
 def test_client_spans_without_a_parent_are_dropped_and_follow_one_otherwise():
     exporter = InMemorySpanExporter()
     provider = provider_with(exporter, ParentBased(TraceIdRatioBased(1.0)))
