@@ -278,3 +278,16 @@ def test_a_retried_delivery_is_a_follow_up_span_of_the_same_trace(spans, setting
     assert {span.context.trace_id for span in attempts} == {verify.context.trace_id}
     assert {span.parent.span_id for span in attempts} == {verify.context.span_id}
     assert not attempts[0].status.is_ok and attempts[-1].status.is_ok
+
+
+def test_the_console_links_a_rows_trace_through_the_template(settings):
+    from console.presentation import EMPTY, trace_link
+
+    settings.TRACE_URL_TEMPLATE = "https://jaeger.example/trace/{trace_id}"
+    assert trace_link(TRACEPARENT) == (
+        '<a href="https://jaeger.example/trace/0af7651916cd43dd8448eb211c80319c" '
+        'rel="noopener noreferrer">0af7651916cd43dd8448eb211c80319c</a>'
+    )
+    assert trace_link("") == EMPTY
+    settings.TRACE_URL_TEMPLATE = ""
+    assert trace_link(TRACEPARENT) == "0af7651916cd43dd8448eb211c80319c"
