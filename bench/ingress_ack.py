@@ -55,6 +55,17 @@ they are cut off) and prints the ratio to the phase without them (issue 15: with
 phase at the most connections (collapsed stacks into DIR) and prints the top frames (py-spy
 needs ptrace: root, or `kernel.yama.ptrace_scope` 0).
 
+`--otlp-sink` turns tracing on in the current server (kernel/tracing.py): a sink in this
+process that takes OTLP/HTTP exports and drops them is its OTEL_EXPORTER_OTLP_ENDPOINT, so
+the server pays for its spans and their export, not for a collector. OTEL_* variables of
+the shell reach neither server; pass them with `--server-env`. Tracing's cost on the
+receive path (docs/benchmarks.md, "Tracing"):
+
+    .venv/bin/python bench/ingress_ack.py --baseline <rev before tracing> --interleave 12 \
+        --connections 16 --ceiling-seconds 3 --otlp-sink \
+        --server-env OTEL_TRACES_SAMPLER=parentbased_traceidratio \
+        --server-env OTEL_TRACES_SAMPLER_ARG=0.1
+
 `--baseline REV --interleave PAIRS` compares two servers at one machine speed: both run side by
 side and wrk alternates between them in `--interleave-seconds` slices (3 s), with pgbench's
 ceiling between the pairs, printing each pair's ratios of ACK/s and of server CPU per webhook,
@@ -442,7 +453,9 @@ def bench_env(database_url: str) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("DJANGO_", "DATABASE_", "WEBHOOK_", "WEB_", "INGRESS_"))
+        if not key.startswith(
+            ("DJANGO_", "DATABASE_", "WEBHOOK_", "WEB_", "INGRESS_", "OTEL_")
+        )
     }
     env.update(
         DJANGO_SETTINGS_MODULE="bench.settings_bench",
@@ -459,6 +472,37 @@ def bench_env(database_url: str) -> dict[str, str]:
         RENDERER_WEBHOOK_SECRET="whsec_" + secrets.token_hex(16),
     )
     return env
+
+
+class OtlpSink:
+    """An OTLP/HTTP endpoint that answers every export 200 and keeps nothing (--otlp-sink)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        sink = self
+        self.exports = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format, *args):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                sink.exports += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def psql(database: str, *statements: str) -> list:
@@ -1049,6 +1093,9 @@ def main() -> int:
         help="the same for the baseline server",
     )
     parser.add_argument("--client", choices=["wrk", "python"], default="wrk")
+    parser.add_argument(
+        "--otlp-sink", action="store_true", help="tracing on in the current server, to a sink"
+    )
     parser.add_argument("--json-out", metavar="FILE")
     parser.add_argument(
         "--py-spy", metavar="DIR", help="record the workers during the webhook phase"
@@ -1061,6 +1108,9 @@ def main() -> int:
     if args.py_spy and not (VENV_BIN / "py-spy").exists():
         parser.error(f"--py-spy needs py-spy: {VENV_BIN / 'pip'} install py-spy")
     extra_env = dict(item.split("=", 1) for item in args.server_env)
+    sink = OtlpSink() if args.otlp_sink else None
+    if sink is not None:
+        extra_env.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url)
 
     env = bench_env(f"{SERVER_URL}/{DB_NAME}")
     wrk = ensure_wrk() if args.client == "wrk" else None
@@ -1092,7 +1142,10 @@ def main() -> int:
         )
         psql(DB_NAME, "TRUNCATE ingress_rawevent")
         if args.interleave:
-            return 0 if interleave(servers, env, args, load, workdir) else 1
+            ok = interleave(servers, env, args, load, workdir)
+            if sink is not None:
+                print(f"otlp sink: {sink.exports} exports from the current server")
+            return 0 if ok else 1
         print_header()
         for round_no in range(1, (args.rounds if args.baseline else 1) + 1):
             order = servers if round_no % 2 else servers[::-1]

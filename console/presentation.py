@@ -11,7 +11,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.utils import timezone
+from django.utils.html import format_html
+
+from kernel.tracing import trace_id_of, trace_url
 
 # What every console page shows for "nothing here" (the admin's empty_value_display too).
 EMPTY = "—"
@@ -214,3 +218,14 @@ def format_time(value, now) -> str:
     if value is None:
         return EMPTY
     return " · ".join(format_time_parts(value, now))
+
+
+def trace_link(traceparent: str) -> str:
+    """A row's trace: its id, linked through TRACE_URL_TEMPLATE when one is set."""
+    trace_id = trace_id_of(traceparent)
+    if not trace_id:
+        return EMPTY
+    url = trace_url(traceparent, settings.TRACE_URL_TEMPLATE)
+    if not url:
+        return trace_id
+    return format_html('<a href="{}" rel="noopener noreferrer">{}</a>', url, trace_id)

@@ -608,6 +608,12 @@ RENDER_CHECK_BATCH_SIZE = env_int("RENDER_CHECK_BATCH_SIZE", 50)
 # PROMETHEUS_MULTIPROC_DIR (read by prometheus_client itself; see docs/console.md).
 METRICS_BEARER_TOKEN = os.environ.get("METRICS_BEARER_TOKEN", "")
 
+# --- Traces (kernel/tracing.py, docs/tracing.md) --------------------------------------------
+# Turned on by the standard OTEL_* variables alone, read by the OpenTelemetry SDK. The
+# console's raw event, delivery and recap pages link to a row's trace at this URL, its
+# `{trace_id}` replaced (e.g. http://jaeger:16686/trace/{trace_id}); unset, they show the id.
+TRACE_URL_TEMPLATE = os.environ.get("TRACE_URL_TEMPLATE", "")
+
 # --- Reconciliation (ingress/reconcile/, docs/reconciliation.md) ---------------------------
 # Nightly runs compare the providers' own lists with the dedup index and record the drift.
 # The seed's SLO: under 0.01 % of the events a provider lists may be missing.

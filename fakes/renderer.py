@@ -20,9 +20,10 @@ accepted, across restarts.
 
 After accepting a render it POSTs the completion to the request's callback_url, signed
 with the `renderer` secret through the `standardwebhooks` library (the payload is the one
-outbox/handlers.py documents); `callbacks: false` drops every callback (a lost completion,
-which GET /renders/<id> still answers). Failure modes, switchable at runtime, apply to
-POST /renders and GET /renders/<id> alike (error_4xx to POST only):
+outbox/handlers.py documents), echoing the render request's W3C `traceparent` header;
+`callbacks: false` drops every callback (a lost completion, which GET /renders/<id> still
+answers). Failure modes, switchable at runtime, apply to POST /renders and GET /renders/<id>
+alike (error_4xx to POST only):
 
     ok            everything works
     down          every request except /_control is dropped without an answer
@@ -54,9 +55,11 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import requests
+from opentelemetry.trace import SpanKind
 from standardwebhooks.webhooks import Webhook
 
 from fakes.local_service import LocalHTTPService
+from kernel import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +90,9 @@ class FakeRender:
     # Fixed when the render is accepted: what its callback and its status will say.
     outcome: str = "completed"
     complete_after: float = 0.0
+    # The W3C traceparent the render request carried: echoed on its callback, as a real
+    # render service must (docs/tracing.md).
+    traceparent: str = ""
 
     def state(self, now: datetime) -> str:
         if (now - self.created_at).total_seconds() < self.complete_after:
@@ -199,7 +205,7 @@ class FakeRenderer(LocalHTTPService):
 
     # --- behaviour ---------------------------------------------------------------------------
 
-    def accept(self, key: str, body: dict) -> tuple[FakeRender, bool]:
+    def accept(self, key: str, body: dict, traceparent: str = "") -> tuple[FakeRender, bool]:
         """Register the render for `key` once; (render, replayed)."""
         with self.lock:
             existing = self.renders.get(key)
@@ -214,6 +220,7 @@ class FakeRenderer(LocalHTTPService):
                 created_at=datetime.now(tz=UTC),
                 outcome=self.outcome,
                 complete_after=self.complete_after,
+                traceparent=traceparent,
             )
             self.renders[key] = render
             self.accepted.append(render)
@@ -268,11 +275,16 @@ class FakeRenderer(LocalHTTPService):
             if self.stopping.is_set():
                 return
             body, headers = self.signed_callback(render, outcome)
+            if render.traceparent:
+                headers["traceparent"] = render.traceparent
             status: int | None = None
             try:
-                response = requests.post(
-                    render.callback_url, data=body, headers=headers, timeout=(2, 5)
-                )
+                # Traced, its client span is the render's child, and requests' instrumentation
+                # sends that one's traceparent instead: the same trace either way.
+                with tracing.span("fake render callback", parent=render.traceparent):
+                    response = requests.post(
+                        render.callback_url, data=body, headers=headers, timeout=(2, 5)
+                    )
                 status = response.status_code
             except requests.RequestException:
                 logger.warning("fake_renderer.callback_failed", extra={"attempt": attempt})
@@ -431,7 +443,14 @@ class _Handler(BaseHTTPRequestHandler):
         elif self._failure_answer(mode, deadline_ms):
             pass
         else:
-            render, replayed = fake.accept(key, body)
+            traceparent = self.headers.get("traceparent", "")
+            with tracing.span(
+                "fake render accept",
+                headers={"traceparent": traceparent},
+                kind=SpanKind.SERVER,
+                attributes={"eventdrop.idempotency_key": key},
+            ):
+                render, replayed = fake.accept(key, body, traceparent)
             answer = {"render_id": render.render_id, "status": "accepted", "replayed": replayed}
             if mode == "slow":
                 fake.stopping.wait(fake.delay)

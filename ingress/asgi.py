@@ -33,6 +33,8 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError
 from django.http.request import split_domain_port, validate_host
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from ingress.receive import (
     Answer,
@@ -47,6 +49,7 @@ from ingress.receive import (
 )
 from ingress.services import raw_event_store_async
 from ingress.store import RawEventWriter
+from kernel import tracing
 from kernel.budgets import webhook_budget_seconds
 
 logger = logging.getLogger(__name__)
@@ -100,6 +103,24 @@ class WebhookApp:
             head = self._head(scope)
         except Refused as refused:
             return refused.answer
+        if not tracing.enabled():
+            return await self._admitted_answer(head, receive, started)
+        # The webhook's trace starts here (or under the traceparent a sender passed, as the
+        # render service's callback does); its row keeps this span's context.
+        span, token = tracing.enter(
+            "webhook receive",
+            headers=head.headers,
+            kind=SpanKind.SERVER,
+            attributes=_receive_attributes(head),
+        )
+        try:
+            answer = await self._admitted_answer(head, receive, started)
+            span.set_attribute("http.response.status_code", answer[0])
+            return answer
+        finally:
+            tracing.leave(span, token)
+
+    async def _admitted_answer(self, head: Head, receive: Any, started: float) -> Answer:
         if self.requests >= self.max_requests:
             return _busy(head, "requests").answer
         # The one deadline of everything after the head (the module docstring).
@@ -110,12 +131,19 @@ class WebhookApp:
         try:
             admitted = admit_body(head, await self._body(head, receive, held, deadline))
             seconds = min(settings.WEBHOOK_STORE_TIMEOUT_SECONDS, deadline - time.monotonic())
+            storing = time.monotonic()
             try:
                 event_id = await raw_event_store_async(
                     self.writer, seconds=max(seconds, 0.0), **admitted.row
                 )
             except DatabaseError:
                 return store_unavailable(admitted)
+            finally:
+                span = trace.get_current_span() if tracing.enabled() else None
+                if span is not None and span.is_recording():
+                    span.set_attribute("eventdrop.store_seconds", time.monotonic() - storing)
+            if span is not None and span.is_recording():
+                span.set_attribute("eventdrop.raw_event_id", event_id)
             return acknowledged(admitted, event_id)
         except Refused as refused:
             return refused.answer
@@ -192,6 +220,17 @@ class _BodyBytes:
     def release(self) -> None:
         self.app.body_bytes -= self.held
         self.held = 0
+
+
+def _receive_attributes(head: Head) -> dict[str, str]:
+    source = head.source
+    header = source.delivery_id_header
+    delivery_id = head.headers.get(header, "") if header else ""
+    return {
+        "eventdrop.source": source.name,
+        "eventdrop.delivery_id": delivery_id[:255],
+        "http.request.method": head.method,
+    }
 
 
 def _busy(head: Head, limit: str) -> Refused:

@@ -57,6 +57,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import F
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
+from opentelemetry.trace import Span
 
 from ingress.deliveries import (
     DATABASE_UNAVAILABLE,
@@ -91,6 +92,7 @@ from ingress.rejected_payloads import rejected_payloads_cap
 from ingress.signature_replays import signature_replays_settle
 from ingress.sources import all_sources
 from ingress.verifiers import StoredRequest, Verdict
+from kernel import tracing
 from kernel.db.json_rows import json_rows
 from kernel.logformat import raised_at
 from kernel.processing_region import processing_pass
@@ -141,6 +143,8 @@ def raw_events_settle(events: list[RawEvent], now: datetime, *, run_handlers: bo
     claim are run here, in this transaction (ingress/deliveries.py, "run at settle").
     Returns how many deliveries it ran.
     """
+    # One verify span per event, under its receive span; its deliveries start under it.
+    spans = _verify_spans(events) if tracing.enabled() else {}
     verdicts = {event.id: _verdict_for(event) for event in events}
     # A body-only signature seen under another delivery id is a question for its provider:
     # such events are written `questioned` there and settled later by the answer, a replay
@@ -150,6 +154,7 @@ def raw_events_settle(events: list[RawEvent], now: datetime, *, run_handlers: bo
     verdicts |= replays.verdicts
     events = [event for event in events if event.id not in replays.questioned]
     if not events:
+        _end_verify_spans(spans, {})
         return 0
     rejected_payloads_cap(events, verdicts, now)
     accepted: list[RawEvent] = []
@@ -207,18 +212,21 @@ def raw_events_settle(events: list[RawEvent], now: datetime, *, run_handlers: bo
             )
             routed.append((event, specs))
         runnable = deliveries_runnable_at_settle(routed) if run_handlers else []
-        ran = _run_at_settle(events, runnable, now)
-        _insert_all(
-            [
-                delivery
-                for event, specs in routed
-                if event.id not in ran
-                for delivery in deliveries_for_event(event, specs, now)
-            ]
-        )
+        parents = {n: tracing.traceparent_of(span) for n, span in spans.items()}
+        ran = _run_at_settle(events, runnable, now, parents)
+        deliveries = [
+            delivery
+            for event, specs in routed
+            if event.id not in ran
+            for delivery in deliveries_for_event(event, specs, now)
+        ]
+        for delivery in deliveries:
+            delivery.traceparent = parents.get(delivery.raw_event_id, "")
+        _insert_all(deliveries)
 
     if not ran:  # else written with them, under their savepoint
         _save_settled(events)
+    _end_verify_spans(spans, {event.id: event for event in events})
     logger.info(
         "ingress.verify.batch_settled",
         extra={
@@ -232,8 +240,40 @@ def raw_events_settle(events: list[RawEvent], now: datetime, *, run_handlers: bo
     return sum(ran.values())
 
 
+def _verify_spans(events: list[RawEvent]) -> dict[int, Span]:
+    return {
+        event.id: tracing.start_span(
+            "webhook verify",
+            parent=event.traceparent,
+            attributes={"eventdrop.raw_event_id": event.id, "eventdrop.source": event.source},
+        )
+        for event in events
+    }
+
+
+def _end_verify_spans(spans: dict[int, Span], settled: dict[int, RawEvent]) -> None:
+    """Each span with its event's outcome (a questioned event's is decided later)."""
+    for event_id, span in spans.items():
+        event = settled.get(event_id)
+        if event is not None:
+            span.set_attributes(
+                {
+                    "eventdrop.signature_status": event.signature_status,
+                    "eventdrop.rejection_reason": event.rejection_reason,
+                    "eventdrop.dispatch_status": event.dispatch_status,
+                    "eventdrop.event_type": event.event_type,
+                }
+            )
+        else:
+            span.set_attribute("eventdrop.signature_status", SignatureStatus.QUESTIONED)
+        span.end()
+
+
 def _run_at_settle(
-    events: list[RawEvent], runnable: list[tuple[RawEvent, list[HandlerSpec]]], now: datetime
+    events: list[RawEvent],
+    runnable: list[tuple[RawEvent, list[HandlerSpec]]],
+    now: datetime,
+    parents: dict[int, str],
 ) -> dict[int, int]:
     """Run the runnable events' handlers and write the whole batch's verdicts, those events
     stamped handled, under a savepoint; returns {event id: deliveries run}. Should a handler
@@ -244,7 +284,7 @@ def _run_at_settle(
         return {}
     try:
         with transaction.atomic():
-            handled_at = deliveries_run_at_settle(runnable, now)
+            handled_at = deliveries_run_at_settle(runnable, now, parents=parents)
             for event, _ in runnable:
                 event.handled_at = handled_at
             _save_settled(events, handled=True)

@@ -171,6 +171,9 @@ class RawEvent(models.Model):
     # db_default keeps the column catalog-only on the partitioned table, and INSERTs from
     # code that predates it working during a rolling deploy.
     region = models.CharField(max_length=32, default=current_region, db_default="")
+    # The receive span's W3C traceparent (kernel/tracing.py; "" when tracing is off): the
+    # inbox's verify span starts under it, however much later. db_default as `region`.
+    traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
 
     class Meta:
         indexes = [
@@ -432,6 +435,10 @@ class DeliveryClaim(Claim):
     def number(self) -> int:
         return int(self.row["total_attempts"])
 
+    @property
+    def traceparent(self) -> str:
+        return str(self.row.get("traceparent") or "")
+
 
 class Delivery(WorkItem):
     """One verified event handed to one handler; the one queue's row (kernel/queue.py)."""
@@ -472,9 +479,12 @@ class Delivery(WorkItem):
     )
     # Replayed by force: runs even though a newer event of its key was handled.
     forced = models.BooleanField(default=False, db_default=False)
+    # The verify span's traceparent (kernel/tracing.py): each attempt's span starts under
+    # it, so retries are follow-up spans of the webhook's trace. "" when tracing is off.
+    traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
 
     claim_also = {"total_attempts": "t.total_attempts + 1"}
-    claim_returns = ("raw_event_id", "handler", "total_attempts")
+    claim_returns = ("raw_event_id", "handler", "total_attempts", "traceparent")
     claim_class = DeliveryClaim
 
     class Meta:

@@ -44,6 +44,7 @@ from ingress.sources import Source, all_sources
 from ingress.store import RawEventWriter, raw_event_insert
 from kernel.db import database_deadline
 from kernel.errors import EventDropError
+from kernel.tracing import current_traceparent
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,8 @@ def _raw_event_fields(
         "remote_addr": remote_addr,
         "delivery_id": delivery_id[:255],
         "received_at": timezone.now(),
+        # The receive span's (kernel/tracing.py); "" when tracing is off.
+        "traceparent": current_traceparent(),
     }
 
 

@@ -37,6 +37,7 @@ the sequence, in the order of the arrays, so the ids sorted ascending are the ro
 
 import asyncio
 import contextlib
+import contextvars
 import select
 import time
 from collections import deque
@@ -99,7 +100,9 @@ class RawEventWriter:
         row = _Row(fields, time.monotonic() + seconds, loop.create_future())
         self._queue.append(row)
         if len(self._writers) < self.max_connections:
-            writer = loop.create_task(self._write_queued())
+            # An empty context: a batch writes the rows of many requests, so none of their
+            # spans is its parent (its queries, orphans, are not traced: kernel/tracing.py).
+            writer = loop.create_task(self._write_queued(), context=contextvars.Context())
             self._writers.add(writer)
             writer.add_done_callback(self._writers.discard)
         try:

@@ -10,3 +10,7 @@ class KernelConfig(AppConfig):
     def ready(self) -> None:
         from kernel import checks  # noqa: F401 (registers the holder check)
         from kernel.db import checks as db_checks  # noqa: F401 (registers the check)
+        from kernel.tracing import configure, process_name
+
+        # Before any request or connection: the instrumentations wrap what comes after.
+        configure(process=process_name())

@@ -29,6 +29,8 @@ from uuid import UUID
 import pythonjsonlogger.json
 from django.http import HttpRequest
 
+from kernel import tracing
+
 _STANDARD_ATTRS = frozenset(
     logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None).__dict__
 ) | {"message", "asctime", "taskName"}
@@ -89,7 +91,8 @@ class JsonFormatter(_SummaryWithoutTraceback, pythonjsonlogger.json.JsonFormatte
     """LOG_FORMAT=json: one JSON object per line for a log shipper, with the fields the
     key=value line has — `time`, `level`, `logger`, `event` (the message), every `extra`
     field under its own name (an object that is not a plain value by its type only, as
-    there), and `exc_info` with the traceback where the plain line appends it."""
+    there), and `exc_info` with the traceback where the plain line appends it; with
+    tracing on, `trace_id` and `span_id` of the span it was written in."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("rename_fields", JSON_FIELD_NAMES)
@@ -104,6 +107,8 @@ class JsonFormatter(_SummaryWithoutTraceback, pythonjsonlogger.json.JsonFormatte
         for key, value in record.__dict__.items():
             if key not in _STANDARD_ATTRS and key in log_data:
                 log_data[key] = _json_field(value)
+        # The span the line was written in (kernel/tracing.py): a log line finds its trace.
+        log_data.update(tracing.log_fields())
 
 
 # The record attributes of the plain format's "%(asctime)s %(levelname)s %(name)s

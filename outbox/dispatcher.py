@@ -34,6 +34,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
+from kernel import tracing
 from kernel.budgets import BudgetClock, render_dispatch_worst_case
 from kernel.processing_region import processing_pass
 from kernel.queue import this_process
@@ -192,7 +193,41 @@ def dispatch_one(
 ) -> str:
     """Dispatch one claimed row and record its outcome. Returns the AttemptOutcome.
 
-    `render_input`: the recap and photos as read for the claimed batch (else read here)."""
+    `render_input`: the recap and photos as read for the claimed batch (else read here).
+    Each attempt is a span under the row's stored context (the paid recap's span), so an
+    attempt after a restart or a re-arm joins the recap's trace (kernel/tracing.py)."""
+    with tracing.span(
+        "render dispatch",
+        parent=claim.traceparent,
+        attributes={
+            "eventdrop.recap_id": str(claim.recap_id),
+            "eventdrop.side_effect_id": claim.id,
+            "eventdrop.attempt": claim.attempts,
+        },
+    ) as span:
+        outcome = _dispatch(
+            claim,
+            deadline=deadline,
+            breaker=breaker,
+            now=now,
+            client_factory=client_factory,
+            clock=clock,
+            render_input=render_input,
+        )
+        span.set_attribute("eventdrop.outcome", outcome)
+        return outcome
+
+
+def _dispatch(
+    claim: SideEffectClaim,
+    *,
+    deadline: float,
+    breaker: Breaker,
+    now: Callable[[], datetime],
+    client_factory: ClientFactory,
+    clock: Callable[[], float],
+    render_input: RenderInput | None,
+) -> str:
     started_at = now()
     config = RenderClientConfig.from_settings()
     admission = None

@@ -25,9 +25,11 @@ from django.conf import settings
 
 from ingress.handlers import PermanentHandlerError, webhook_handler
 from ingress.models import RawEvent
+from kernel import tracing
 from outbox.services import render_completed_record, render_failed_record
 from recaps.errors import RecapNotFound, RecapStateConflict
 from recaps.handlers import recap_id_from_payload
+from recaps.models import RecapId
 
 NO_VIDEO_URL = "render.completed without data.video_url"
 RENDER_FAILED_REASON = "render failed: {code}: {message}"
@@ -43,6 +45,16 @@ def record_render_result(event: RawEvent, payload: dict) -> str | None:
     recap_id = recap_id_from_payload(data.get("recap_id"))
     render_id = str(data.get("render_id") or "")
     idempotency_key = str(data.get("idempotency_key") or "")
+    with tracing.span(
+        "recap ready" if payload.get("type") == "render.completed" else "recap render failed",
+        attributes={"eventdrop.recap_id": str(recap_id), "eventdrop.render_id": render_id},
+    ):
+        return _record(payload, data, recap_id, render_id, idempotency_key)
+
+
+def _record(
+    payload: dict, data: dict, recap_id: RecapId, render_id: str, idempotency_key: str
+) -> str | None:
     try:
         if payload.get("type") == "render.completed":
             video_url = data.get("video_url")

@@ -57,6 +57,10 @@ class SideEffectClaim(Claim):
     def idempotency_key(self) -> str:
         return idempotency_key(self.recap_id, EffectType.RENDER, self.row["key_generation"])
 
+    @property
+    def traceparent(self) -> str:
+        return str(self.row.get("traceparent") or "")
+
 
 def idempotency_key(recap_id: RecapId, effect_type: str, generation: int) -> str:
     """Stable across retries of a row: the render service renders a key once."""
@@ -89,8 +93,11 @@ class RecapSideEffect(WorkItem):
     )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
+    # The paid recap's span (kernel/tracing.py): every dispatch attempt, in whatever
+    # dispatcher and however late, starts under it. "" when tracing is off.
+    traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
 
-    claim_returns = ("recap_id", "key_generation")
+    claim_returns = ("recap_id", "key_generation", "traceparent")
     claim_class = SideEffectClaim
     touched_columns = ("updated_at",)
     on_rearm = {"wait_reason": "''"}

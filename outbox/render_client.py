@@ -37,6 +37,7 @@ from django.conf import settings
 from urllib3 import exceptions as urllib3_exceptions
 from urllib3.util import Timeout
 
+from kernel import tracing
 from kernel.errors import Disposition
 from kernel.retry import RetryPolicy, classify
 from outbox.errors import (
@@ -268,12 +269,16 @@ class RenderClient:
 
     def _post_render(self, key: str, body: dict[str, Any], deadline: float) -> RenderAccepted:
         payload = {**body, "callback_url": self.config.callback_url, "idempotency_key": key}
+        headers = {IDEMPOTENCY_HEADER: key, "Content-Type": "application/json"}
+        # W3C `traceparent`: the service sends it back on its callback, which so joins the
+        # recap's trace (docs/tracing.md). requests' instrumentation puts its own span's here.
+        tracing.inject(headers)
         answer = self._call(
             "POST",
             "/renders",
             self.config.render,
             deadline,
-            headers={IDEMPOTENCY_HEADER: key, "Content-Type": "application/json"},
+            headers=headers,
             data=json.dumps(payload).encode(),
         )
         if not 200 <= answer.status < 300:

@@ -37,6 +37,7 @@ from django.utils import timezone
 from kernel.errors import Disposition
 from kernel.queue import holders_prune
 from kernel.retry import Action, Failure, RetryDecision, RetryPolicy, RetryStrategy
+from kernel.tracing import current_traceparent
 from outbox.errors import (
     SIDE_EFFECT_ALREADY_DEAD,
     SIDE_EFFECT_ALREADY_DONE,
@@ -144,7 +145,8 @@ def side_effect_enqueue(
     return RecapSideEffect.objects.get_or_create(
         recap=recap,
         effect_type=effect_type,
-        defaults={"next_attempt_at": now or timezone.now()},
+        # The current span (recap_mark_paid's): every dispatch attempt starts under it.
+        defaults={"next_attempt_at": now or timezone.now(), "traceparent": current_traceparent()},
     )
 
 

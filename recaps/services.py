@@ -14,6 +14,7 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.utils import timezone
 
+from kernel import tracing
 from kernel.processing_region import require_processing_region
 from kernel.stripe_api import stripe_client
 from recaps.errors import (
@@ -204,16 +205,22 @@ def recap_mark_paid(
     recap.payment_reference = payment_reference
     recap.paid_at = now
     recap.awaiting_payment_reason = ""
-    recap.save(
-        update_fields=[
-            "status",
-            "payment_reference",
-            "paid_at",
-            "awaiting_payment_reason",
-            "updated_at",
-        ]
-    )
-    recap_paid.send(sender=RecapVideo, recap=recap, now=now)
+    # Under the payment's delivery span: the render row stores this span's context, so the
+    # recap's trace continues the payment's (kernel/tracing.py).
+    with tracing.span(
+        "recap paid",
+        attributes={"eventdrop.recap_id": str(recap.id), "eventdrop.free": recap.is_free},
+    ):
+        recap.save(
+            update_fields=[
+                "status",
+                "payment_reference",
+                "paid_at",
+                "awaiting_payment_reason",
+                "updated_at",
+            ]
+        )
+        recap_paid.send(sender=RecapVideo, recap=recap, now=now)
     logger.info("recaps.paid", extra={"recap_id": str(recap.id), "free": recap.is_free})
     return recap, True
 

@@ -50,6 +50,8 @@ BENCHES = {
             ".",
             "--baseline-env",
             "BENCH_APPLICATION=bench.plain_asgi:application",
+            # The current server traced (docs/tracing.md), exporting to the bench's sink.
+            "--otlp-sink",
         ],
         "rows: every 2xx is a row",
     ),

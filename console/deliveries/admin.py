@@ -25,7 +25,7 @@ from console.admin.base import (
 from console.deliveries.selectors import deliveries_of_source
 from console.jobs.links import deliveries_bulk_job_link
 from console.models import OperatorActionKind, PayloadAccessKind
-from console.presentation import EMPTY, error_for_viewer, format_time
+from console.presentation import EMPTY, error_for_viewer, format_time, trace_link
 from console.raw_events.admin import NamesFilter, SourceFilter, raw_event_link
 from console.selectors import deliveries_by_status
 from ingress.handlers import all_handlers
@@ -98,6 +98,7 @@ class DeliveryAdmin(PayloadAdmin, LastErrorColumn, OperatorAdmin):
         # the creation time; the attempts below say when each thing happened.
         "finished_at",
         "last_error",
+        "trace",
     )
     readonly_fields = (*fields, "last_error_without_message", "status_badge")
     change_list_template = "console/admin/change_list.html"
@@ -207,6 +208,10 @@ class DeliveryAdmin(PayloadAdmin, LastErrorColumn, OperatorAdmin):
     @admin.display(description="raw event", ordering="raw_event_id")
     def event_link(self, obj: Delivery) -> str:
         return raw_event_link(obj.raw_event_id)
+
+    @admin.display(description="trace")
+    def trace(self, obj: Delivery) -> str:
+        return trace_link(obj.traceparent)
 
     @admin.display(description="last error")
     def short_error_without_message(self, obj: Delivery) -> str:

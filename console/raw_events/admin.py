@@ -48,6 +48,7 @@ from console.presentation import (
     headers_rows,
     seconds_between,
     status_tone,
+    trace_link,
 )
 from console.raw_events.selectors import (
     BODY_SEARCH_ENCRYPTED,
@@ -468,6 +469,7 @@ class RawEventAdmin(PayloadAdmin, OperatorAdmin):
         "remote_addr",
         "received_at_display",
         "delivery_id",
+        "trace",
         "body_size",
         "payload_dropped_bytes",
         "body_sha256",
@@ -731,6 +733,10 @@ class RawEventAdmin(PayloadAdmin, OperatorAdmin):
             cached = raw_event_state(obj, statuses, held_by, self._question(obj))
             setattr(obj, "_console_state", cached)  # noqa: B010  (not a field of the model)
         return cached
+
+    @admin.display(description="trace")
+    def trace(self, obj: RawEvent) -> str:
+        return trace_link(obj.traceparent)
 
     def _question(self, obj: RawEvent) -> SignatureQuestion | None:
         if obj.signature_status == SignatureStatus.PENDING:

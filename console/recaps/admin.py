@@ -34,7 +34,7 @@ from console.admin.base import (
     time_field,
 )
 from console.models import OperatorActionKind
-from console.presentation import EMPTY
+from console.presentation import EMPTY, trace_link
 from console.selectors import recaps_by_status
 from kernel.errors import EventDropError
 from kernel.processing_region import ProcessingWritesRefused, require_processing_region
@@ -239,6 +239,7 @@ class RecapVideoAdmin(OperatorAdmin):
         "ready_at",
         "failed_at",
         "updated_at",
+        "trace",
         "operator_actions",
     )
     readonly_fields = fields
@@ -286,6 +287,16 @@ class RecapVideoAdmin(OperatorAdmin):
     def render_state(self, obj: RecapVideo) -> str:
         render_status = getattr(obj, "render_status", None)
         return status_badge(render_status) if render_status else EMPTY
+
+    @admin.display(description="trace")
+    def trace(self, obj: RecapVideo) -> str:
+        # The render row carries the recap's trace (the payment's, continued).
+        traceparent = (
+            RecapSideEffect.objects.filter(recap=obj, effect_type=EffectType.RENDER)
+            .values_list("traceparent", flat=True)
+            .first()
+        )
+        return trace_link(traceparent or "")
 
     @admin.display(description="failure reason")
     def short_failure(self, obj: RecapVideo) -> str:

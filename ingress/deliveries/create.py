@@ -3,6 +3,7 @@ once in that settle's transaction when nothing needs the claim (docs/flows.md, "
 settle")."""
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -13,6 +14,7 @@ from ingress.deliveries.statements import SETTLE_RUN_INSERT
 from ingress.handlers import HandlerSpec, handler_note
 from ingress.models import Delivery, DeliveryAttempt, DeliveryStatus, HandlerPause, RawEvent
 from ingress.payloads import parse_payload, raw_event_body, raw_event_headers
+from kernel import tracing
 from kernel.db.json_rows import json_rows
 from kernel.queue import statement, this_process
 
@@ -126,30 +128,40 @@ class SettleRunRaised(Exception):
 
 
 def deliveries_run_at_settle(
-    runnable: list[tuple[RawEvent, list[HandlerSpec]]], now: datetime
+    runnable: list[tuple[RawEvent, list[HandlerSpec]]],
+    now: datetime,
+    *,
+    parents: Mapping[int, str] | None = None,
 ) -> datetime:
     """Run these events' handlers in the caller's transaction and savepoint, and insert their
     deliveries `done` with one `done` attempt each. Returns when they finished (the events'
     handled_at). Raises SettleRunRaised (its cause the handler's exception) once a handler
     raises; the caller rolls back the savepoint.
     """
-    # event id, handler, started, finished, the handler's note
-    runs: list[tuple[int, str, datetime, datetime, str]] = []
+    # event id, handler, started, finished, the handler's note, the delivery's traceparent
+    runs: list[tuple[int, str, datetime, datetime, str, str]] = []
     clock = timezone.now()  # one reading between two handlers: the one's end, the next's start
     for event, specs in runnable:
         payload = None
+        parent = (parents or {}).get(event.id, "")
         for spec in specs:
             started = clock
             try:
-                if payload is None:
-                    payload = parse_payload(raw_event_headers(event), raw_event_body(event))
-                note = handler_note(spec.func(event, payload))
+                # `parents`: each event's verify span (kernel/tracing.py).
+                with tracing.span(
+                    "webhook deliver",
+                    parent=parent,
+                    attributes={"eventdrop.handler": spec.name, "eventdrop.attempt": 1},
+                ):
+                    if payload is None:
+                        payload = parse_payload(raw_event_headers(event), raw_event_body(event))
+                    note = handler_note(spec.func(event, payload))
             except Exception as exc:
                 cooling = time.monotonic() + SETTLE_RUN_COOLDOWN_SECONDS
                 settle_run_cooldown().handlers[spec.name] = cooling
                 raise SettleRunRaised(spec.name) from exc
             clock = timezone.now()
-            runs.append((event.id, spec.name, started, clock, note))
+            runs.append((event.id, spec.name, started, clock, note, parent))
     finished = runs[-1][3]
     sql = statement(
         SETTLE_RUN_INSERT,
@@ -160,7 +172,10 @@ def deliveries_run_at_settle(
         cursor.execute(
             sql,
             [
-                json_rows(("raw_event_id", "handler", "started_at", "finished_at", "note"), runs),
+                json_rows(
+                    ("raw_event_id", "handler", "started_at", "finished_at", "note", "traceparent"),
+                    runs,
+                ),
                 DeliveryStatus.DONE,
                 now,
                 runs[0][2],

@@ -32,6 +32,7 @@ from ingress.models import (
     RawEvent,
 )
 from ingress.payloads import parse_payload, raw_event_body, raw_event_headers, storable_text
+from kernel import tracing
 from kernel.errors import Disposition
 from kernel.queue import Holder
 from kernel.retry import Action, Failure, RetryPolicy, RetryStrategy, classify
@@ -325,8 +326,15 @@ def _call_handler(claim: DeliveryClaim, events: dict[int, RawEvent]) -> str:
     spec = get_handler(claim.handler)
     if spec is None:
         raise PermanentHandlerError(HANDLER_MISSING.format(name=claim.handler))
-    payload = parse_payload(raw_event_headers(event), raw_event_body(event))
-    return handler_note(spec.func(event, payload))
+    # Each attempt a span under the delivery's stored context: retries are follow-up spans
+    # of the webhook's trace, whichever worker runs them and however late.
+    with tracing.span(
+        "webhook deliver",
+        parent=claim.traceparent,
+        attributes={"eventdrop.handler": claim.handler, "eventdrop.attempt": claim.number},
+    ):
+        payload = parse_payload(raw_event_headers(event), raw_event_body(event))
+        return handler_note(spec.func(event, payload))
 
 
 def _describe(exc: Exception) -> str:

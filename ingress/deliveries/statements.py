@@ -6,12 +6,15 @@
 # both tables. Every column named: a test holds the list to the model.
 SETTLE_RUN_INSERT = (
     "WITH r AS (SELECT * FROM json_to_recordset(%s::json) AS r(raw_event_id bigint,"
-    " handler text, started_at timestamptz, finished_at timestamptz, note text)),"
+    " handler text, started_at timestamptz, finished_at timestamptz, note text,"
+    " traceparent text)),"
     " d AS (INSERT INTO {table} (raw_event_id, handler, status, attempts, total_attempts,"
     "  next_attempt_at, claimed_at, claimed_by, last_error, first_failed_at, waiting_since,"
-    "  created_at, finished_at, ordering_key, event_time, superseded_by_id, forced, worker_deaths)"
+    "  created_at, finished_at, ordering_key, event_time, superseded_by_id, forced, worker_deaths,"
+    "  traceparent)"
     "  SELECT r.raw_event_id, r.handler, %s, 1, 1, %s, %s, NULL, '', NULL, NULL, %s, %s, '',"
-    "  NULL, NULL, false, 0 FROM r ON CONFLICT DO NOTHING RETURNING id, raw_event_id, handler)"
+    "  NULL, NULL, false, 0, r.traceparent FROM r ON CONFLICT DO NOTHING"
+    "  RETURNING id, raw_event_id, handler)"
     " INSERT INTO {attempt} (delivery_id, number, started_at, finished_at, outcome, error, note)"
     " SELECT d.id, 1, r.started_at, r.finished_at, %s, '', r.note FROM d"
     " JOIN r ON r.raw_event_id = d.raw_event_id AND r.handler = d.handler"

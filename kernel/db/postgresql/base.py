@@ -50,6 +50,7 @@ import math
 import re
 import select
 import time
+from typing import Any
 
 import psycopg
 import psycopg.sql
@@ -221,7 +222,11 @@ class _PsycopgOpeningBoundedConnections:
     """psycopg as Django's backend sees it (`DatabaseWrapper.Database`), except that
     connect() opens a BoundedConnection. Everything else is the module itself."""
 
-    connect = staticmethod(BoundedConnection.connect)
+    @staticmethod
+    def connect(*args: Any, **kwargs: Any) -> BoundedConnection:
+        # Looked up per call: an instrumentation that wraps psycopg's connect (kernel/tracing.py)
+        # after this module was imported still applies.
+        return BoundedConnection.connect(*args, **kwargs)
 
     def __getattr__(self, name: str):
         return getattr(psycopg, name)
