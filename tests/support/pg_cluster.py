@@ -138,11 +138,16 @@ class Cluster:
 
     def freeze(self) -> None:
         """SIGSTOP every process of the cluster: the kernel still accepts and ACKs TCP,
-        nothing answers — the fault that server-side timeouts cannot see."""
-        for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-                self._frozen.append(pid)
+        nothing answers — the fault that server-side timeouts cannot see. The postmaster
+        stops first, then its children are listed: a backend it forked meanwhile is among
+        them, never left running."""
+        pids = self.pids()
+        while pids:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    self._frozen.append(pid)
+            pids = [pid for pid in self.pids() if pid not in self._frozen]
 
     def thaw(self) -> None:
         while self._frozen:
