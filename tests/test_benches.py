@@ -24,6 +24,8 @@ from tests.support.processes import ROOT
 from tests.support.tools import tool
 
 pytestmark = pytest.mark.slow
+# Each bench has databases and ports of its own: they may run on several workers at once.
+SPREAD_ACROSS_WORKERS = True
 
 BENCH = ROOT / "bench"
 BENCH_SECONDS = 240
