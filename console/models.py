@@ -486,7 +486,7 @@ class VolumeKind(models.TextChoices):
     EVENTS = "events", "raw events by receipt and verdict"
     # Verdicts given, by the minute they were given in.
     VERDICTS = "verdicts", "verdicts by minute"
-    # Deliveries finished (done, dead, superseded), by the minute they finished in.
+    # Deliveries finished (done, dead, superseded), by the minute they finished in and handler.
     FINISHED = "finished", "deliveries finished by minute"
 
 
@@ -503,7 +503,8 @@ class VolumeBucket(models.Model):
 
     kind = models.CharField(max_length=16, choices=VolumeKind.choices)
     bucket = models.DateTimeField()
-    source = models.CharField(max_length=64, blank=True, default="")
+    # The raw event's source; for finished deliveries, their handler.
+    source = models.CharField(max_length=255, blank=True, default="")
     status = models.CharField(max_length=16)
     reason = models.CharField(max_length=32, blank=True, default="")
     shard = models.IntegerField()

@@ -14,6 +14,7 @@ configuration. Real environment variables always win over it. `PYTHON_DOTENV_DIS
 start set it, so a developer's `.env` never changes what the suite runs.
 """
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,19 @@ def env_float(name: str, default: float) -> float:
         return float(value)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from exc
+
+
+def env_json_object(name: str) -> dict:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a JSON object, got {value!r}") from exc
+    if not isinstance(parsed, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object, got {value!r}")
+    return parsed
 
 
 def env_list(name: str, default: str = "") -> list[str]:
@@ -437,7 +451,7 @@ CLAIM_HOLDER_BEAT_SECONDS = env_float("CLAIM_HOLDER_BEAT_SECONDS", 5.0)
 CLAIM_HOLDER_TTL_SECONDS = env_float("CLAIM_HOLDER_TTL_SECONDS", 45.0)
 # A raw event or a delivery whose worker died this many times in a row with it — every time
 # but the first alone in its batch — is set aside `worker_died` (ingress/inbox.py,
-# ingress/deliveries.py). At least 2: one death in a batch says nothing about one row.
+# ingress/deliveries/). At least 2: one death in a batch says nothing about one row.
 INBOX_MAX_WORKER_DEATHS = env_int("INBOX_MAX_WORKER_DEATHS", 3)
 # A raw event whose settling raises is retried after 30 s, 60 s, 120 s, … and set aside
 # (rejected `processing_failed`, re-verifiable) after this many failures.
@@ -653,6 +667,17 @@ BULK_JOB_TASK_BUDGET_SECONDS = env_float("BULK_JOB_TASK_BUDGET_SECONDS", 60.0)
 BULK_JOB_STALE_SECONDS = env_int("BULK_JOB_STALE_SECONDS", 180)
 # The seed's SLO: 99 % of the selected raw events replayed within 2 minutes of the click.
 BULK_JOB_REPLAY_SLO_SECONDS = env_int("BULK_JOB_REPLAY_SLO_SECONDS", 120)
+# A handler's limits (ingress/deliveries/pace.py) are declared with it (webhook_handler's
+# rate, concurrency, replay_volume); this overrides them per environment, by handler name:
+# '{"recaps.handlers.mark_recap_paid": {"rate": 20, "concurrency": 4}}' (null lifts one).
+# manage.py check holds a rate to the replay SLO (ingress.E017/W017).
+HANDLER_LIMITS = env_json_object("HANDLER_LIMITS")
+# A rate's tokens saved up while a handler idles: this many seconds of its rate (at least 1).
+HANDLER_RATE_BURST_SECONDS = env_float("HANDLER_RATE_BURST_SECONDS", 0.5)
+# A downstream's 429 without Retry-After pauses the handler's claims this long; either way
+# its rate is halved (down to 1/16) for HANDLER_SLOWDOWN_SECONDS after the pause.
+HANDLER_RATE_LIMITED_PAUSE_SECONDS = env_float("HANDLER_RATE_LIMITED_PAUSE_SECONDS", 5.0)
+HANDLER_SLOWDOWN_SECONDS = env_float("HANDLER_SLOWDOWN_SECONDS", 60.0)
 # A paused handler shows yellow on the ops page from this age, red from the second.
 HANDLER_PAUSE_YELLOW_SECONDS = env_int("HANDLER_PAUSE_YELLOW_SECONDS", 900)
 HANDLER_PAUSE_RED_SECONDS = env_int("HANDLER_PAUSE_RED_SECONDS", 3600)

@@ -227,3 +227,77 @@ def check_inbox_claim(
             )
         )
     return messages
+
+
+@checks.register()
+def check_handler_limits(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Each handler's rate and concurrency (ingress/deliveries/pace.py) against the replay SLO.
+
+    - ingress.E017  a limit that cannot work (a rate not above 0, a count below 1, an
+                    override for a handler nobody registered), or a rate that cannot replay
+                    the handler's declared replay_volume within BULK_JOB_REPLAY_SLO_SECONDS
+    - ingress.W017  a rate without a declared replay_volume: how many events it replays
+                    within the SLO, so that a larger replay is known to take longer
+    """
+    from ingress.deliveries.pace import handler_limits
+    from ingress.handlers import all_handlers, check_limits
+
+    slo = float(settings.BULK_JOB_REPLAY_SLO_SECONDS)
+    specs = {spec.name: spec for spec in all_handlers()}
+    messages: list[checks.CheckMessage] = []
+    for name, override in sorted(settings.HANDLER_LIMITS.items()):
+        if name not in specs:
+            messages.append(
+                checks.Error(
+                    f"HANDLER_LIMITS names {name!r}, which is not a registered handler.",
+                    hint="manage.py list_handlers prints their names.",
+                    id="ingress.E017",
+                )
+            )
+            continue
+        unknown = (
+            set(override) - {"rate", "concurrency", "replay_volume"}
+            if isinstance(override, dict)
+            else {"(not an object)"}
+        )
+        try:
+            if unknown:
+                raise ValueError(
+                    f"unknown keys {sorted(unknown)}; known: rate, concurrency, replay_volume"
+                )
+            check_limits(**override)
+        except ValueError as exc:
+            messages.append(checks.Error(f"HANDLER_LIMITS[{name!r}]: {exc}.", id="ingress.E017"))
+    if messages:
+        return messages
+    for name, spec in specs.items():
+        limits = handler_limits(spec)
+        if limits.rate is None:
+            continue
+        clears = int(limits.rate * slo)
+        if limits.replay_volume is not None and clears < limits.replay_volume:
+            messages.append(
+                checks.Error(
+                    f"Handler {name} runs at most {limits.rate:g} a second: a replay of its "
+                    f"replay_volume ({limits.replay_volume:,} events) takes "
+                    f"{limits.replay_volume / limits.rate:,.0f} s, past the replay SLO "
+                    f"({slo:g} s).",
+                    hint="Raise its rate, lower its replay_volume, or raise "
+                    "BULK_JOB_REPLAY_SLO_SECONDS (HANDLER_LIMITS overrides per environment).",
+                    id="ingress.E017",
+                )
+            )
+        elif limits.replay_volume is None:
+            messages.append(
+                checks.Warning(
+                    f"Handler {name} runs at most {limits.rate:g} a second: a bulk replay "
+                    f"clears {clears:,} of its events within the replay SLO ({slo:g} s), and a "
+                    "larger one takes longer.",
+                    hint="Declare its replay_volume (the replay it must clear in time) to have "
+                    "this checked, as an error when the rate cannot.",
+                    id="ingress.W017",
+                )
+            )
+    return messages

@@ -32,7 +32,7 @@ For one value of the key the inbox then never runs two of the handler's deliveri
 and never runs an older event (by event time, ties by received order; received order alone
 without `event_time`) after a newer one was handled: the late older delivery is recorded
 `superseded`, with the delivery it lost to, and can be replayed by force
-(ingress/deliveries.py). An event whose payload lacks the key is delivered unordered.
+(ingress/deliveries/). An event whose payload lacks the key is delivered unordered.
 """
 
 from collections.abc import Callable, Iterable, Mapping
@@ -43,7 +43,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from ingress.payloads import storable_text
-from kernel.errors import PermanentError
+from kernel.errors import PermanentError, ServiceFailure
 
 HandlerFunc = Callable[..., str | None]
 # A handler's note is stored with its attempt (DeliveryAttempt.note), cut to this length.
@@ -56,6 +56,17 @@ class PermanentHandlerError(PermanentError):
     permanent_reason = "permanent_handler_error"
 
 
+class DownstreamRateLimited(ServiceFailure):
+    """The handler's downstream answered 429 (or asked for a pause with Retry-After): about
+    its load, not this event. The delivery is released uncharged, and the handler's claims
+    stop for the pause and run at half its rate for a while (ingress/deliveries/pace.py)."""
+
+    def __init__(
+        self, message: str = "downstream rate limited", *, retry_after: float | None = None
+    ):
+        super().__init__(message, error_class="downstream_rate_limited", retry_after=retry_after)
+
+
 @dataclass(frozen=True)
 class HandlerSpec:
     name: str  # dotted path, stored on Delivery.handler
@@ -64,6 +75,11 @@ class HandlerSpec:
     func: HandlerFunc
     ordering_key: str = ""  # dotted path into the payload; "" = deliveries are unordered
     event_time: str = ""  # dotted path to the provider's event time; "" = received order
+    # The downstream's limits, across every worker (ingress/deliveries/pace.py); settings'
+    # HANDLER_LIMITS overrides them per environment. None: unlimited.
+    rate: float | None = None  # deliveries started per second
+    concurrency: int | None = None  # deliveries in flight at once
+    replay_volume: int | None = None  # events a bulk replay must clear within its SLO
 
     def matches(self, provider: str, event_type: str) -> bool:
         return provider == self.provider and (
@@ -128,8 +144,12 @@ def webhook_handler(
     event_types: Iterable[str],
     ordering_key: str | None = None,
     event_time: str | None = None,
+    rate: float | None = None,
+    concurrency: int | None = None,
+    replay_volume: int | None = None,
 ) -> Callable[[HandlerFunc], HandlerFunc]:
     types = frozenset(event_types)
+    check_limits(rate=rate, concurrency=concurrency, replay_volume=replay_volume)
     if not types:
         raise ValueError("a webhook handler needs at least one event type (or '*')")
     for label, path in (("ordering_key", ordering_key), ("event_time", event_time)):
@@ -147,10 +167,28 @@ def webhook_handler(
             func=func,
             ordering_key=ordering_key or "",
             event_time=event_time or "",
+            rate=rate,
+            concurrency=concurrency,
+            replay_volume=replay_volume,
         )
         return func
 
     return register
+
+
+def check_limits(
+    *, rate: object = None, concurrency: object = None, replay_volume: object = None
+) -> None:
+    """A handler's limits, where declared or overridden: a rate above 0, counts of 1 or more."""
+    if rate is not None and (
+        isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0
+    ):
+        raise ValueError(f"a handler's rate is deliveries per second above 0, got {rate!r}")
+    for label, count in (("concurrency", concurrency), ("replay_volume", replay_volume)):
+        if count is not None and (
+            isinstance(count, bool) or not isinstance(count, int) or count < 1
+        ):
+            raise ValueError(f"a handler's {label} is a whole number of 1 or more, got {count!r}")
 
 
 def handler_note(result: object) -> str:

@@ -1,5 +1,5 @@
 """Flow 2, first half: everything after the ACK up to the deliveries — verify, deduplicate,
-fan out — and the worker's pass (`inbox_run_once`) that also runs them (ingress/deliveries.py).
+fan out — and the worker's pass (`inbox_run_once`) that also runs them (ingress/deliveries/).
 
 `raw_events_verify_batch` claims due `pending` raw events in one statement (`WITH … FOR
 UPDATE SKIP LOCKED … UPDATE … RETURNING`), so any number of worker processes on any number of
@@ -15,7 +15,7 @@ The batch is then settled in one transaction that first locks its rows, fenced o
 key settled (a unique index decides the winner) and one Delivery row created per registered
 handler (ingress.deliveries.deliveries_for_event); settling clears the claim. In the
 worker's pass the deliveries that need no claim (every handler unordered, none paused) are
-run right there, in that same transaction, and inserted `done` (ingress/deliveries.py, "run
+run right there, in that same transaction, and inserted `done` (ingress/deliveries/create.py, "run
 at settle").
 
 One bad row never blocks the others. Should settling the batch raise for anything but our
@@ -38,7 +38,7 @@ it can kill the next one — the rule, in docs/flows.md ("A row that kills its w
   again, and `unsettled_claims` then counts the deaths.
 - A row claimed again after a death is claimed alone (the claim stops before it, or takes
   it by itself), and settled without running handlers: a handler that kills is counted on
-  its delivery (ingress/deliveries.py), not on the event.
+  its delivery (ingress/deliveries/), not on the event.
 - A row found with INBOX_MAX_WORKER_DEATHS deaths is not settled again: it is rejected
   `worker_died`, visibly, and re-verifying it hands it back to the worker.
 
@@ -49,6 +49,8 @@ except the claims this process still owes a give-back (kept on its holder, kerne
 
 import contextlib
 import logging
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -100,7 +102,9 @@ from kernel.queue import (
     BEAT,
     CLAIMED_PREFIX,
     HOLDER_GONE,
+    PENDING_VALUES,
     Holder,
+    group_branches,
     holder_alive_since,
     statement,
     this_process,
@@ -140,7 +144,7 @@ def raw_events_settle(events: list[RawEvent], now: datetime, *, run_handlers: bo
 
     raw_events_verify_batch calls it under the claim; raw_event_reverify (ingress/services.py)
     on the one row it locked. `run_handlers` (the worker's pass): the deliveries that need no
-    claim are run here, in this transaction (ingress/deliveries.py, "run at settle").
+    claim are run here, in this transaction (ingress/deliveries/create.py, "run at settle").
     Returns how many deliveries it ran.
     """
     # One verify span per event, under its receive span; its deliveries start under it.
@@ -448,7 +452,7 @@ def _verify_and_run_batch(limit: int | None) -> tuple[int, int]:
     pass): (events settled, deliveries run). A batch that fails at COMMIT — a handler's write
     checked only then — is given back, claimed and settled again without running handlers,
     so its deliveries are run by the claim, which isolates the failing one; and handlers rest
-    from running at settle for a while (ingress/deliveries.py)."""
+    from running at settle for a while (ingress/deliveries/)."""
     try:
         return _verify_batch(limit=limit, now=None, run_handlers=True)
     except DATABASE_UNAVAILABLE:
@@ -463,37 +467,33 @@ def _verify_and_run_batch(limit: int | None) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class ClaimedBatch:
-    """One batch of raw events claimed by this process; `claimed_at` fences everything
-    written for it (another worker's claim of a row after the lease sets its own)."""
+    """One batch of raw events claimed by this process; `claimed_at` and its holder fence
+    everything written for it (another worker's claim of a row after the lease sets its own)."""
 
     ids: tuple[int, ...]
     received: tuple[datetime, datetime]  # the oldest and newest received_at: partition pruning
     claimed_at: datetime
+    holder: int
     unsettled: dict[int, int]  # raw event id -> its unsettled claims, this one included
 
 
 # The inbox's claim, one statement, of the one queue's pieces (kernel/queue.py): the holder's
-# beat; `due`: up to `limit` pending rows, oldest first, locked (SKIP LOCKED: a live batch's
-# rows are another worker's), whose claim, if any, ended (given back, its holder gone, or
-# older than the lease, a backstop); the claimed prefix, within the bytes budget, a suspect
-# (claimed before and never settled) alone; `m`: the claim's mark, one RawEventClaim row
-# each, counting a death unless the previous holder was another region's. A claim another
-# worker made meanwhile is left to it by the conflict's WHERE. octet_length of a stored
-# bytea reads its length from the TOAST pointer, not the body.
+# beat; `groups`: the sources, each a share of the whole limit; `due`: per source up to
+# `limit` pending rows, oldest first, locked (SKIP LOCKED: a live batch's rows are another
+# worker's), whose claim, if any, ended (given back, its holder gone, or older than the
+# lease, a backstop), numbered in turns across the sources; the claimed prefix, within the
+# bytes budget, a suspect (claimed before and never settled) alone; `m`: the claim's mark,
+# one RawEventClaim row each, counting a death unless the previous holder was another
+# region's. A claim another worker made meanwhile is left to it by the conflict's WHERE.
+# octet_length of a stored bytea reads its length from the TOAST pointer, not the body.
 _CLAIM_ENDED = (
     "(k.claimed_at IS NULL OR k.claimed_at <= %(lease_ended)s OR k.claimed_by IS NOT NULL AND "
     + HOLDER_GONE.replace("{claim}", "k")
     + ")"
 )
 _CLAIM = (
-    "WITH beat AS (" + BEAT + "),"  # noqa: S608 (constants)
-    " due AS (SELECT r.id, r.received_at, coalesce(k.unsettled_claims, 0) AS worker_deaths,"
-    " octet_length(r.body) AS bytes FROM {raw} AS r"
-    " LEFT JOIN {claim} AS k ON k.raw_event_id = r.id WHERE r.signature_status = 'pending'"
-    " AND (r.retry_not_before IS NULL OR r.retry_not_before <= %(now)s)"
-    " AND " + _CLAIM_ENDED + " AND r.body_encryption = ANY(%(keys)s)"
-    " ORDER BY r.received_at LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED),"
-    " c AS (" + CLAIMED_PREFIX + "),"
+    "WITH beat AS (" + BEAT + "), {due}"  # noqa: S608 (constants)
+    ", c AS (" + CLAIMED_PREFIX + "),"
     " m AS (INSERT INTO {claim} AS k (raw_event_id, claimed_at, claimed_by, unsettled_claims)"
     " SELECT id, %(now)s, %(holder)s, 1 FROM c"
     " ON CONFLICT (raw_event_id) DO UPDATE SET claimed_at = excluded.claimed_at,"
@@ -503,6 +503,55 @@ _CLAIM = (
     " SELECT m.raw_event_id, due.received_at, m.unsettled_claims FROM m"
     " JOIN due ON due.id = m.raw_event_id"
 )
+# One source's due rows (a branch of the claim's TURNS), in the pending index's order.
+_SOURCE_DUE = (
+    "SELECT r.id, r.received_at, coalesce(k.unsettled_claims, 0) AS worker_deaths,"  # noqa: S608 (constants)
+    " octet_length(r.body) AS bytes, {name} AS fair_group FROM {raw} AS r"
+    " LEFT JOIN {claim} AS k ON k.raw_event_id = r.id WHERE r.signature_status = 'pending'"
+    " AND r.source = {name}"
+    " AND (r.retry_not_before IS NULL OR r.retry_not_before <= %(now)s)"
+    " AND " + _CLAIM_ENDED + " AND r.body_encryption = ANY(%(keys)s)"
+)
+
+
+def _claim_statement(sources: Sequence[str], limit: int) -> str:
+    """The claim for these sources (a branch each) and this limit, both literals: the text is
+    the same for the same set, so it is prepared once, and its generic plan knows them."""
+    due = group_branches(
+        _SOURCE_DUE, names=sources, inner_order="r.received_at", alias="r", limit=limit
+    )
+    return _claim_sql(
+        _CLAIM.replace("{due}", due),
+        order="received_at, id",
+        running_bytes="sum(bytes) OVER w",
+    )
+
+
+# The sources with pending rows that no setting names any more (a source removed while its
+# events waited): a skip scan of the pending index, which on the partitioned store descends
+# every partition, so it runs at most every SOURCE_SCAN_SECONDS, not with every claim.
+_PENDING_SOURCES = (
+    "WITH RECURSIVE "  # noqa: S608 (constants)
+    + PENDING_VALUES.replace("{column}", "source")
+    .replace("{table}", "{raw}")
+    .replace("{pending}", "t.signature_status = 'pending'")
+    + " SELECT name FROM names WHERE name IS NOT NULL"
+)
+SOURCE_SCAN_SECONDS = 60.0
+
+
+def raw_events_claim_sources(*, holder: Holder | None = None) -> list[str]:
+    """The sources a claim goes round: every configured one, and any other with pending rows
+    (found by the last scan)."""
+    memo = (holder or this_process()).memo
+    clock = time.monotonic()
+    due_at, found = memo.get("inbox.sources", (0.0, ()))
+    if clock >= due_at:
+        with connection.cursor() as cursor:
+            cursor.execute(_claim_sql(_PENDING_SOURCES))
+            found = tuple(name for (name,) in cursor.fetchall())
+        memo["inbox.sources"] = (clock + SOURCE_SCAN_SECONDS, found)
+    return sorted(set(all_sources()) | set(found))
 
 
 def raw_events_claim(
@@ -514,10 +563,19 @@ def raw_events_claim(
     (`synchronous_commit = off` for this transaction only): should the database crash
     before the flush, the mark is lost with the claim, and no death is counted for it."""
     holder = holder or this_process()
-    sql = _claim_sql(_CLAIM, order="received_at, id", running_bytes="sum(bytes) OVER w")
+    sources = raw_events_claim_sources(holder=holder)
+    if not sources:
+        return None  # no source configured, none with pending rows
+    sql = _claim_statement(sources, limit)
     lease = timedelta(seconds=settings.INBOX_CLAIM_LEASE_SECONDS)
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL synchronous_commit = off")
+        # One plan for the connection's life (the statement names its sources and its limit,
+        # so a generic plan is the right one): planned per claim, a branch per source over
+        # every day's partition would cost more than the claim itself.
+        cursor.execute(
+            "SELECT set_config('synchronous_commit', 'off', true),"
+            " set_config('plan_cache_mode', 'force_generic_plan', true)"
+        )
         cursor.execute(
             sql,
             {
@@ -541,13 +599,16 @@ def raw_events_claim(
         ids=tuple(id for id, _, _ in rows),
         received=(min(received), max(received)),
         claimed_at=now,
+        holder=holder.id,
         unsettled={id: unsettled for id, _, unsettled in rows},
     )
 
 
 def _claims_of(claim: ClaimedBatch):
     """The batch's claim rows still its own (with its claimed_at)."""
-    return RawEventClaim.objects.filter(raw_event_id__in=claim.ids, claimed_at=claim.claimed_at)
+    return RawEventClaim.objects.filter(
+        raw_event_id__in=claim.ids, claimed_at=claim.claimed_at, claimed_by=claim.holder
+    )
 
 
 # The claim's rows still its own, locked for the settling transaction (the fence: its
@@ -557,10 +618,14 @@ _LOCK_CLAIMED = (
     "SELECT r.* FROM {raw} AS r JOIN {claim} AS k ON k.raw_event_id = r.id"
     " WHERE r.id = ANY(%(ids)s) AND r.received_at BETWEEN %(oldest)s AND %(newest)s"
     " AND r.signature_status = 'pending' AND k.claimed_at = %(claimed_at)s"
+    " AND k.claimed_by = %(holder)s"
     " ORDER BY r.received_at, r.id FOR UPDATE OF r"
 )
 # The claim ends with the transaction that settled (or set aside, or failed) its rows.
-_END_CLAIM = "DELETE FROM {claim} WHERE raw_event_id = ANY(%(ids)s) AND claimed_at = %(claimed_at)s"
+_END_CLAIM = (
+    "DELETE FROM {claim} WHERE raw_event_id = ANY(%(ids)s) AND claimed_at = %(claimed_at)s"
+    " AND claimed_by = %(holder)s"
+)
 
 
 def _claim_sql(sql: str, **pieces: str) -> str:
@@ -605,6 +670,7 @@ def _settle_claim(claim: ClaimedBatch, now: datetime, *, run_handlers: bool) -> 
                     "oldest": oldest,
                     "newest": newest,
                     "claimed_at": claim.claimed_at,
+                    "holder": claim.holder,
                 },
             )
         )
@@ -645,7 +711,10 @@ def _settle_claim(claim: ClaimedBatch, now: datetime, *, run_handlers: bool) -> 
         # Settled, set aside or waiting on a recorded failure: the claim is over either way
         # (the worker lived), in the transaction that says so.
         with connection.cursor() as cursor:
-            cursor.execute(_claim_sql(_END_CLAIM), {"ids": locked, "claimed_at": claim.claimed_at})
+            cursor.execute(
+                _claim_sql(_END_CLAIM),
+                {"ids": locked, "claimed_at": claim.claimed_at, "holder": claim.holder},
+            )
     return ran
 
 

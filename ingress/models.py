@@ -179,10 +179,11 @@ class RawEvent(models.Model):
         indexes = [
             models.Index(fields=["source", "delivery_id"], name="rawevent_source_delivery"),
             models.Index(fields=["received_at"], name="rawevent_received_at"),
+            # The inbox's claim goes round the sources, oldest first within each.
             models.Index(
-                fields=["received_at"],
+                fields=["source", "received_at"],
                 condition=Q(signature_status="pending"),
-                name="rawevent_pending",
+                name="rawevent_pending_source",
             ),
             # Rows waiting on a question are few: lists, figures and retention find them here.
             models.Index(
@@ -483,6 +484,7 @@ class Delivery(WorkItem):
     # it, so retries are follow-up spans of the webhook's trace. "" when tracing is off.
     traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
 
+    fair_by = "handler"
     claim_also = {"total_attempts": "t.total_attempts + 1"}
     claim_returns = ("raw_event_id", "handler", "total_attempts", "traceparent")
     claim_class = DeliveryClaim
@@ -510,10 +512,11 @@ class Delivery(WorkItem):
             ),
         ]
         indexes = [
+            # The claim goes round the handlers, the longest due first within each.
             models.Index(
-                fields=["next_attempt_at"],
+                fields=["handler", "next_attempt_at"],
                 condition=Q(status="pending"),
-                name="delivery_due",
+                name="delivery_due_handler",
             ),
             models.Index(
                 fields=["claimed_at"],
@@ -554,7 +557,7 @@ class HandlerPause(models.Model):
     """An operator's pause of one handler, or of every handler of one source (issue 13).
 
     While a pause is active (resumed_at NULL) events keep being received, stored, verified
-    and deduplicated; the deliveries it covers are `held` instead of run (ingress/deliveries.py
+    and deduplicated; the deliveries it covers are `held` instead of run (ingress/deliveries/
     holds any it finds due), and resuming releases them in received order at
     INBOX_RESUME_RELEASE_PER_SECOND. Written by ingress.services.handler_pause/handler_resume
     only; the console records who did it (an operator action). Rows are kept after resume: a
@@ -591,6 +594,35 @@ class HandlerPause(models.Model):
     @property
     def scope(self) -> str:
         return f"handler {self.handler}" if self.handler else f"source {self.source}"
+
+
+class HandlerPace(models.Model):
+    """A handler's pace across every worker (ingress/deliveries/pace.py): the tokens of its
+    declared rate, and the slow-down a downstream asked for. One row a limited handler, or a
+    handler a downstream slowed; written by the claim and by a 429's release, never by hand."""
+
+    handler = models.CharField(max_length=255, primary_key=True)
+    # The rate's token bucket: what is left, as of refilled_at (which a slow-down moves to the
+    # end of its pause).
+    tokens = models.FloatField(default=0.0)
+    refilled_at = models.DateTimeField(default=timezone.now)
+    # A downstream's 429 or Retry-After: nothing claimed before not_before; the rate times
+    # `factor` until slowed_until.
+    not_before = models.DateTimeField(null=True, blank=True)
+    factor = models.FloatField(default=1.0)
+    slowed_until = models.DateTimeField(null=True, blank=True)
+    rate_limited = models.BigIntegerField(default=0)  # slow-downs since the row was made
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(tokens__gte=0) & Q(factor__gt=0) & Q(factor__lte=1),
+                name="handlerpace_bounds",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"pace of {self.handler}"
 
 
 class DeliveryAttempt(models.Model):

@@ -81,7 +81,7 @@ _LOCK_NOT_AVAILABLE = "55P03"
 REJECTED_SWEEP_WINDOW = timedelta(days=2)
 
 # Equalities rather than `status IN (...)`: each matches the predicate of one partial
-# index (delivery_due, delivery_processing, delivery_held), so the planner can read only
+# index (delivery_due_handler, delivery_processing, delivery_held), so the planner can read only
 # unfinished rows. A held delivery (its handler paused) is unfinished: its event is kept.
 _UNFINISHED_DELIVERY = (
     Q(status=DeliveryStatus.PENDING)

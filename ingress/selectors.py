@@ -3,17 +3,20 @@ the API and /metrics."""
 
 import operator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import reduce
 
+from django.conf import settings
 from django.db.models import Count, Exists, Min, OuterRef, Q, Sum
 from django.utils import timezone
 
 from ingress.models import (
     Delivery,
     DeliveryStatus,
+    HandlerPace,
     HandlerPause,
     RawEvent,
+    RawEventClaim,
     RejectedPayloadMinute,
     SignatureStatus,
 )
@@ -129,3 +132,69 @@ def rejected_payloads_dropped() -> dict[str, int]:
     (ingress/rejected_payloads.py), over the minutes still accounted for."""
     rows = RejectedPayloadMinute.objects.values("source").annotate(dropped=Sum("dropped"))
     return {row["source"]: row["dropped"] for row in rows}
+
+
+@dataclass(frozen=True)
+class LaneBacklog:
+    """One source's or handler's unfinished work: waiting, and claimed by a worker now."""
+
+    waiting: int
+    in_flight: int
+    held: int = 0  # deliveries a pause holds (neither waiting to run nor running)
+
+
+def source_backlogs() -> dict[str, LaneBacklog]:
+    """Raw events to verify per source, and how many of them a worker's claim holds now
+    (claims older than the lease are the re-arm's, not in flight). One read of the pending
+    index and the claims' key; costs the backlog, not the store."""
+    lease_ended = timezone.now() - timedelta(seconds=settings.INBOX_CLAIM_LEASE_SECONDS)
+    claimed = RawEventClaim.objects.filter(
+        raw_event_id=OuterRef("id"), claimed_at__gt=lease_ended
+    )
+    rows = (
+        RawEvent.objects.filter(signature_status=SignatureStatus.PENDING)
+        .values("source")
+        .annotate(pending=Count("id"), claimed=Count("id", filter=Exists(claimed)))
+        .order_by()
+    )
+    return {
+        row["source"]: LaneBacklog(
+            waiting=row["pending"] - row["claimed"], in_flight=row["claimed"]
+        )
+        for row in rows
+    }
+
+
+def handler_backlogs() -> dict[str, LaneBacklog]:
+    """Deliveries per handler: due or waiting to retry, running now, held by a pause. One
+    read of the three partial indexes of unfinished deliveries."""
+    rows = (
+        Delivery.objects.filter(
+            any_status(DeliveryStatus.PENDING, DeliveryStatus.PROCESSING, DeliveryStatus.HELD)
+        )
+        .values("handler")
+        .annotate(
+            **{
+                str(status): Count("id", filter=Q(status=status))
+                for status in (
+                    DeliveryStatus.PENDING,
+                    DeliveryStatus.PROCESSING,
+                    DeliveryStatus.HELD,
+                )
+            }
+        )
+        .order_by()
+    )
+    return {
+        row["handler"]: LaneBacklog(
+            waiting=row[DeliveryStatus.PENDING],
+            in_flight=row[DeliveryStatus.PROCESSING],
+            held=row[DeliveryStatus.HELD],
+        )
+        for row in rows
+    }
+
+
+def handler_paces() -> dict[str, HandlerPace]:
+    """Every handler's pace row (limited handlers, and those a downstream slowed)."""
+    return {pace.handler: pace for pace in HandlerPace.objects.all()}

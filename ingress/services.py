@@ -4,7 +4,7 @@ The receive path calls exactly one of these (raw_event_store from the Django vie
 raw_event_store_async on the production server); raw_events_rotate_keys is the
 encryption key rotation; raw_event_replay and raw_event_reverify are the operator actions the
 console, the API and the commands call. The inbox's own writes (verify, dedup, fan out) are in
-ingress/inbox.py, running deliveries in ingress/deliveries.py.
+ingress/inbox.py, running deliveries in ingress/deliveries/.
 """
 
 import hashlib
@@ -260,7 +260,7 @@ def raw_events_replay_batch(*, raw_event_ids: Sequence[int], force: bool = False
     replay is how an event that had no handler reaches a new one. Idempotent: an event
     keeps one delivery per handler (the unique index), so a re-run re-arms the same rows
     and never queues a second one. `force` also re-arms deliveries superseded by a newer
-    event of their ordering key, and runs them despite it (ingress/deliveries.py).
+    event of their ordering key, and runs them despite it (ingress/deliveries/).
     """
     ids = sorted(set(raw_event_ids))
     now = timezone.now()

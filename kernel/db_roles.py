@@ -64,7 +64,7 @@ SIDE_EFFECTS = ("outbox.RecapSideEffect", "outbox.RecapSideEffectAttempt")
 EVENTS = ("recaps.Event", "recaps.Photo")
 
 # Verify, dedup and fan out (ingress/inbox.py), run and record deliveries
-# (ingress/deliveries.py).
+# (ingress/deliveries/).
 INBOX_PIPELINE = (
     Grant(("ingress.RawEvent",), UPDATE),
     Grant(INGRESS_PIPELINE, WRITE),
@@ -72,6 +72,9 @@ INBOX_PIPELINE = (
     Grant(("ingress.RawEventClaim",), ALL),
     # Which handlers are paused: their due deliveries are held, not claimed.
     Grant(("ingress.HandlerPause",), READ),
+    # The handlers' paces (ingress/deliveries/pace.py): made, locked and spent by the claim,
+    # slowed by a downstream's 429.
+    Grant(("ingress.HandlerPace",), WRITE),
     # The rejected-payload cap's per-minute accounts, pruned after their rows' retention.
     Grant(("ingress.RejectedPayloadMinute",), ALL),
 )

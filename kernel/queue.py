@@ -30,6 +30,7 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
+from kernel.db import sql_literal
 from kernel.db.json_rows import json_rows
 from kernel.models import ClaimHolder
 from kernel.retry import Action, RetryDecision
@@ -144,38 +145,97 @@ HOLDER_GONE = (
     " OR (pg_postmaster_start_time() < %(alive_since)s AND NOT EXISTS (SELECT 1"
     " FROM {holders} AS h WHERE h.id = {claim}.claimed_by AND h.beat_at >= %(alive_since)s)))"
 )
-# The claimed prefix of `due` (id, order, worker_deaths[, bytes]): the first row always, then
+# The claimed prefix of `due` (id, turn, order, worker_deaths[, bytes]), in turns (each
+# group's oldest, then each group's second, ...): the first row always, then up to `limit`
 # rows while none of them, this one included, has worker deaths (a suspect is claimed
 # alone, so a death is about one row) and the running sum of bytes stays in the budget.
 CLAIMED_PREFIX = (
     "SELECT id FROM (SELECT id, row_number() OVER w AS n, bool_or(worker_deaths > 0) OVER w"
     " AS suspect, {running_bytes} AS bytes FROM due"
-    " WINDOW w AS (ORDER BY {order} ROWS UNBOUNDED PRECEDING)) AS w"
-    " WHERE n = 1 OR (NOT suspect AND bytes <= %(budget)s)"
+    " WINDOW w AS (ORDER BY turn, {order} ROWS UNBOUNDED PRECEDING)) AS w"
+    " WHERE n = 1 OR (NOT suspect AND n <= %(limit)s AND bytes <= %(budget)s)"
 )
+# Fair claims (docs/queue.md, "Fair shares and limits"): a claim goes round groups (a
+# delivery's handler, a raw event's source), the oldest due rows of each, up to the group's
+# share, each group's in an index scan of its own, locked (SKIP LOCKED), numbered by `turn`
+# within the group. {rows} yields them with their `fair_group`: GROUP_ROWS for groups from a
+# CTE (name, share), or one branch per group (group_branches).
+TURNS = (
+    "due AS (SELECT d.*, row_number() OVER (PARTITION BY d.fair_group ORDER BY {order})"
+    " AS turn FROM ({rows}) AS d)"
+)
+GROUP_ROWS = (
+    "SELECT d.* FROM groups AS g CROSS JOIN LATERAL ({due} ORDER BY {inner_order}"
+    " LIMIT g.share FOR UPDATE OF {alias} SKIP LOCKED) AS d"
+)
+
+
+def group_branches(
+    due: str, *, names: Sequence[str], inner_order: str, alias: str, limit: int
+) -> str:
+    """TURNS with one CTE per group, its name a literal (`{name}` in `due`): the planner then
+    reads each group's statistics, and takes each group's own index even where one group is
+    most of a table (a lateral's parameter is planned as any value); `limit` a literal too.
+    CTEs, since a UNION's branches may not lock."""
+    branches = [
+        f"g{n} AS ({due.replace('{name}', sql_literal(name).replace('%', '%%'))}"  # % doubled:
+        f" ORDER BY {inner_order} LIMIT {int(limit)} FOR UPDATE OF {alias} SKIP LOCKED)"  # params
+        for n, name in enumerate(names)
+    ]
+    if not branches:
+        raise ValueError("a claim in turns needs one group at least")
+    rows = " UNION ALL ".join(f"SELECT * FROM g{n}" for n in range(len(names)))  # noqa: S608
+    return ", ".join([*branches, TURNS.replace("{rows}", rows)])
+
+
+# The values of a column among a table's pending rows, by a skip scan of its pending index
+# (one descent per value); {pending} is the table's pending condition over t.
+PENDING_VALUES = (
+    "names AS (SELECT min(t.{column}) AS name FROM {table} AS t WHERE {pending}"
+    " UNION ALL SELECT (SELECT min(t.{column}) FROM {table} AS t WHERE {pending}"
+    " AND t.{column} > names.name) FROM names WHERE names.name IS NOT NULL)"
+)
+# A model's groups: the values of its `fair_by` column among pending rows, each with its
+# share (`shares`, else `limit`).
+GROUPS_OF_COLUMN = (
+    PENDING_VALUES.replace("{pending}", "t.status = 'pending'")  # noqa: S608 (constants)
+    + ", groups AS (SELECT n.name, coalesce(s.share, %(limit)s) AS share FROM names AS n"
+    " LEFT JOIN json_to_recordset(%(shares)s::json) AS s(name text, share integer)"
+    " ON s.name = n.name WHERE n.name IS NOT NULL)"
+)
+ONE_GROUP = "groups AS (SELECT ''::text AS name, %(limit)s::integer AS share)"
 MARK_CLAIMED = (
     "UPDATE {table} AS t SET status = 'processing', claimed_at = %(now)s,"
     " claimed_by = %(holder)s, attempts = t.attempts + 1{claim_also} FROM c WHERE t.id = c.id"
     " RETURNING {returning}"
 )
-# The queue's claim, one statement (as procrastinate's fetch): beat, the oldest due rows
-# locked (SKIP LOCKED: another worker's batch is theirs), the claimed prefix, marked.
+# The queue's claim, one statement (as procrastinate's fetch): beat, the oldest due rows of
+# each group in turns, locked (SKIP LOCKED: another worker's batch is theirs), the claimed
+# prefix, marked.
 CLAIM = (
-    "WITH beat AS (" + BEAT + "),"  # noqa: S608 (constants)
-    " due AS (SELECT id, next_attempt_at, worker_deaths FROM {table}"
-    " WHERE status = 'pending' AND next_attempt_at <= %(now)s{eligible}"
-    " ORDER BY {order} LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-    " c AS (" + CLAIMED_PREFIX + ") " + MARK_CLAIMED
+    "WITH RECURSIVE beat AS (" + BEAT + "), {groups}, "  # noqa: S608 (constants)
+    + TURNS.replace("{rows}", GROUP_ROWS.replace("{alias}", "t")).replace(
+        "{due}",
+        "SELECT t.id, t.next_attempt_at, t.worker_deaths, g.name AS fair_group FROM {table} AS t"
+        " WHERE t.status = 'pending' AND t.next_attempt_at <= %(now)s{in_group}{eligible}",
+    )
+    + ", c AS (" + CLAIMED_PREFIX + ") " + MARK_CLAIMED
 )
 # Rows found and locked elsewhere (an ordering key's head), marked claimed.
 CLAIM_IDS = "WITH beat AS (" + BEAT + "), c AS (SELECT unnest(%(ids)s::bigint[]) AS id) " + (
     MARK_CLAIMED
 )
 # A batch's claims as a row set: the fence of everything recorded for them.
+# Its holder is part of the fence: two claims of one row at the same instant (the clocks of
+# two processes) with the same attempts, one re-armed between them, still differ.
 CLAIMS = (
-    "json_to_recordset(%(claims)s::json) AS c(id bigint, attempts integer, claimed_at timestamptz)"
+    "json_to_recordset(%(claims)s::json)"
+    " AS c(id bigint, attempts integer, claimed_at timestamptz, holder bigint)"
 )
-FENCE = "t.id = c.id AND t.attempts = c.attempts AND t.claimed_at = c.claimed_at"
+FENCE = (
+    "t.id = c.id AND t.attempts = c.attempts AND t.claimed_at = c.claimed_at"
+    " AND t.claimed_by = c.holder"
+)
 FENCED = FENCE + " AND t.status = 'processing'"
 # The batch's rows still its claims, locked for the batch's whole run: another worker's
 # re-claim is not among them, and rearm_orphaned skips them (SKIP LOCKED) however long the
@@ -225,11 +285,12 @@ REARM_ORPHANED = (
 def statement(sql: str, table: str = "", **pieces: str) -> str:
     """A named statement with its identifiers and the model's pieces filled in."""
     quote = connection.ops.quote_name
+    # The pieces first: they may hold the names below.
     for name, piece in {
+        **pieces,
         "table": quote(table) if table else "",
         "holders": quote(ClaimHolder._meta.db_table),
         "shift": str(HOLDER_REGION_SHIFT),
-        **pieces,
     }.items():
         sql = sql.replace("{" + name + "}", piece)
     return sql
@@ -240,7 +301,8 @@ def statement(sql: str, table: str = "", **pieces: str) -> str:
 
 @dataclass(frozen=True)
 class Claim:
-    """A row this worker owns until it records an outcome, fenced on (claimed_at, attempts).
+    """A row this worker owns until it records an outcome, fenced on (claimed_at, attempts,
+    holder).
     `row`: the columns the model asks a claim to return (WorkItem.claim_returns)."""
 
     id: int
@@ -269,8 +331,8 @@ class Orphan:
 
 def claims_json(claims: Iterable[Claim]) -> str:
     return json_rows(
-        ("id", "attempts", "claimed_at"),
-        ((claim.id, claim.attempts, claim.claimed_at) for claim in claims),
+        ("id", "attempts", "claimed_at", "holder"),
+        ((claim.id, claim.attempts, claim.claimed_at, claim.holder) for claim in claims),
     )
 
 
@@ -306,20 +368,34 @@ class WorkQuerySet(models.QuerySet[_Row]):
         eligible: str = "",
         params: dict[str, Any] | None = None,
         holder: Holder | None = None,
+        shares: dict[str, int] | None = None,
     ) -> list[Claim]:
-        """Claim up to `limit` due rows, oldest due first, in one statement (see CLAIM).
-        `eligible`: a further condition on the due rows (SQL over the table's columns)."""
+        """Claim up to `limit` due rows in one statement (see CLAIM): oldest due first, and
+        for a model with `fair_by` in turns across its groups. `eligible`: a further
+        condition on the due rows (SQL over the table's columns); `shares`: a group's most
+        rows in this claim, where less than `limit` (a handler's rate or concurrency)."""
         holder = holder or this_process()
+        fair_by = self.model.fair_by
         sql = self._sql(
             CLAIM,
+            groups=GROUPS_OF_COLUMN.replace("{column}", fair_by) if fair_by else ONE_GROUP,
+            in_group=f" AND t.{fair_by} = g.name" if fair_by else "",
             order="next_attempt_at, id",
+            inner_order="t.next_attempt_at, t.id",
             running_bytes="0",
             eligible=f" AND ({eligible})" if eligible else "",
             **self._claim_pieces(),
         )
+        shares_json = json_rows(("name", "share"), sorted((shares or {}).items()))
         rows = self._execute(
             sql,
-            {**holder.beat_params(now), "limit": limit, "budget": 0, **(params or {})},
+            {
+                **holder.beat_params(now),
+                "limit": limit,
+                "budget": 0,
+                "shares": shares_json,
+                **(params or {}),
+            },
         )
         holder.beaten_at = now
         # In the order they were due (RETURNING keeps none), as the claim chose them.
@@ -364,7 +440,11 @@ class WorkQuerySet(models.QuerySet[_Row]):
         """The row, only while it is still this claim: an outcome written through this — a
         success as much as a failure — cannot overwrite a newer claim."""
         return self.filter(
-            pk=claim.id, status=PROCESSING, claimed_at=claim.claimed_at, attempts=claim.attempts
+            pk=claim.id,
+            status=PROCESSING,
+            claimed_at=claim.claimed_at,
+            claimed_by=claim.holder,
+            attempts=claim.attempts,
         )
 
     def lock(self, claims: Sequence[Claim]) -> set[int]:
@@ -544,6 +624,9 @@ class WorkItem(models.Model):
     # CHECK would scan the table under an exclusive lock when added.
     worker_deaths = models.SmallIntegerField(default=0, db_default=0)
 
+    # The column a claim goes round (fair claims: one group's backlog costs the others at most
+    # a share of a batch); its pending index must lead with it. "" = one queue, oldest first.
+    fair_by: ClassVar[str] = ""
     # What a claim also writes (column -> SQL over t) and returns (columns, into Claim.row).
     claim_also: ClassVar[dict[str, str]] = {}
     claim_returns: ClassVar[tuple[str, ...]] = ()

@@ -1,4 +1,4 @@
-"""The one retry decision of the project: deliveries (ingress/deliveries.py) and side effects
+"""The one retry decision of the project: deliveries (ingress/deliveries/) and side effects
 (outbox/) both ask it "retry, when, or give up — and why".
 
 The finality rule (docs/outbox.md, "The finality rule"), which everything here serves:
@@ -33,9 +33,10 @@ so a worker whose row was re-armed and claimed again meanwhile cannot overwrite 
 — its success included.
 """
 
+import email.utils
 import random
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TypeVar
 
@@ -108,6 +109,22 @@ CLASSIFICATION: tuple = (
     (DjangoDatabaseError, _database),
     (psycopg.Error, _database),
 )
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Retry-After as seconds: delta-seconds or an HTTP-date (RFC 9110 10.2.3)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - (now or datetime.now(tz=UTC))).total_seconds(), 0.0)
 
 
 def classify(exc: BaseException) -> Failure:

@@ -18,7 +18,7 @@ key): one about a render that is not the recap's current one is ignored, and the
 returns the note the console shows on the event ("stale callback for render …"). One about
 a recap still unpaid here is retried (RenderCallbackBeforePayment): this database has not
 handled the payment yet, which is no verdict about the callback. The
-handler runs inside the delivery's transaction (ingress/deliveries.py).
+handler runs inside the delivery's transaction (ingress/deliveries/).
 """
 
 from django.conf import settings

@@ -21,14 +21,12 @@ The worst case of one dispatch is computed from these limits in kernel/budgets.p
 system check holds it against the budget of every caller.
 """
 
-import email.utils
 import json
 import logging
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -39,7 +37,7 @@ from urllib3.util import Timeout
 
 from kernel import tracing
 from kernel.errors import Disposition
-from kernel.retry import RetryPolicy, classify
+from kernel.retry import RetryPolicy, classify, parse_retry_after
 from outbox.errors import (
     RenderBadResponse,
     RenderConnectionFailed,
@@ -145,22 +143,6 @@ class _Answer:
     status: int
     headers: dict[str, str]
     body: bytes
-
-
-def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
-    """Retry-After as seconds: delta-seconds or an HTTP-date (RFC 9110 10.2.3)."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max((when - (now or datetime.now(tz=UTC))).total_seconds(), 0.0)
 
 
 class RenderClient:

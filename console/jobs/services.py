@@ -68,7 +68,8 @@ from console.ops.ack_rollup import ack_rollup_prune
 from console.presentation import EMPTY
 from console.raw_events.selectors import RawEventFilter
 from console.side_effects.selectors import SideEffectFilter
-from ingress.handlers import all_handlers
+from ingress.deliveries.pace import handler_limits
+from ingress.handlers import all_handlers, get_handler, handlers_for
 from ingress.models import (
     Delivery,
     DeliveryAttempt,
@@ -78,6 +79,7 @@ from ingress.models import (
     SignatureStatus,
 )
 from ingress.services import deliveries_rearm_batch, raw_events_replay_batch
+from ingress.sources import all_sources
 from kernel.errors import EventDropError
 from kernel.processing_region import ProcessingWritesRefused, require_processing_region
 from outbox.models import RecapSideEffect, SideEffectStatus
@@ -283,6 +285,32 @@ def _check_handler(name: str) -> None:
     raise BulkJobError(UNKNOWN_HANDLER.format(name=name, names=shown or "none"), field="handler")
 
 
+def _time_to_clear(kind: str, eligible: QuerySet) -> list[list]:
+    """For each rate-limited handler the job runs: [handler, deliveries, rate, seconds to
+    clear them at that rate, whether that is past the replay SLO]. A replay runs every
+    handler of each event's type; a re-arm, each delivery's own."""
+    per_handler: Counter[str] = Counter()
+    if kind == BulkJobKind.REPLAY_RAW_EVENTS:
+        sources = all_sources()
+        grouped = eligible.order_by().values("source", "event_type").annotate(rows=Count("id"))
+        for source, event_type, count in grouped.values_list("source", "event_type", "rows"):
+            if source in sources:
+                for spec in handlers_for(sources[source].provider, event_type):
+                    per_handler[spec.name] += count
+    elif kind == BulkJobKind.REARM_DELIVERIES:
+        rows = eligible.order_by().values("handler").annotate(rows=Count("id"))
+        per_handler.update(dict(rows.values_list("handler", "rows")))
+    paced = []
+    slo = settings.BULK_JOB_REPLAY_SLO_SECONDS
+    for name, count in sorted(per_handler.items()):
+        handler = get_handler(name)
+        rate = handler_limits(handler).rate if handler is not None else None
+        if rate:
+            seconds = count / rate
+            paced.append([name, count, rate, round(seconds, 1), seconds > slo])
+    return paced
+
+
 def bulk_job_preview(
     *,
     actor: User,
@@ -321,9 +349,11 @@ def bulk_job_preview(
     job.total = rows.count()
     if not job.total:
         raise BulkJobError(NOTHING_SELECTED)
+    eligible = _eligible(kind, rows)
     job.breakdown = {
-        "eligible": _eligible(kind, rows).count(),
+        "eligible": eligible.count(),
         "by": _breakdown(kind, rows),
+        "paced": _time_to_clear(kind, eligible),
     }
     job.save()
     logger.info(

@@ -51,6 +51,8 @@ from console.ops.ack_rollup import ack_rollup_collect
 from console.pauses.services import PauseRow, pauses_active
 from console.presentation import EMPTY, format_seconds
 from console.selectors import inbox_queue_depths
+from ingress.deliveries.pace import HandlerLimits, handler_limits
+from ingress.handlers import all_handlers
 from ingress.models import (
     Delivery,
     DeliveryStatus,
@@ -61,6 +63,7 @@ from ingress.models import (
 )
 from ingress.receive import ACK_SECONDS
 from ingress.reconcile.selectors import reconciliation_runs_latest
+from ingress.selectors import LaneBacklog, handler_backlogs, handler_paces, source_backlogs
 from ingress.sources import all_sources
 from outbox.breaker import RENDER_SERVICE_BREAKER
 from outbox.models import BreakerState, CircuitBreaker, RecapSideEffect, SideEffectStatus
@@ -412,21 +415,39 @@ class QueueDrain:
         return "not draining" if seconds is None else format_seconds(seconds)
 
 
-def queue_drains(*, now: datetime, inbox: dict, outbox: dict) -> list[QueueDrain]:
-    """Backlog, drain and time to clear of the three queues. Verdicts and finished
-    deliveries are counted by the minute as they happen (console.models.VolumeBucket): the
-    window is the minutes that began in the last DRAIN_WINDOW (a minute more at most); side
-    effects finished in the window are read from their finished_at index."""
+def drained_counts(*, now: datetime) -> dict[tuple[str, str], int]:
+    """What left the inbox's queues in DRAIN_WINDOW, by (kind, name): verdicts by source,
+    finished deliveries by handler, counted by the minute as they happen
+    (console.models.VolumeBucket); the window is the minutes that began in the last
+    DRAIN_WINDOW (a minute more at most). One read for the queues and their lanes."""
     since = now - DRAIN_WINDOW
-    minute = since.replace(second=0, microsecond=0)
-    counted = dict(
+    counted: dict[tuple[str, str], int] = defaultdict(int)
+    for kind, name, rows in (
         VolumeBucket.objects.filter(
-            kind__in=[VolumeKind.VERDICTS, VolumeKind.FINISHED], bucket__gte=minute, bucket__lte=now
+            kind__in=[VolumeKind.VERDICTS, VolumeKind.FINISHED],
+            bucket__gte=since.replace(second=0, microsecond=0),
+            bucket__lte=now,
         )
-        .values("kind")
+        .values("kind", "source")
         .annotate(rows=Sum("rows"))
-        .values_list("kind", "rows")
-    )
+        .values_list("kind", "source", "rows")
+    ):
+        counted[(kind, name)] += rows
+    return counted
+
+
+def queue_drains(
+    *, now: datetime, inbox: dict, outbox: dict, counted: dict[tuple[str, str], int] | None = None
+) -> list[QueueDrain]:
+    """Backlog, drain and time to clear of the three queues: verdicts and finished deliveries
+    from drained_counts (`counted`, when the caller read them already), side effects finished
+    in the window from their finished_at index."""
+    since = now - DRAIN_WINDOW
+    if counted is None:
+        counted = drained_counts(now=now)
+    total: dict[str, int] = defaultdict(int)
+    for (kind, _), rows in counted.items():
+        total[kind] += rows
     side_effects = RecapSideEffect.objects.filter(
         finished_at__gte=since, finished_at__lte=now
     ).count()
@@ -437,14 +458,14 @@ def queue_drains(*, now: datetime, inbox: dict, outbox: dict) -> list[QueueDrain
             "raw_events",
             "Raw events to verify",
             inbox["raw_events_pending"],
-            counted.get(VolumeKind.VERDICTS, 0),
+            total[VolumeKind.VERDICTS],
             window,
         ),
         QueueDrain(
             "deliveries",
             "Deliveries to run (pending and processing; held ones wait for a resume)",
             deliveries[DeliveryStatus.PENDING] + deliveries[DeliveryStatus.PROCESSING],
-            counted.get(VolumeKind.FINISHED, 0),
+            total[VolumeKind.FINISHED],
             window,
         ),
         QueueDrain(
@@ -455,6 +476,87 @@ def queue_drains(*, now: datetime, inbox: dict, outbox: dict) -> list[QueueDrain
             window,
         ),
     ]
+
+
+@dataclass(frozen=True)
+class LaneDrain(QueueDrain):
+    """One source's share of the raw events to verify, or one handler's of the deliveries to
+    run: its backlog, what is in flight, its pace over DRAIN_WINDOW and its time to clear,
+    and for a handler its limits now (a downstream's slow-down included)."""
+
+    in_flight: int = 0
+    held: int = 0
+    rate_limit: float | None = None  # per second now; None: no rate
+    concurrency: int | None = None
+    paused_until: datetime | None = None  # a downstream asked for a pause
+    slowed_until: datetime | None = None  # its rate is reduced until then
+
+    @property
+    def over_replay_slo(self) -> bool:
+        """Its backlog takes longer to clear than the replay SLO allows (or does not drain)."""
+        seconds = self.seconds_to_clear
+        return bool(self.backlog) and (
+            seconds is None or seconds > settings.BULK_JOB_REPLAY_SLO_SECONDS
+        )
+
+
+def lane_drains(
+    *, now: datetime, counted: dict[tuple[str, str], int] | None = None
+) -> list[LaneDrain]:
+    """Per source and per handler: backlog, in flight, pace and time to clear (issue 41).
+    Backlogs from the partial indexes of unfinished rows, paces from drained_counts, limits
+    from where handlers are declared and the pace rows; never a read of the store."""
+    if counted is None:
+        counted = drained_counts(now=now)
+    window = DRAIN_WINDOW.total_seconds()
+    sources = source_backlogs()
+    lanes = [
+        LaneDrain(
+            "source",
+            name,
+            backlog=backlog.waiting + backlog.in_flight,
+            drained=counted[(VolumeKind.VERDICTS, name)],
+            window_seconds=window,
+            in_flight=backlog.in_flight,
+        )
+        for name in sorted(
+            set(all_sources())
+            | set(sources)
+            | {name for kind, name in counted if kind == VolumeKind.VERDICTS}
+        )
+        for backlog in [sources.get(name, LaneBacklog(0, 0))]
+    ]
+    handlers = handler_backlogs()
+    paces = handler_paces()
+    specs = {spec.name: spec for spec in all_handlers()}
+    for name in sorted(
+        set(specs) | set(handlers) | {n for kind, n in counted if kind == VolumeKind.FINISHED and n}
+    ):
+        backlog = handlers.get(name, LaneBacklog(0, 0))
+        limits = handler_limits(specs[name]) if name in specs else HandlerLimits()
+        pace = paces.get(name)
+        slowed = pace is not None and pace.slowed_until is not None and now < pace.slowed_until
+        rate = limits.rate
+        if rate is not None and slowed and pace is not None:
+            rate *= pace.factor
+        lanes.append(
+            LaneDrain(
+                "handler",
+                name,
+                backlog=backlog.waiting + backlog.in_flight,
+                drained=counted[(VolumeKind.FINISHED, name)],
+                window_seconds=window,
+                in_flight=backlog.in_flight,
+                held=backlog.held,
+                rate_limit=rate,
+                concurrency=limits.concurrency,
+                paused_until=pace.not_before
+                if pace is not None and pace.not_before and now < pace.not_before
+                else None,
+                slowed_until=pace.slowed_until if slowed and pace is not None else None,
+            )
+        )
+    return lanes
 
 
 # --- ACK latency (in-process histogram, not the database) -------------------------------------
@@ -553,6 +655,8 @@ class OpsSnapshot:
     pauses: tuple[PauseRow, ...] = ()
     deliveries_held: int = 0  # by any pause (a delivery two pauses cover counts once)
     drains: tuple[QueueDrain, ...] = ()
+    # Per source and per handler (fair shares and limits).
+    lanes: tuple[LaneDrain, ...] = ()
 
     @property
     def breaker_state(self) -> str:
@@ -624,6 +728,7 @@ def ops_snapshot(*, now: datetime | None = None) -> OpsSnapshot:
     volume = raw_event_volume(now=now)
     inbox = inbox_queue_depths(now=now)
     outbox = side_effect_depths(now=now)
+    counted = drained_counts(now=now)
     return OpsSnapshot(
         taken_at=now,
         sources=_volume_by_source(volume),
@@ -639,7 +744,8 @@ def ops_snapshot(*, now: datetime | None = None) -> OpsSnapshot:
         bulk_jobs=bulk_jobs_active_counts(),
         pauses=tuple(pauses_active()),
         deliveries_held=inbox["deliveries"][DeliveryStatus.HELD],
-        drains=tuple(queue_drains(now=now, inbox=inbox, outbox=outbox)),
+        drains=tuple(queue_drains(now=now, inbox=inbox, outbox=outbox, counted=counted)),
+        lanes=tuple(lane_drains(now=now, counted=counted)),
     )
 
 

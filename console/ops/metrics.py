@@ -11,8 +11,9 @@ the breaker's states. No payload, header, id or secret ever becomes a label.
 """
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
+from django.conf import settings
 from django.utils import timezone
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -20,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from console.incidents.services import IncidentGroup, incident_groups
 from console.models import IncidentKind
-from console.ops.figures import OpsSnapshot, ack_latency_collectors, ops_snapshot
+from console.ops.figures import LaneDrain, OpsSnapshot, ack_latency_collectors, ops_snapshot
 from ingress.handlers import all_handlers
 from ingress.models import RejectionReason, SignatureStatus
 from ingress.providers import PROVIDERS
@@ -338,6 +339,7 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
             if drain.seconds_to_clear is not None
         },
     )
+    yield from lane_families(snapshot.lanes, sources=set(sources))
     yield _labelled(
         "eventdrop_circuit_breaker_state",
         "1 for the breaker's current state, 0 for the others.",
@@ -346,6 +348,84 @@ def ops_families(snapshot: OpsSnapshot) -> Iterator[GaugeMetricFamily]:
             (RENDER_SERVICE_BREAKER, state): int(state == snapshot.breaker_state)
             for state in BreakerState.values
         },
+    )
+
+
+def lane_families(lanes: Iterable[LaneDrain], *, sources: set[str]) -> Iterator[GaugeMetricFamily]:
+    """Per source and per handler (issue 41): backlog, in flight, pace, time to clear and the
+    limits now. A source or handler no longer configured is "other"."""
+    handlers = {spec.name for spec in all_handlers()}
+    by_lane: dict[str, dict[str, list[LaneDrain]]] = {"source": {}, "handler": {}}
+    for lane in lanes:
+        known = sources if lane.queue == "source" else handlers
+        name = lane.label if lane.label in known else OTHER
+        by_lane[lane.queue].setdefault(name, []).append(lane)
+    for queue, what in (("source", "raw events to verify"), ("handler", "deliveries to run")):
+        groups = by_lane[queue]
+        key = {name: (name,) for name in groups}
+        yield _labelled(
+            f"eventdrop_{queue}_backlog",
+            f"Per {queue}: {what}, in flight included.",
+            [queue],
+            {key[n]: sum(lane.backlog for lane in group) for n, group in groups.items()},
+        )
+        yield _labelled(
+            f"eventdrop_{queue}_in_flight",
+            f"Per {queue}: {what} a worker holds now.",
+            [queue],
+            {key[n]: sum(lane.in_flight for lane in group) for n, group in groups.items()},
+        )
+        yield _labelled(
+            f"eventdrop_{queue}_drain_per_second",
+            f"Per {queue}: {what} finished per second over the last 5 minutes.",
+            [queue],
+            {key[n]: sum(lane.per_second for lane in group) for n, group in groups.items()},
+        )
+        yield _labelled(
+            f"eventdrop_{queue}_seconds_to_clear",
+            f"Per {queue}: time to clear its backlog at its pace (absent: not draining while "
+            "items wait); EventDropBacklogPastReplaySlo fires past the replay SLO.",
+            [queue],
+            {
+                key[n]: group[0].seconds_to_clear
+                for n, group in groups.items()
+                if len(group) == 1 and group[0].seconds_to_clear is not None
+            },
+        )
+        yield _labelled(
+            f"eventdrop_{queue}_not_draining",
+            f"Per {queue}: 1 while items wait and none finished in the last 5 minutes.",
+            [queue],
+            {
+                key[n]: int(any(lane.backlog and not lane.drained for lane in group))
+                for n, group in groups.items()
+            },
+        )
+    handler_lanes = {n: group[0] for n, group in by_lane["handler"].items() if n != OTHER}
+    yield _labelled(
+        "eventdrop_handler_rate_limit_per_second",
+        "A handler's rate now: declared (or HANDLER_LIMITS), halved while a downstream's "
+        "slow-down lasts (absent: no rate).",
+        ["handler"],
+        {(n,): lane.rate_limit for n, lane in handler_lanes.items() if lane.rate_limit},
+    )
+    yield _labelled(
+        "eventdrop_handler_concurrency_limit",
+        "A handler's deliveries in flight at most (absent: no limit).",
+        ["handler"],
+        {(n,): lane.concurrency for n, lane in handler_lanes.items() if lane.concurrency},
+    )
+    yield _labelled(
+        "eventdrop_handler_downstream_paused",
+        "1 while a handler's downstream asked for a pause (429, Retry-After): nothing of it is "
+        "claimed.",
+        ["handler"],
+        {(n,): int(lane.paused_until is not None) for n, lane in handler_lanes.items()},
+    )
+    yield _gauge(
+        "eventdrop_replay_slo_seconds",
+        "BULK_JOB_REPLAY_SLO_SECONDS: a backlog that takes longer to clear misses it.",
+        float(settings.BULK_JOB_REPLAY_SLO_SECONDS),
     )
 
 

@@ -10,9 +10,17 @@ from datetime import datetime
 from django.db import connection
 from django.utils import timezone
 
+from ingress.deliveries.pace import handler_limits
 from ingress.deliveries.statements import SETTLE_RUN_INSERT
 from ingress.handlers import HandlerSpec, handler_note
-from ingress.models import Delivery, DeliveryAttempt, DeliveryStatus, HandlerPause, RawEvent
+from ingress.models import (
+    Delivery,
+    DeliveryAttempt,
+    DeliveryStatus,
+    HandlerPace,
+    HandlerPause,
+    RawEvent,
+)
 from ingress.payloads import parse_payload, raw_event_body, raw_event_headers
 from kernel import tracing
 from kernel.db.json_rows import json_rows
@@ -94,8 +102,9 @@ def deliveries_runnable_at_settle(
     routed: list[tuple[RawEvent, list[HandlerSpec]]],
 ) -> list[tuple[RawEvent, list[HandlerSpec]]]:
     """The (event, handlers) among freshly settled ones whose handlers may run at settle:
-    every handler unordered, none paused, none cooling down. One read of the active pauses,
-    only if any event qualifies otherwise."""
+    every handler unordered and unlimited (a rate or a concurrency is the claim's to keep),
+    none paused, slowed by its downstream or cooling down. One read of the active pauses and
+    slow-downs, only if any event qualifies otherwise."""
     cooldown = settle_run_cooldown()
     clock = time.monotonic()
     if clock < cooldown.everything_until:
@@ -104,16 +113,22 @@ def deliveries_runnable_at_settle(
     candidates = [
         (event, specs)
         for event, specs in routed
-        if specs and not any(spec.ordered or spec.name in cooled for spec in specs)
+        if specs
+        and not any(
+            spec.ordered or spec.name in cooled or handler_limits(spec).limited for spec in specs
+        )
     ]
     if not candidates:
         return []
     pauses = list(
         HandlerPause.objects.filter(resumed_at__isnull=True).values_list("handler", "source")
     )
-    if not pauses:
+    slowed = set(
+        HandlerPace.objects.filter(not_before__gt=timezone.now()).values_list("handler", flat=True)
+    )
+    if not pauses and not slowed:
         return candidates
-    handlers = {handler for handler, _ in pauses if handler}
+    handlers = {handler for handler, _ in pauses if handler} | slowed
     sources = {source for _, source in pauses if source}
     return [
         (event, specs)

@@ -135,6 +135,21 @@ def key_heads_to_claim(limit: int, now: datetime) -> KeyHeads:
     return KeyHeads(claimable, {head.raw_event_id for head, _ in superseded})
 
 
+def heads_within_shares(
+    heads: list[KeyHead], shares: dict[str, int], *, taken: dict[str, int]
+) -> list[KeyHead]:
+    """The heads to claim in turns across their handlers (each handler's oldest due first),
+    each handler within its share left after the unordered claims took theirs."""
+    left = {name: share - taken.get(name, 0) for name, share in shares.items()}
+    turns: dict[str, int] = {}
+    ranked = []
+    for position, head in enumerate(heads):
+        turn = turns[head.handler] = turns.get(head.handler, 0) + 1
+        if turn <= left.get(head.handler, turn):
+            ranked.append((turn, position, head))
+    return [head for _, _, head in sorted(ranked)]
+
+
 def suspects_alone(
     heads: list[KeyHead], *, beside_suspect: bool, beside_any: bool
 ) -> list[KeyHead]:

@@ -10,6 +10,7 @@ batch's claims are given back (owed until the database answers).
 
 import contextlib
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import cast
@@ -20,7 +21,8 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from ingress.deliveries.holds import hold_claimed_paused
-from ingress.deliveries.ordering import key_heads_to_claim, suspects_alone
+from ingress.deliveries.ordering import heads_within_shares, key_heads_to_claim, suspects_alone
+from ingress.deliveries.pace import handler_slow_down, paces_lock, slows_down
 from ingress.encryption import keyring
 from ingress.handlers import PermanentHandlerError, get_handler, handler_note
 from ingress.models import (
@@ -83,13 +85,21 @@ class HandlerFailure:
 def deliveries_claim(
     *, limit: int, now: datetime, holder: Holder | None = None
 ) -> list[DeliveryClaim]:
-    """The one place deliveries are claimed: up to `limit` due unordered deliveries (the one
-    queue's claim) and up to `limit` heads of ordering keys, in one short transaction. What a
-    pause covers is held instead, its attempt given back, before anything runs."""
+    """The one place deliveries are claimed, in one short transaction: up to `limit` due
+    unordered deliveries (the one queue's claim, in turns across the handlers) and up to
+    `limit` heads of ordering keys, each handler within what its pace leaves (pace.py). What
+    a pause covers is held instead, its attempt given back, before anything runs."""
     queue = Delivery.objects
     with transaction.atomic():
+        paces = paces_lock(now=now, limit=limit)
         claims = hold_claimed_paused(
-            queue.claim(limit=limit, now=now, eligible="ordering_key = ''", holder=holder)
+            queue.claim(
+                limit=limit,
+                now=now,
+                eligible="ordering_key = ''",
+                holder=holder,
+                shares=paces.shares,
+            )
         )
         heads = key_heads_to_claim(limit, now)
         chosen = suspects_alone(
@@ -97,12 +107,19 @@ def deliveries_claim(
             beside_suspect=any(claim.worker_deaths > 0 for claim in claims),
             beside_any=bool(claims),
         )
+        chosen = heads_within_shares(chosen, paces.shares, taken=_per_handler(claims))
         claims += queue.claim_ids([head.id for head in chosen], now=now, holder=holder)
+        if paces.rows:
+            paces.spend(_per_handler(claims))
     if heads.superseded:
         # After the claim's commit: the claim locks no raw event, so it can never be one half
         # of a deadlock with a replay (which locks the events, then their deliveries).
         mark_events_handled(heads.superseded, now)
     return cast(list[DeliveryClaim], claims)
+
+
+def _per_handler(claims: list) -> dict[str, int]:
+    return dict(Counter(cast(DeliveryClaim, claim).handler for claim in claims))
 
 
 def mark_events_handled(
@@ -368,6 +385,8 @@ def record_failure(failure: HandlerFailure) -> None:
         if not Delivery.objects.record(claim, decision, error=error, now=now):
             logger.warning("ingress.deliver.lost_claim", extra={"delivery_id": claim.id})
             return
+        if slows_down(failure.failure):
+            handler_slow_down(handler=claim.handler, failure=failure.failure, now=now)
         if decision.action == Action.GIVE_UP:
             mark_events_handled({claim.raw_event_id}, now)
         DeliveryAttempt.objects.create(

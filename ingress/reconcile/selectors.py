@@ -55,7 +55,7 @@ def pending_body_ids(*, source: str, received_since: datetime) -> set[str]:
 
     For providers whose event id is only in the body (Stripe). Bodies are parsed here, in
     Python, because a pending body is unverified input: SQL that casts it to JSON would fail
-    on the first one that is not. The `rawevent_pending` partial index finds the rows;
+    on the first one that is not. The `rawevent_pending_source` partial index finds the rows;
     normally there are a handful, and the caller only asks when something looks missing.
     """
     bodies = (

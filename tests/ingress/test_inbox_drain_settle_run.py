@@ -4,7 +4,7 @@
 An event whose handlers are all unordered, unpaused and not resting after a failure needs no
 claim: its deliveries are inserted `done` with their attempt and the event stamped handled,
 all with its verdict — no `pending` → `processing` → `done` round of the delivery row, no
-read-back of the event (ingress/deliveries.py, "run at settle"). Whatever a handler does
+read-back of the event (ingress/deliveries/create.py, "run at settle"). Whatever a handler does
 wrong there (raise, or write what only fails at COMMIT) ends as it did before: the claim
 runs, charges and retries it, and every write is committed once. Transactional tests: the
 savepoint's rollback and the COMMIT-time failure only happen for real when the batch commits.

@@ -299,7 +299,7 @@ def test_database_restarts_and_a_deploy_count_no_worker_death(tmp_path):
         logs = "".join(path.read_text() for path in sorted(tmp_path.glob("inbox-*.log")))
         # A fault landed under a batch of raw events (the handler ran at settle) and one under
         # a batch of deliveries (the handler, having failed at settle, rests from it for a
-        # while: ingress/deliveries.py) …
+        # while: ingress/deliveries/) …
         assert "ingress.verify.claims_given_back" in logs
         assert "ingress.deliver.claims_given_back" in logs
         assert "worker_death_counted" not in logs  # … and no claim was taken for a death

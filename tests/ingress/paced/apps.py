@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class PacedConfig(AppConfig):
+    name = "tests.ingress.paced"
+    label = "paced"
