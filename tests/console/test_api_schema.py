@@ -100,3 +100,29 @@ def test_no_500_and_no_undocumented_status(operation, data, superuser_headers, a
     # reconnects the connection-closing receivers when each of its requests ends.
     response = case.call(app=app, headers=superuser_headers)
     case.validate_response(response, checks=[not_a_server_error, status_code_conformance])
+
+
+@pytest.mark.django_db
+def test_sequences_of_calls_find_no_500(superuser_headers, app):
+    """Stateful: schemathesis chains the operations by the links it infers from the schema
+    (a list's ids into the detail and the actions, a job created into its start and cancel),
+    valid and fuzzed requests mixed, and no sequence of them answers a 500 or a status the
+    schema does not document."""
+
+    class Workflow(schema.as_state_machine()):  # type: ignore[misc]
+        def get_call_kwargs(self, case):
+            return {"app": app, "headers": superuser_headers}
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            case.validate_response(response, checks=[not_a_server_error, status_code_conformance])
+
+    assert Workflow.bundles, "no links inferred: the stateful test would call nothing"
+    Workflow.run(
+        settings=settings(
+            max_examples=25,
+            stateful_step_count=6,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        )
+    )
