@@ -130,10 +130,13 @@ class OneQueue(RuleBasedStateMachine):
             return
         claim = self.abandoned.pop(data.draw(st.integers(0, len(self.abandoned) - 1)))
         row = Delivery.objects.get(id=claim.id)
-        still_its_own = (row.status, row.claimed_at, row.attempts) == (
+        # Its holder too: another worker may have claimed the row again at the same instant
+        # with the same attempts (two processes' clocks agree).
+        still_its_own = (row.status, row.claimed_at, row.attempts, row.claimed_by) == (
             "processing",
             claim.claimed_at,
             claim.attempts,
+            claim.holder,
         )
         if succeeds:
             written = self.queue().complete([claim], now=self.now)
@@ -235,3 +238,29 @@ def test_any_interleaving_keeps_the_queue_whole(settings):
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+def test_a_late_outcome_is_fenced_off_a_reclaim_at_the_same_instant(settings):
+    """What the state machine found: a row claimed by another region's worker, re-armed,
+    and claimed again at the same instant with the same attempts. The first claim's late
+    outcome, success or failure, must not touch the second: the fence names the holder."""
+    settings.CLAIM_HOLDER_TTL_SECONDS = TTL_SECONDS
+    settings.EVENTDROP_REGION_NUMBER = 0
+    now = timezone.now() + timedelta(hours=1)
+    Delivery.objects.create(raw_event_id=1, handler="property.handler", next_attempt_at=now)
+    lost, here = Holder.new(region=1), Holder.new(region=0)
+    queue = Delivery.objects
+    [first] = queue.claim(limit=1, now=now, eligible="ordering_key = ''", holder=lost)
+    queue.rearm_orphaned(
+        now=now, backstop_seconds=BACKSTOP_SECONDS, max_deaths=MAX_DEATHS, error="worker_died"
+    )
+    [second] = queue.claim(limit=1, now=now, eligible="ordering_key = ''", holder=here)
+    assert (first.claimed_at, first.attempts) == (second.claimed_at, second.attempts)
+
+    decision = STRATEGY.decide(FAILURES["permanent"], attempts=first.attempts, now=now)
+    assert not queue.record(first, decision, error="late", now=now)
+    assert not queue.complete([first], now=now)
+    queue.give_back([first], now=now)
+    row = Delivery.objects.get()
+    assert (row.status, row.claimed_by) == ("processing", here.id)
+    assert queue.complete([second], now=now) == 1
