@@ -49,7 +49,7 @@ test: $(STAMP)
 	@$(PYTEST) -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The inner loop: lint, types, the layers and every in-process test (no server, command,
-# cluster or browser), in about a minute.
+# cluster or browser), in about two minutes.
 check: $(STAMP)
 	$(LINT)
 	@$(PYTEST) -n $(CHECK_WORKERS) -m "$(IN_PROCESS)" $(PYTEST_ARGS)
