@@ -363,24 +363,25 @@ def lane_families(lanes: Iterable[LaneDrain], *, sources: set[str]) -> Iterator[
     for queue, what in (("source", "raw events to verify"), ("handler", "deliveries to run")):
         groups = by_lane[queue]
         key = {name: (name,) for name in groups}
-        yield _labelled(
-            f"eventdrop_{queue}_backlog",
-            f"Per {queue}: {what}, in flight included.",
-            [queue],
-            {key[n]: sum(lane.backlog for lane in group) for n, group in groups.items()},
-        )
-        yield _labelled(
-            f"eventdrop_{queue}_in_flight",
-            f"Per {queue}: {what} a worker holds now.",
-            [queue],
-            {key[n]: sum(lane.in_flight for lane in group) for n, group in groups.items()},
-        )
-        yield _labelled(
-            f"eventdrop_{queue}_drain_per_second",
-            f"Per {queue}: {what} finished per second over the last 5 minutes.",
-            [queue],
-            {key[n]: sum(lane.per_second for lane in group) for n, group in groups.items()},
-        )
+        # The figures that add up when several lanes fall into "other".
+        for metric, attribute, help_text in (
+            ("backlog", "backlog", f"{what}, in flight included."),
+            ("in_flight", "in_flight", f"{what} a worker holds now."),
+            (
+                "drain_per_second",
+                "per_second",
+                f"{what} finished per second over the last 5 minutes.",
+            ),
+        ):
+            yield _labelled(
+                f"eventdrop_{queue}_{metric}",
+                f"Per {queue}: {help_text}",
+                [queue],
+                {
+                    key[n]: sum(getattr(lane, attribute) for lane in group)
+                    for n, group in groups.items()
+                },
+            )
         yield _labelled(
             f"eventdrop_{queue}_seconds_to_clear",
             f"Per {queue}: time to clear its backlog at its pace (absent: not draining while "
