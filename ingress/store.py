@@ -37,7 +37,6 @@ the sequence, in the order of the arrays, so the ids sorted ascending are the ro
 
 import asyncio
 import contextlib
-import contextvars
 import select
 import time
 from collections import deque
@@ -52,6 +51,7 @@ from psycopg.types.json import Jsonb
 from ingress.models import RawEvent
 from kernel.db import database_deadline
 from kernel.db.postgresql.base import BoundedAsyncConnection, open_async_connection
+from kernel.tracing import untraced_context
 
 # A bound on one statement's size (its arrays), far above a batch at any rate measured.
 MAX_ROWS_PER_BATCH = 64
@@ -100,9 +100,9 @@ class RawEventWriter:
         row = _Row(fields, time.monotonic() + seconds, loop.create_future())
         self._queue.append(row)
         if len(self._writers) < self.max_connections:
-            # An empty context: a batch writes the rows of many requests, so none of their
-            # spans is its parent (its queries, orphans, are not traced: kernel/tracing.py).
-            writer = loop.create_task(self._write_queued(), context=contextvars.Context())
+            # A context of its own: a batch writes the rows of many requests, so none of their
+            # spans is its parent, and its queries make no span at all.
+            writer = loop.create_task(self._write_queued(), context=untraced_context())
             self._writers.add(writer)
             writer.add_done_callback(self._writers.discard)
         try:

@@ -14,10 +14,11 @@ An unsampled trace stores its traceparent too (flags 00), so parent-based sampli
 unsampled all the way. The runbook: docs/tracing.md.
 """
 
+import contextvars
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -293,6 +294,25 @@ def _links(traceparents: Sequence[str]) -> list[Link]:
         if context is not None:
             links.append(Link(trace.get_current_span(context).get_span_context()))
     return links
+
+
+def untraced_context() -> contextvars.Context:
+    """A context of its own (no current span) in which no instrumentation makes a span: for
+    a task doing work for many requests at once (the store's group commit), whose queries
+    belong to none of their traces."""
+    global _untraced
+    if not _enabled:
+        return contextvars.Context()
+    if _untraced is None:
+        from opentelemetry.instrumentation.utils import suppress_instrumentation
+
+        # Entered once, inside the new context only, and never left: it is copied per task.
+        _untraced = contextvars.Context()
+        _untraced.run(ExitStack().enter_context, suppress_instrumentation())
+    return _untraced.copy()
+
+
+_untraced: contextvars.Context | None = None
 
 
 def inject(headers: dict[str, str]) -> None:

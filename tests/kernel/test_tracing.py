@@ -179,6 +179,19 @@ def test_client_spans_without_a_parent_are_dropped_and_follow_one_otherwise():
     assert "NoOrphanClients" in provider.sampler.get_description()
 
 
+def test_the_group_commits_context_has_no_span_and_suppresses_the_instrumentations(spans):
+    from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+
+    with tracing.span("webhook receive"):
+        context = tracing.untraced_context()
+        assert context.run(tracing.current_traceparent) == ""
+        assert not context.run(is_instrumentation_enabled)
+        assert is_instrumentation_enabled()  # here, and in the next one's copy too
+    assert not tracing.untraced_context().run(is_instrumentation_enabled)
+    tracing.deactivate_for_tests()
+    assert tracing.untraced_context().run(is_instrumentation_enabled)  # off: a plain context
+
+
 def test_json_logs_carry_the_span(spans):
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
