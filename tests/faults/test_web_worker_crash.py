@@ -79,6 +79,9 @@ def test_a_killed_worker_is_replaced_and_webhooks_are_still_stored(tmp_path):
             time.sleep(0.2)
             now = _workers(web.pid)
         assert len(now) == 2 and victim not in now, (now, web.output()[-2000:])
+        # The replacement may be forked before the port accepts again: a refused connection
+        # acknowledged nothing (the sender retries); what follows must all be stored.
+        web.wait_listening(port, timeout=30)
 
         bodies = [b'{"id": "evt_after_%d"}' % n for n in range(20)]
         answers = [_post(port, body) for body in bodies]
