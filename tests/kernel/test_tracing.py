@@ -186,7 +186,7 @@ def test_the_group_commits_context_has_no_span_and_suppresses_the_instrumentatio
         context = tracing.untraced_context()
         assert context.run(tracing.current_traceparent) == ""
         assert not context.run(is_instrumentation_enabled)
-        assert is_instrumentation_enabled()  # here, and in the next one's copy too
+        assert is_instrumentation_enabled()  # the caller's own context keeps them
     assert not tracing.untraced_context().run(is_instrumentation_enabled)
     tracing.deactivate_for_tests()
     assert tracing.untraced_context().run(is_instrumentation_enabled)  # off: a plain context
