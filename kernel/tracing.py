@@ -14,6 +14,7 @@ An unsampled trace stores its traceparent too (flags 00), so parent-based sampli
 unsampled all the way. The runbook: docs/tracing.md.
 """
 
+import atexit
 import contextvars
 import os
 import sys
@@ -174,6 +175,7 @@ def activate_for_tests(provider: Any) -> None:
 
 def deactivate_for_tests() -> None:
     global _enabled, _tracer
+    _forget_untraced()
     _tracer = None
     _enabled = False
 
@@ -306,13 +308,25 @@ def untraced_context() -> contextvars.Context:
     if _untraced is None:
         from opentelemetry.instrumentation.utils import suppress_instrumentation
 
-        # Entered once, inside the new context only, and never left: it is copied per task.
-        _untraced = contextvars.Context()
-        _untraced.run(ExitStack().enter_context, suppress_instrumentation())
-    return _untraced.copy()
+        # Entered once inside the new context, copied per task, and left in that context at
+        # exit: a suppression left from any other context fails to detach (an ERROR log).
+        context, stack = contextvars.Context(), ExitStack()
+        context.run(stack.enter_context, suppress_instrumentation())
+        atexit.register(context.run, stack.close)
+        _untraced = (context, stack)
+    return _untraced[0].copy()
 
 
-_untraced: contextvars.Context | None = None
+def _forget_untraced() -> None:
+    global _untraced
+    if _untraced is not None:
+        context, stack = _untraced
+        atexit.unregister(context.run)
+        context.run(stack.close)
+        _untraced = None
+
+
+_untraced: tuple[contextvars.Context, ExitStack] | None = None
 
 
 def inject(headers: dict[str, str]) -> None:
