@@ -482,14 +482,16 @@ class OtlpSink:
 
         sink = self
         self.exports = 0
+        self.spans: dict[str, int] = {}  # span name -> how many were exported
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, format, *args):
                 pass
 
             def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 sink.exports += 1
+                sink.count(body)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
@@ -499,6 +501,17 @@ class OtlpSink:
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def count(self, body: bytes) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource in request.resource_spans:
+            for scope in resource.scope_spans:
+                for span in scope.spans:
+                    self.spans[span.name] = self.spans.get(span.name, 0) + 1
 
     def close(self) -> None:
         self.server.shutdown()
@@ -777,6 +790,18 @@ def py_spy_start(server: subprocess.Popen, seconds: float, out_dir: str, tag: st
     return recorders
 
 
+def perf_start(server: subprocess.Popen, seconds: float, out_dir: str, tag: str) -> list:
+    """Linux perf on every worker for `seconds`, every thread and the kernel included (what
+    py-spy's GIL samples leave out): DIR/TAG.data, for `perf report --sort comm,dso`."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    pids = ",".join(str(pid) for pid in server_workers(server))
+    out = Path(out_dir) / f"{tag}.data"
+    command = ["perf", "record", "-q", "-F", "499", "-g", "-p", pids, "-o", str(out)]
+    command += ["--", "sleep", str(int(seconds))]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return [(out, process)]
+
+
 def py_spy_report(recorders: list, top: int = 25) -> None:
     """The frames with the most samples, inclusive and self, over every worker and thread."""
     inclusive: dict[str, int] = {}
@@ -846,6 +871,10 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
                         recorders = py_spy_start(
                             server, args.seconds, args.py_spy, f"{label}_{round_no}"
                         )
+                        if args.perf:
+                            perfs = perf_start(
+                                server, args.seconds, args.py_spy, f"perf_{label}_{round_no}"
+                            )
                     with SlowClients(port, slow) as slow_clients:
                         cpu_before, ticks_before = cpu_seconds(workers), machine_ticks()
                         figures = load(port, path, connections, args.seconds)
@@ -855,6 +884,9 @@ def measure_server(label, round_no, root, extra_env, env, args, load, workdir) -
                         ceilings.append(ceiling(args, connections))
                     if spying:
                         py_spy_report(recorders)
+                        if args.perf:
+                            for _, process in perfs:
+                                process.communicate(timeout=120)
                     phase = Phase(
                         server=label,
                         round=round_no,
@@ -1096,6 +1128,9 @@ def main() -> int:
     parser.add_argument(
         "--otlp-sink", action="store_true", help="tracing on in the current server, to a sink"
     )
+    parser.add_argument(
+        "--perf", action="store_true", help="with --py-spy: also Linux perf, into its DIR"
+    )
     parser.add_argument("--json-out", metavar="FILE")
     parser.add_argument(
         "--py-spy", metavar="DIR", help="record the workers during the webhook phase"
@@ -1144,7 +1179,7 @@ def main() -> int:
         if args.interleave:
             ok = interleave(servers, env, args, load, workdir)
             if sink is not None:
-                print(f"otlp sink: {sink.exports} exports from the current server")
+                print(f"otlp sink: {sink.exports} exports from the current server: {sink.spans}")
             return 0 if ok else 1
         print_header()
         for round_no in range(1, (args.rounds if args.baseline else 1) + 1):
