@@ -47,7 +47,6 @@ retry_not_before, signature_status, their claims), never control flow held in me
 except the claims this process still owes a give-back (kept on its holder, kernel/queue.py).
 """
 
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -743,35 +742,34 @@ def _set_aside_worker_died(events: list[RawEvent], deaths: dict[int, int], now: 
         )
 
 
+# The holder's ledger (kernel/queue.py) of the batches this process owes a give-back.
+OWED_BATCHES = "ingress.RawEventClaim"
+
+
 def _give_back(claim: ClaimedBatch) -> None:
-    _owed().append(claim)
-    # Still unavailable: the next pass tries again, before it claims anything.
-    with contextlib.suppress(*DATABASE_UNAVAILABLE):
-        raw_events_give_back_unreturned()
-
-
-def _owed() -> list[ClaimedBatch]:
-    """The claims this process could not settle and could not give back yet (our database
-    failed): given back first thing on its next pass."""
-    owed: list[ClaimedBatch] = this_process().memo.setdefault("inbox.owed", [])
-    return owed
+    given = this_process().give_back_or_owe(OWED_BATCHES, [claim], _give_back_batches)
+    if given:
+        logger.warning("ingress.verify.claims_given_back", extra={"events": given})
 
 
 def raw_events_give_back_unreturned() -> int:
-    """Give back the claims this process could not settle: `unsettled_claims` minus one and
-    the claim cleared, on the claim rows still its own, so that the rows are due again at once
-    and no worker death is counted for them. Returns how many rows. Raises while our database
-    is unavailable (the claims stay owed)."""
-    owed = _owed()
-    given = 0
-    while owed:
-        given += _claims_of(owed[0]).update(
-            claimed_at=None, claimed_by=None, unsettled_claims=F("unsettled_claims") - 1
-        )
-        owed.pop(0)
+    """Give back the batches this process owes (kernel/queue.py's Holder.pay). Returns how
+    many rows. Raises while our database is unavailable (they stay owed)."""
+    given = this_process().pay(OWED_BATCHES, _give_back_batches)
     if given:
         logger.warning("ingress.verify.claims_given_back", extra={"events": given})
     return given
+
+
+def _give_back_batches(batches: list[ClaimedBatch]) -> int:
+    """`unsettled_claims` minus one and the claim cleared, on the claim rows still each
+    batch's own: the rows are due again at once, and no worker death is counted for them."""
+    return sum(
+        _claims_of(batch).update(
+            claimed_at=None, claimed_by=None, unsettled_claims=F("unsettled_claims") - 1
+        )
+        for batch in batches
+    )
 
 
 def _settle_one_by_one(ids: list[int], now: datetime) -> None:

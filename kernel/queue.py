@@ -19,13 +19,13 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import InterfaceError, OperationalError, connection, models, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
@@ -53,7 +53,7 @@ class Holder:
     id: int
     kind: str = ""
     pid: int = field(default_factory=os.getpid)
-    owed: dict[str, list[Claim]] = field(default_factory=dict)
+    owed: dict[str, list[Any]] = field(default_factory=dict)  # ledger -> claims
     # The process's cost decisions between passes (a cool-down, a choice of read), never a
     # verdict about a row: kept with its other state rather than in module globals.
     memo: dict[str, Any] = field(default_factory=dict)
@@ -78,6 +78,36 @@ class Holder:
             "holder_pid": self.pid,
             "now": now,
         }
+
+    def owe(self, ledger: str, claims: Iterable[Any]) -> None:
+        """Claims this process could not finish and could not give back yet (our database
+        failed): kept under `ledger` until `pay` gives them back."""
+        with self.lock:
+            self.owed.setdefault(ledger, []).extend(claims)
+
+    def pay(self, ledger: str, give_back: Callable[[list[Any]], int]) -> int:
+        """Give back what `ledger` owes (`give_back`: the fenced statement, how many rows it
+        freed; run again on a claim already given back, it frees none). Raises while our
+        database is unavailable: the claims stay owed."""
+        with self.lock:
+            owed = list(self.owed.get(ledger, ()))
+        if not owed:
+            return 0
+        given = give_back(owed)
+        with self.lock:
+            del self.owed[ledger][: len(owed)]
+        return given
+
+    def give_back_or_owe(
+        self, ledger: str, claims: Iterable[Any], give_back: Callable[[list[Any]], int]
+    ) -> int:
+        """Claims this worker lives to see unfinished: given back now with whatever it owes,
+        or, our database unavailable, owed to the next pass (which pays before it claims)."""
+        self.owe(ledger, claims)
+        try:
+            return self.pay(ledger, give_back)
+        except (OperationalError, InterfaceError):
+            return 0
 
     def beat(self, *, now: datetime | None = None) -> None:
         """Say this process lives (one upsert, autocommit). Outside any transaction: a beat
@@ -525,23 +555,21 @@ class WorkQuerySet(models.QuerySet[_Row]):
     def owe(self, claims: Sequence[Claim], holder: Holder | None = None) -> None:
         """Claims this process could not finish and could not give back yet (our database
         failed): given back by pay_owed, first thing on the next pass."""
-        holder = holder or this_process()
-        with holder.lock:
-            holder.owed.setdefault(self.model._meta.label, []).extend(claims)
+        (holder or this_process()).owe(self.model._meta.label, claims)
 
     def pay_owed(self, *, now: datetime | None = None, holder: Holder | None = None) -> int:
         """Give back what this process owes (see owe). Raises while our database is
         unavailable: the claims stay owed."""
-        holder = holder or this_process()
-        label = self.model._meta.label
-        with holder.lock:
-            owed = list(holder.owed.get(label, ()))
-        if not owed:
-            return 0
-        given = self.give_back(owed, now=now or timezone.now())
-        with holder.lock:
-            del holder.owed[label][: len(owed)]
-        return given
+        return (holder or this_process()).pay(self.model._meta.label, self._give_back_at(now))
+
+    def give_back_or_owe(self, claims: Sequence[Claim], holder: Holder | None = None) -> int:
+        """Claims this worker cannot finish: given back now, or owed (see Holder)."""
+        return (holder or this_process()).give_back_or_owe(
+            self.model._meta.label, claims, self._give_back_at(None)
+        )
+
+    def _give_back_at(self, now: datetime | None) -> Callable[[list[Claim]], int]:
+        return lambda owed: self.give_back(owed, now=now or timezone.now())
 
     def rearm_orphaned(
         self,

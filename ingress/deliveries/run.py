@@ -8,7 +8,6 @@ savepoint each, so that only the failing handler is charged. Should our database
 batch's claims are given back (owed until the database answers).
 """
 
-import contextlib
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -160,10 +159,9 @@ def deliveries_run_due(*, limit: int | None = None, now: datetime | None = None)
 
 
 def _give_back(claims: list[DeliveryClaim]) -> None:
-    Delivery.objects.owe(claims)
-    # Still unavailable: the next pass gives them back before it claims.
-    with contextlib.suppress(*DATABASE_UNAVAILABLE):
-        _give_back_owed()
+    given = Delivery.objects.give_back_or_owe(claims)
+    if given:
+        logger.warning("ingress.deliver.claims_given_back", extra={"deliveries": given})
 
 
 def _give_back_owed() -> int:

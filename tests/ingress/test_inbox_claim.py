@@ -19,6 +19,7 @@ from ingress.deliveries import deliveries_run_due
 from ingress.inbox import inbox_run_once, raw_events_claim, raw_events_verify_batch
 from ingress.models import Delivery, RawEvent, RawEventClaim
 from ingress.services import raw_event_reverify
+from kernel.queue import this_process
 from tests.ingress import test_inbox
 from tests.ingress.test_inbox import receive_github
 
@@ -146,6 +147,27 @@ def test_a_batch_our_database_fails_under_is_given_back_not_counted(
     assert inbox_run_once().verified == 3  # due at once, in one batch: no suspects
     assert len(push_handler.calls) == 3
 
+
+def test_a_give_back_the_database_refuses_is_owed_until_the_next_pass(
+    client, push_handler, deaths, monkeypatch
+):
+    events = receive(client, 3)
+
+    def database_gone(*args, **kwargs):
+        raise OperationalError("the database system is shutting down")
+
+    monkeypatch.setattr(inbox, "raw_events_settle", database_gone)
+    monkeypatch.setattr(inbox, "_give_back_batches", database_gone)
+    with pytest.raises(OperationalError):
+        inbox_run_once()
+    assert {claim and claim[1] for claim in claims().values()} == {1}  # still claimed
+    assert len(this_process().owed[inbox.OWED_BATCHES]) == 1  # owed, in this process
+    monkeypatch.undo()
+    assert inbox_run_once().verified == 3  # given back first: one batch, no suspects
+    assert this_process().owed[inbox.OWED_BATCHES] == []
+    assert claims() == {} and {e.id for e in events} == set(
+        RawEvent.objects.filter(signature_status="verified").values_list("id", flat=True)
+    )
 
 def test_a_claim_taken_over_after_its_lease_is_fenced_out(client, push_handler, deaths):
     """A worker frozen past the lease: another one claims the rows again; the first one's

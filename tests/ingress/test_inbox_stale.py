@@ -146,13 +146,8 @@ def test_a_give_back_the_database_refuses_is_owed_until_the_next_pass(
     def database_gone(*args, **kwargs):
         raise OperationalError("the database system is shutting down")
 
-    def give_back_refused(queue, **kwargs) -> int:
-        if this_process().owed.get("ingress.Delivery"):
-            database_gone()
-        return 0
-
     monkeypatch.setattr(run, "_run_claimed", database_gone)
-    monkeypatch.setattr(WorkQuerySet, "pay_owed", give_back_refused)
+    monkeypatch.setattr(WorkQuerySet, "give_back", database_gone)  # the statement refused
     with pytest.raises(OperationalError):
         deliveries_run_due()
     assert Delivery.objects.get().status == "processing"  # owed, in this process
