@@ -1142,6 +1142,8 @@ def main() -> int:
         parser.error("--interleave needs --baseline, and --interleave-seconds 1..60")
     if args.py_spy and not (VENV_BIN / "py-spy").exists():
         parser.error(f"--py-spy needs py-spy: {VENV_BIN / 'pip'} install py-spy")
+    if args.perf and not (args.py_spy and shutil.which("perf")):
+        parser.error("--perf needs --py-spy DIR and perf: apt-get install -y linux-perf")
     extra_env = dict(item.split("=", 1) for item in args.server_env)
     sink = OtlpSink() if args.otlp_sink else None
     if sink is not None:
