@@ -116,6 +116,11 @@ def serve(
 
     config = config or WebServerConfig.from_environ()
     _empty_prometheus_multiproc_dir()
+    reload_filter = None
+    if config.reload:  # watchfiles comes with granian[reload], a dev dependency
+        import watchfiles
+
+        reload_filter = watchfiles.PythonFilter
     Granian(
         target,
         address=config.host,
@@ -138,7 +143,10 @@ def serve(
         log_access=False,
         reload=config.reload,
         reload_paths=[ROOT] if config.reload else None,
-        reload_ignore_dirs=[".venv", ".git", "node_modules", "staticfiles", "tests"],
+        # Python files only: the embedded PostgreSQL writes its WAL under the checkout
+        # (.pgdata/), and a reload on each write kept the worker restarting.
+        reload_filter=reload_filter,
+        reload_ignore_dirs=[".venv", ".git", ".pgdata", "node_modules", "staticfiles", "tests"],
     ).serve()
 
 
