@@ -122,14 +122,33 @@ def make_run(clone: Path, home: Path, log: Path, **env: str) -> subprocess.Popen
         )
 
 
+def landing(run: subprocess.Popen, port: int, log: Path, timeout: float = 120) -> None:
+    """Until the landing page answers 200, `make run` still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert run.poll() is None, f"make run exited {run.returncode}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"no landing page in {timeout} s:\n{log.read_text()}"
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/", timeout=(1, 5)).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+
+
+# Each process's own shutdown takes about a second; granian's kill of a worker that will not
+# stop takes 30 (eventdrop/web.py), which a worker restarting on every reload met (a minute).
+CTRL_C_SECONDS = 20
+
+
 def ctrl_c(run: subprocess.Popen, clone: Path, pids: set[int]) -> list[int]:
     """Ctrl-C to `make run`'s process group, as a terminal sends it; then whatever of ours
-    still runs is killed, and returned."""
+    still runs CTRL_C_SECONDS later is killed, and returned."""
     pids |= descendants(run.pid)
     if run.poll() is None:
         os.killpg(run.pid, signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            run.wait(timeout=60)
+            run.wait(timeout=CTRL_C_SECONDS)
     survivors = [pid for pid in pids | {run.pid} if runs_in(pid, clone)]
     postmaster = clone / ".pgdata" / "data" / "postmaster.pid"
     if postmaster.exists():  # the embedded PostgreSQL, not stopped
@@ -300,9 +319,11 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
         assert "HTTP/1.1 202" in curl.stdout, curl.stdout + curl.stderr
         assert '"status": "accepted"' in curl.stdout
 
-        # The run printed each system-check warning at most once.
+        # The run printed each system-check warning at most once, and reloaded nothing: no
+        # source changed (the database's own writes under .pgdata/ are not a change).
         warnings = re.findall(r"\((\w+\.W\d+)\)", log_path.read_text())
         assert len(warnings) == len(set(warnings)), warnings
+        assert "Changes detected" not in log_path.read_text()
     finally:
         survivors = ctrl_c(run, clone, started_pids)
     assert not survivors, f"still running after Ctrl-C:\n{log_path.read_text()[-3000:]}"
@@ -387,3 +408,38 @@ def test_make_run_prints_each_check_warning_once(fresh_clone, tmp_path):
     assert not survivors
     output = log_path.read_text()
     assert output.count("(recaps.W001)") == 1, output
+
+
+def test_make_run_reloads_the_web_server_on_a_code_change(fresh_clone, tmp_path):
+    """An edited Python file restarts the web server's worker, which answers again; the
+    embedded PostgreSQL's writes under the checkout restart nothing."""
+    clone, home = fresh_clone
+    port = free_port()
+    log_path = tmp_path / "make-run.log"
+    run = make_run(
+        clone,
+        home,
+        log_path,
+        PORT=str(port),
+        FAKE_RENDERER_PORT=str(free_port()),
+        FAKE_STRIPE_PORT=str(free_port()),
+        LOCAL_POSTGRES_PORT=str(free_port()),
+    )
+    pids: set[int] = set()
+    edited = clone / "eventdrop" / "urls.py"
+    try:
+        landing(run, port, log_path)
+        pids = descendants(run.pid)
+        assert "Changes detected" not in log_path.read_text()
+        with edited.open("a") as source:
+            source.write("# edited\n")
+        deadline = time.monotonic() + 30
+        while f"Modified: {edited}" not in log_path.read_text():
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        landing(run, port, log_path)
+        pids |= descendants(run.pid)
+    finally:
+        survivors = ctrl_c(run, clone, pids)
+    assert not survivors, f"still running after Ctrl-C:\n{log_path.read_text()[-3000:]}"
+    assert log_path.read_text().count("Changes detected") == 1, log_path.read_text()
