@@ -42,6 +42,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # How long the server waits at shutdown for requests in flight, which end within their own
 # deadlines anyway (each webhook within its source's budget: ingress.E003).
 GRACEFUL_SHUTDOWN_SECONDS = 30
+# Under `make run`'s reload: granian's worker misses a stop that arrives while it starts (two
+# saves in a row) and is killed only after this; nothing in flight there is worth waiting for.
+RELOAD_SHUTDOWN_SECONDS = 3
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,9 @@ def serve(
         # A worker that dies (a segfault, the OOM killer) is replaced.
         respawn_failed_workers=True,
         respawn_interval=0.5,
-        workers_kill_timeout=GRACEFUL_SHUTDOWN_SECONDS,
+        workers_kill_timeout=(
+            RELOAD_SHUTDOWN_SECONDS if config.reload else GRACEFUL_SHUTDOWN_SECONDS
+        ),
         log_level=LogLevels(os.environ.get("WEB_LOG_LEVEL", "info")),
         log_access=False,
         reload=config.reload,
