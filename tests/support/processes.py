@@ -20,8 +20,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
+
+import psycopg
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -106,9 +109,41 @@ def manage(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.
 
 
 def migrate(env: dict[str, str]) -> None:
-    """The Procfile's release phase, minus the schedules: schema and partitions."""
+    """The Procfile's release phase, minus the schedules: schema and partitions. The first
+    database of the day (per PostgreSQL version) in a test process is migrated; each later
+    one gets its dump, the same tables, rows and partitions, in a quarter of a second
+    instead of seconds of CPU per throw-away cluster."""
+    url = env["DATABASE_URL"]
+    with psycopg.connect(url, connect_timeout=10) as connection:
+        major = connection.info.server_version // 10000
+    binaries = Path(f"/usr/lib/postgresql/{major}/bin")
+    key = f"{major} {datetime.now(UTC).date()}"  # a new day's partitions: migrate again
+    if key in _MIGRATED:
+        restore = subprocess.run(
+            [binaries / "psql", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", url],
+            input=_MIGRATED[key],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        if restore.returncode != 0:
+            raise RuntimeError(f"restoring the migrated schema failed:\n{restore.stderr!r}")
+        return
     manage("migrate", "--noinput", env=env)
     manage("raw_event_partitions", env=env)
+    if (binaries / "pg_dump").exists():
+        dump = subprocess.run(
+            [binaries / "pg_dump", "--no-owner", "--no-privileges", url],
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
+        _MIGRATED.clear()
+        _MIGRATED[key] = dump.stdout
+
+
+# The dump of the schema migrate() last made, by PostgreSQL major version and day.
+_MIGRATED: dict[str, bytes] = {}
 
 
 def procfile_command(kind: str) -> str:
