@@ -151,7 +151,7 @@ def serve(
         # Python files only: the embedded PostgreSQL writes its WAL under the checkout
         # (.pgdata/), and a reload on each write kept the worker restarting.
         reload_filter=reload_filter,
-        reload_ignore_dirs=[".venv", ".git", ".pgdata", "node_modules", "staticfiles", "tests"],
+        reload_ignore_dirs=[".venv", ".git", "node_modules", "staticfiles", "tests"],
     ).serve()
 
 
