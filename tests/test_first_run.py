@@ -59,27 +59,10 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def descendants(pid: int) -> set[int]:
-    """Every process below `pid` (from /proc), to stop stragglers by PID."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
 def runs_in(pid: int, directory: Path) -> bool:
-    """Whether `pid` is still one of ours (alive, working in the clone or below it, as the
-    embedded PostgreSQL does): never kill a process that merely reused a number."""
+    """Whether `pid` is one of ours: alive and working in the clone (a directory of this
+    test's own) or below it, as every process of make run does, the embedded PostgreSQL
+    too."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         cwd = Path(f"/proc/{pid}/cwd").resolve()
@@ -159,20 +142,17 @@ def landing(run: subprocess.Popen, port: int, log: Path, timeout: float = 120) -
 CTRL_C_SECONDS = 20
 
 
-def ctrl_c(run: subprocess.Popen, clone: Path, pids: set[int]) -> list[int]:
+def ctrl_c(run: subprocess.Popen, clone: Path) -> list[int]:
     """Ctrl-C to `make run`'s process group, as a terminal sends it; then whatever of ours
     still runs CTRL_C_SECONDS later is killed, and returned."""
-    pids |= descendants(run.pid)
     if run.poll() is None:
         os.killpg(run.pid, signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             run.wait(timeout=CTRL_C_SECONDS)
-    survivors = [pid for pid in pids | {run.pid} if runs_in(pid, clone)]
-    postmaster = clone / ".pgdata" / "data" / "postmaster.pid"
-    if postmaster.exists():  # the embedded PostgreSQL, not stopped
-        pid = int(postmaster.read_text().split()[0])
-        if runs_in(pid, clone):
-            survivors.append(pid)
+    # Ours: every process working in the clone, the embedded PostgreSQL included (its data
+    # directory is there), also one that left make run's tree or started after Ctrl-C.
+    running = {int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()}
+    survivors = [pid for pid in running if runs_in(pid, clone)]
     for pid in survivors:
         os.kill(pid, signal.SIGKILL)
     run.wait(timeout=10)
@@ -194,7 +174,6 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
         FAKE_STRIPE_PORT=str(stripe_port),
         LOCAL_POSTGRES_PORT=str(pg_port),
     )
-    started_pids: set[int] = set()
     survivors: list[int] = []
 
     def left(limit: float) -> float:
@@ -227,7 +206,6 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
             except requests.ConnectionError:
                 time.sleep(0.2)
         assert landing.status_code == 200 and "EventDrop" in landing.text
-        started_pids = descendants(run.pid)
         (database_line,) = [
             line for line in log_path.read_text().splitlines() if line.startswith("database: ")
         ]
@@ -343,7 +321,7 @@ def test_first_run_from_a_fresh_clone(fresh_clone, tmp_path):
         assert len(warnings) == len(set(warnings)), warnings
         assert "Changes detected" not in log_path.read_text()
     finally:
-        survivors = ctrl_c(run, clone, started_pids)
+        survivors = ctrl_c(run, clone)
     assert not survivors, f"still running after Ctrl-C:\n{log_path.read_text()[-3000:]}"
     assert not (clone / ".pgdata" / "data" / "postmaster.pid").exists()
     for freed in (port, renderer_port, stripe_port, pg_port):  # nothing listens any more
@@ -400,13 +378,11 @@ def test_make_run_prints_each_check_warning_once(fresh_clone, tmp_path):
     clone, home = fresh_clone
     log_path = tmp_path / "make-run.log"
     run, port = make_run_on_free_ports(clone, home, log_path, STRIPE_API_KEY="")
-    pids: set[int] = set()
     try:
         landing(run, port, log_path)
         time.sleep(2)  # the workers that start beside the web server have checked by now
-        pids = descendants(run.pid)
     finally:
-        survivors = ctrl_c(run, clone, pids)
+        survivors = ctrl_c(run, clone)
     assert not survivors
     output = log_path.read_text()
     assert output.count("(recaps.W001)") == 1, output
@@ -419,11 +395,9 @@ def test_make_run_reloads_the_web_server_on_a_code_change(fresh_clone, tmp_path)
     clone, home = fresh_clone
     log_path = tmp_path / "make-run.log"
     run, port = make_run_on_free_ports(clone, home, log_path)
-    pids: set[int] = set()
     edited = clone / "eventdrop" / "urls.py"
     try:
         landing(run, port, log_path)
-        pids = descendants(run.pid)
         assert "Changes detected" not in log_path.read_text()
         # Saved each second until the reloader, which starts watching after the worker, sees
         # it; then once more at once, while the new worker starts.
@@ -441,9 +415,8 @@ def test_make_run_reloads_the_web_server_on_a_code_change(fresh_clone, tmp_path)
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.05)
         landing(run, port, log_path)
-        pids |= descendants(run.pid)
     finally:
-        survivors = ctrl_c(run, clone, pids)
+        survivors = ctrl_c(run, clone)
     assert not survivors, f"still running after Ctrl-C:\n{log_path.read_text()[-3000:]}"
     modified = re.findall(r"Modified: (.*)", log_path.read_text())
     assert set(modified) == {str(edited)}, modified
