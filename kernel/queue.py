@@ -40,6 +40,9 @@ from kernel.retry import Action, RetryDecision
 HOLDER_REGION_SHIFT = 48
 
 PENDING, PROCESSING, DONE, DEAD = "pending", "processing", "done", "dead"
+# Our own database failing (connection lost, restart, statement or lock timeout, deadlock):
+# never a verdict about a row; claims then go back, or are owed until it answers.
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
 
 
 # --- the holder: this process, as PostgreSQL knows it ---------------------------------------
@@ -106,7 +109,7 @@ class Holder:
         self.owe(ledger, claims)
         try:
             return self.pay(ledger, give_back)
-        except (OperationalError, InterfaceError):
+        except DATABASE_UNAVAILABLE:
             return 0
 
     def beat(self, *, now: datetime | None = None) -> None:

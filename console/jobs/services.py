@@ -45,7 +45,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import InterfaceError, OperationalError, models, transaction
+from django.db import models, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 from django.utils import timezone
 
@@ -82,6 +82,7 @@ from ingress.services import deliveries_rearm_batch, raw_events_replay_batch
 from ingress.sources import all_sources
 from kernel.errors import EventDropError
 from kernel.processing_region import ProcessingWritesRefused, require_processing_region
+from kernel.queue import DATABASE_UNAVAILABLE
 from outbox.models import RecapSideEffect, SideEffectStatus
 from outbox.services import side_effect_rearm
 
@@ -128,7 +129,6 @@ UNEXPECTED_ROW_ERROR = "Unexpected {error}; see the logs for bulk job #{job_id}.
 JOB_FAILED = "{error} while running batch {batch}; see the logs for bulk job #{job_id}."
 DELIVERY_NOT_DEAD = "Delivery #{id} is not dead: only dead deliveries are re-armed."
 
-DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
 # The kinds whose rows have a handler to run: the replay SLO is measured for these.
 SLO_KINDS = (BulkJobKind.REPLAY_RAW_EVENTS, BulkJobKind.REARM_DELIVERIES)
 

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import cast
 
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
@@ -35,7 +35,7 @@ from ingress.models import (
 from ingress.payloads import parse_payload, raw_event_body, raw_event_headers, storable_text
 from kernel import tracing
 from kernel.errors import Disposition
-from kernel.queue import Holder
+from kernel.queue import DATABASE_UNAVAILABLE, Holder
 from kernel.retry import Action, Failure, RetryPolicy, RetryStrategy, classify
 
 logger = logging.getLogger("ingress.deliveries")
@@ -47,9 +47,6 @@ DELIVERY_WORKER_DIED_ERROR = (
     "worker_died: its worker died %s times in a row running it (killed, out of memory, a "
     "crash); re-arm it once the cause is fixed"
 )
-# Our own database failing (connection lost, restart, statement or lock timeout, deadlock):
-# not the row's fault, never charged. The batch rolls back whole and its claims are given back.
-DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
 # How long a delivery whose body we cannot decrypt waits before it is claimed again.
 KEY_MISSING_RECHECK_SECONDS = 60
 
