@@ -108,7 +108,7 @@ from kernel.queue import (
     statement,
     this_process,
 )
-from kernel.retry import RetryPolicy, classify
+from kernel.retry import Action, RetryPolicy, RetryStrategy, classify
 
 logger = logging.getLogger(__name__)
 
@@ -789,46 +789,36 @@ def _settle_one_by_one(ids: list[int], now: datetime) -> None:
 
 
 def raw_event_retry_policy() -> RetryPolicy:
-    """For raw events whose settling raises (see _record_settle_failure)."""
+    """For raw events whose settling raises (see _record_settle_failure). Unjittered: one
+    row's own retry, not a herd, and a fixed pause keeps a bad row out of the next pass."""
     return RetryPolicy(
         max_attempts=settings.INBOX_MAX_ROW_FAILURES,
         base_seconds=settings.INBOX_ROW_RETRY_BASE_SECONDS,
         cap_seconds=max(settings.INBOX_ROW_RETRY_BASE_SECONDS, 3600.0),
+        jitter=False,
     )
 
 
 def _record_settle_failure(event: RawEvent, exc: Exception, now: datetime) -> None:
-    """Record a row's own failure to settle, as kernel/retry.py's `classify` sorts it.
-
-    A failure that can be about the row is charged: not before `now + backoff` again, set
-    aside after N. The backoff is the policy's ceiling, without jitter: it is one row's own
-    retry, not a herd to spread, and a fixed pause keeps a bad row from coming back the very
-    next pass. A database error (any class: a value the database refused included) is
-    never evidence about the row: it waits uncharged, backing off by how long it has waited
-    since it arrived (`RetryPolicy.release_delay`), its error recorded — visible as pending
-    age and in the console. Only the exception's class (and SQLSTATE) is kept: its message
-    may quote the payload.
-    """
-    policy = raw_event_retry_policy()
+    """Record a row's own failure to settle, as kernel/retry.py decides it: charged and due
+    again after the backoff, rejected `processing_failed` after N or on a permanent error,
+    or (a database error, never evidence about the row) released uncharged, backing off by
+    how long it has waited since it arrived. Only the exception's class (and SQLSTATE) is
+    kept: its message may quote the payload."""
     error = type(exc).__name__
     sqlstate = getattr(exc.__cause__, "sqlstate", None)
     if sqlstate:
         error += f" (SQLSTATE {sqlstate})"
     error = storable_text(SETTLE_FAILED.format(error=error))[:255]
+    failure = classify(exc)
+    failures = event.processing_failures + failure.charged
+    decision = RetryStrategy(raw_event_retry_policy()).decide(
+        failure, attempts=failures, now=now, waiting_since=event.received_at
+    )
     row = RawEvent.objects.filter(id=event.id, received_at=event.received_at)
-    charged = classify(exc).charged
-    failures = event.processing_failures + charged
-    set_aside = charged and policy.gives_up_after(failures)
-    settled = {"processing_error": error}
-    if not charged:
-        waited = (now - event.received_at).total_seconds()
+    if decision.action == Action.GIVE_UP:
         row.update(
-            **settled,
-            retry_not_before=now + timedelta(seconds=policy.release_delay(waited)),
-        )
-    elif set_aside:
-        row.update(
-            **settled,
+            processing_error=error,
             processing_failures=failures,
             retry_not_before=None,
             signature_status=SignatureStatus.REJECTED,
@@ -839,9 +829,9 @@ def _record_settle_failure(event: RawEvent, exc: Exception, now: datetime) -> No
         )
     else:
         row.update(
-            **settled,
+            processing_error=error,
             processing_failures=failures,
-            retry_not_before=now + timedelta(seconds=policy.ceiling(failures)),
+            retry_not_before=decision.retry_at,
         )
     logger.error(
         "ingress.verify.row_failed",
@@ -850,9 +840,9 @@ def _record_settle_failure(event: RawEvent, exc: Exception, now: datetime) -> No
             "source": event.source,
             "error": error,
             "where": raised_at(exc),
-            "charged": charged,
+            "charged": decision.charged,
             "failures": failures,
-            "set_aside": set_aside,
+            "set_aside": decision.action == Action.GIVE_UP,
         },
     )
 

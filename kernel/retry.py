@@ -147,6 +147,7 @@ class RetryPolicy:
                                                capped at cap_seconds
 
     and after `max_attempts` attempts the caller gives up (the row goes `dead`).
+    `jitter=False` waits the ceiling itself: one row's own retry, not a herd to spread.
     Full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter") spreads a herd of
     retries over the whole window instead of synchronising them at the ceiling.
 
@@ -159,6 +160,7 @@ class RetryPolicy:
     max_attempts: int
     base_seconds: float
     cap_seconds: float
+    jitter: bool = True
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1 or self.base_seconds <= 0 or self.cap_seconds < self.base_seconds:
@@ -189,7 +191,7 @@ class RetryPolicy:
         self, ceiling: float, retry_after: float | None, rng: random.Random | None
     ) -> float:
         # Jitter is not a security boundary; the stdlib PRNG is the right tool.
-        jittered = (rng or random).uniform(0, ceiling)
+        jittered = (rng or random).uniform(0, ceiling) if self.jitter else ceiling
         if retry_after is not None and retry_after > 0:
             jittered = max(jittered, min(retry_after, self.cap_seconds))
         return jittered

@@ -26,6 +26,7 @@ from ingress.inbox import inbox_run_once, raw_events_verify_batch
 from ingress.models import Delivery, DeliveryAttempt, RawEvent, RawEventClaim
 from ingress.services import raw_event_reverify, raw_event_store
 from ingress.sources import all_sources
+from kernel.errors import PermanentError
 from tests.support.processes import app_env, start_manage
 from tests.support.signing import github_headers, store_signed_stripe_event
 
@@ -296,6 +297,27 @@ def test_a_row_our_code_fails_on_is_retried_with_backoff_then_set_aside(
     (buggy,) = refreshed(buggy)
     assert (buggy.signature_status, buggy.dispatch_status) == ("verified", "dispatched")
     assert buggy.id in handlers["stripe"].seen
+
+
+def test_a_permanent_error_about_the_row_sets_it_aside_at_once(handlers, monkeypatch):
+    """A domain error that declares itself permanent is a verdict about the row (the
+    finality rule): rejected on its first failure, as kernel/retry.py decides it."""
+    buggy = store_stripe("evt_malformed")
+    real_dedup_key_for = inbox.dedup_key_for
+
+    def dedup_key_for(event, verdict):
+        if verdict.provider_event_id == "evt_malformed":
+            raise PermanentError("no dedup key can be made of this event")
+        return real_dedup_key_for(event, verdict)
+
+    monkeypatch.setattr(inbox, "dedup_key_for", dedup_key_for)
+    now = timezone.now()
+    assert raw_events_verify_batch(now=now) == 1
+    (buggy,) = refreshed(buggy)
+    assert (buggy.signature_status, buggy.rejection_reason) == ("rejected", "processing_failed")
+    assert (buggy.processing_failures, buggy.retry_not_before) == (1, None)
+    assert buggy.processing_error == "PermanentError in verify/dedup/dispatch"
+    assert handlers["stripe"].seen == []
 
 
 # --- deliveries -----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from kernel.retry import RetryPolicy
 from outbox.services import outbox_retry_policy
 
 
@@ -47,6 +48,15 @@ def test_delay_is_full_jitter_honouring_retry_after(attempt, fraction, retry_aft
     assert policy.delay(attempt, retry_after=retry_after, rng=FixedRandom(fraction)) == delay
 
 
+def test_without_jitter_a_pause_is_its_ceiling():
+    """One row's own retry (the inbox's settle failures): the ceiling itself, charged or
+    released, and Retry-After still wins over a shorter pause."""
+    policy = RetryPolicy(max_attempts=5, base_seconds=30, cap_seconds=3600, jitter=False)
+    assert [policy.delay(n, rng=FixedRandom(0.0)) for n in (1, 2, 3)] == [30.0, 60.0, 120.0]
+    assert policy.release_delay(600.0, rng=FixedRandom(0.0)) == 600.0
+    assert policy.delay(1, retry_after=90.0) == 90.0
+
+
 @pytest.mark.parametrize(
     ("attempts", "gives_up"), [(1, False), (2, False), (4, False), (5, True), (6, True)]
 )
@@ -67,7 +77,7 @@ def test_the_policy_follows_settings(settings):
 
 from datetime import UTC, datetime, timedelta  # noqa: E402
 
-from kernel.retry import Action, Disposition, Failure, RetryPolicy, RetryStrategy  # noqa: E402
+from kernel.retry import Action, Disposition, Failure, RetryStrategy  # noqa: E402
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
