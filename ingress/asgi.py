@@ -33,8 +33,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError
 from django.http.request import split_domain_port, validate_host
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Span, SpanKind
 
 from ingress.receive import (
     Answer,
@@ -104,23 +103,22 @@ class WebhookApp:
         except Refused as refused:
             return refused.answer
         if not tracing.enabled():
-            return await self._admitted_answer(head, receive, started)
+            return await self._admitted_answer(head, receive, started, None)
         # The webhook's trace starts here (or under the traceparent a sender passed, as the
         # render service's callback does); its row keeps this span's context.
-        span, token = tracing.enter(
-            "webhook receive",
-            headers=head.headers,
-            kind=SpanKind.SERVER,
-            attributes=_receive_attributes(head),
-        )
+        span, token = tracing.enter("webhook receive", headers=head.headers, kind=SpanKind.SERVER)
+        if span.is_recording():  # set only on a sampled span: most are not
+            span.set_attributes(_receive_attributes(head))
         try:
-            answer = await self._admitted_answer(head, receive, started)
+            answer = await self._admitted_answer(head, receive, started, span)
             span.set_attribute("http.response.status_code", answer[0])
             return answer
         finally:
             tracing.leave(span, token)
 
-    async def _admitted_answer(self, head: Head, receive: Any, started: float) -> Answer:
+    async def _admitted_answer(
+        self, head: Head, receive: Any, started: float, span: Span | None
+    ) -> Answer:
         if self.requests >= self.max_requests:
             return _busy(head, "requests").answer
         # The one deadline of everything after the head (the module docstring).
@@ -134,12 +132,14 @@ class WebhookApp:
             storing = time.monotonic()
             try:
                 event_id = await raw_event_store_async(
-                    self.writer, seconds=max(seconds, 0.0), **admitted.row
+                    self.writer,
+                    seconds=max(seconds, 0.0),
+                    traceparent=tracing.traceparent_of(span) if span is not None else "",
+                    **admitted.row,
                 )
             except DatabaseError:
                 return store_unavailable(admitted)
             finally:
-                span = trace.get_current_span() if tracing.enabled() else None
                 if span is not None and span.is_recording():
                     span.set_attribute("eventdrop.store_seconds", time.monotonic() - storing)
             if span is not None and span.is_recording():

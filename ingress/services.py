@@ -88,7 +88,9 @@ def raw_event_store(
     connection under it. Past it, or on any other database error, DatabaseError propagates
     and nothing may be acknowledged.
     """
-    fields = _raw_event_fields(source, method, path, query_string, headers, body, remote_addr)
+    fields = _raw_event_fields(
+        source, method, path, query_string, headers, body, remote_addr, current_traceparent()
+    )
     with database_deadline(settings.WEBHOOK_STORE_TIMEOUT_SECONDS):
         try:
             return raw_event_insert(fields)
@@ -115,11 +117,15 @@ async def raw_event_store_async(
     headers: Mapping[str, str],
     body: bytes,
     remote_addr: str | None,
+    traceparent: str,
 ) -> int:
     """raw_event_store on the production server's event loop (ingress/asgi.py): the same
     row and the same promises, written on `writer`'s asyncio connections, within `seconds`
-    (WEBHOOK_STORE_TIMEOUT_SECONDS, or less: what the request's budget leaves); its id."""
-    fields = _raw_event_fields(source, method, path, query_string, headers, body, remote_addr)
+    (WEBHOOK_STORE_TIMEOUT_SECONDS, or less: what the request's budget leaves); its id.
+    `traceparent`: the receive span's, passed (an unsampled one is not made current)."""
+    fields = _raw_event_fields(
+        source, method, path, query_string, headers, body, remote_addr, traceparent
+    )
     return await writer.insert(fields, seconds=seconds)
 
 
@@ -131,6 +137,7 @@ def _raw_event_fields(
     headers: Mapping[str, str],
     body: bytes,
     remote_addr: str | None,
+    traceparent: str,
 ) -> dict[str, object]:
     delivery_id = headers.get(source.delivery_id_header, "") if source.delivery_id_header else ""
     # Encrypted here, in Python, before the one INSERT (when RAW_EVENT_ENCRYPTION_KEYS is
@@ -150,7 +157,7 @@ def _raw_event_fields(
         "delivery_id": delivery_id[:255],
         "received_at": timezone.now(),
         # The receive span's (kernel/tracing.py); "" when tracing is off.
-        "traceparent": current_traceparent(),
+        "traceparent": traceparent,
     }
 
 

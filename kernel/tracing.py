@@ -255,21 +255,25 @@ def span(
 
 
 def enter(
-    name: str, *, headers: Mapping[str, str], kind: SpanKind, attributes: Attributes
+    name: str, *, headers: Mapping[str, str], kind: SpanKind, attributes: Attributes = None
 ) -> tuple[Span, object]:
-    """A span made current until `leave(span, token)`, under the context `headers` carry:
-    `span()` without its three generator context managers, for the receive path (one per
-    webhook, where they cost a tenth of the webhook's CPU: docs/benchmarks.md). Only when
+    """A span until `leave(span, token)`, under the context `headers` carry: `span()`
+    without its three generator context managers, for the receive path (one per webhook:
+    docs/benchmarks.md). Made current only when sampled: the caller passes the span on, and
+    an unsampled one would only make its logs' trace ids point to no trace. Only when
     enabled()."""
     context = None
     if not _CONTEXT_FIELDS.isdisjoint(headers):
         context = propagate.extract(headers)
     current = _get_tracer().start_span(name, context=context, kind=kind, attributes=attributes)
+    if not current.is_recording():
+        return current, None
     return current, otel_context.attach(set_span_in_context(current))
 
 
 def leave(span: Span, token: object) -> None:
-    otel_context.detach(token)  # type: ignore[arg-type]
+    if token is not None:
+        otel_context.detach(token)  # type: ignore[arg-type]
     span.end()
 
 

@@ -25,6 +25,7 @@ from kernel.logformat import JsonFormatter
 from outbox.dispatcher import dispatch_run
 from outbox.models import RecapSideEffect
 from recaps.models import RecapStatus
+from tests.ingress.test_receive_contract import SIGNED, via_asgi
 from tests.recaps.factories import EventFactory, RecapFactory
 from tests.recaps.fixtures import fake_renderer  # noqa: F401 (a fixture)
 from tests.support.signing import checkout_session_event, store_signed_stripe_event
@@ -164,6 +165,51 @@ def test_enter_and_leave_make_a_receive_span_current_under_the_senders_context(s
                                 attributes=None)
     tracing.leave(span, token)
     assert spans.get_finished_spans()[-1].parent is None
+
+
+def sampled_flag(traceparent: str) -> int:
+    """The W3C `sampled` flag (the SDK also sets the random-trace-id one, 0x02)."""
+    return int(traceparent.rsplit("-", 1)[1], 16) & 1
+
+
+def test_an_unsampled_receive_span_is_not_made_current_and_still_names_its_trace():
+    """Cheaper by a twentieth of a webhook (docs/benchmarks.md, "Tracing"): the receive path
+    passes the span on; its traceparent (not sampled) keeps the next hops unsampled."""
+    provider = provider_with(InMemorySpanExporter(), ParentBased(TraceIdRatioBased(0.0)))
+    tracing.activate_for_tests(provider)
+    try:
+        span, token = tracing.enter(
+            "webhook receive", headers={"host": "x"}, kind=SpanKind.SERVER, attributes=None
+        )
+        assert token is None and not span.is_recording()
+        assert tracing.current_traceparent() == ""
+        assert not sampled_flag(tracing.traceparent_of(span))
+        tracing.leave(span, token)
+    finally:
+        tracing.deactivate_for_tests()
+        provider.shutdown()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("rate", [0.0, 1.0])
+def test_the_asgi_receive_stores_its_spans_traceparent_sampled_or_not(rate):
+    exporter = InMemorySpanExporter()
+    provider = provider_with(exporter, ParentBased(TraceIdRatioBased(rate)))
+    tracing.activate_for_tests(provider)
+    try:
+        status, _, _ = via_asgi("/webhooks/stripe/", SIGNED, b"{}")
+    finally:
+        tracing.deactivate_for_tests()
+        provider.shutdown()
+    assert status == 202
+    stored = RawEvent.objects.get().traceparent
+    if rate:
+        (receive,) = exporter.get_finished_spans()
+        assert stored == traceparent(receive)
+        assert (receive.attributes or {})["eventdrop.raw_event_id"] == RawEvent.objects.get().id
+    else:
+        assert exporter.get_finished_spans() == ()
+        assert not sampled_flag(stored) and tracing.trace_id_of(stored)
 
 
 def test_client_spans_without_a_parent_are_dropped_and_follow_one_otherwise():
