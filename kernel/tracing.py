@@ -10,8 +10,8 @@ The hops are asynchronous (the inbox seconds later, the dispatcher minutes later
 from the render service), so a span's context is stored on its row as a W3C `traceparent`
 (raw event, delivery, side effect) and the next hop starts its span under it (`span(parent=
 row.traceparent)`): hours later, in another process or after a restart, it joins the trace.
-An unsampled trace stores its traceparent too (flags 00), so parent-based sampling keeps it
-unsampled all the way. The runbook: docs/tracing.md.
+An unsampled trace stores its traceparent too (not sampled in its flags), so parent-based
+sampling keeps it unsampled all the way. The runbook: docs/tracing.md.
 """
 
 import atexit
