@@ -173,8 +173,8 @@ def sampled_flag(traceparent: str) -> int:
 
 
 def test_an_unsampled_receive_span_is_not_made_current_and_still_names_its_trace():
-    """Cheaper by a twentieth of a webhook (docs/benchmarks.md, "Tracing"): the receive path
-    passes the span on; its traceparent (not sampled) keeps the next hops unsampled."""
+    """Making it current was about a third of its cost (docs/benchmarks.md, "Tracing"): the
+    receive path passes the span on; its traceparent (not sampled) keeps the next hops so."""
     provider = provider_with(InMemorySpanExporter(), ParentBased(TraceIdRatioBased(0.0)))
     tracing.activate_for_tests(provider)
     try:
