@@ -58,7 +58,9 @@ needs ptrace: root, or `kernel.yama.ptrace_scope` 0).
 `--otlp-sink` turns tracing on in the current server (kernel/tracing.py): a sink in this
 process that takes OTLP/HTTP exports and drops them is its OTEL_EXPORTER_OTLP_ENDPOINT, so
 the server pays for its spans and their export, not for a collector. OTEL_* variables of
-the shell reach neither server; pass them with `--server-env`. Tracing's cost on the
+the shell reach neither server; pass them with `--server-env`. `--otlp-sink baseline`
+traces the baseline instead (with `--baseline-env`): the same pair with the sides swapped,
+so that a bias of the bench towards one side cancels. Tracing's cost on the
 receive path (docs/benchmarks.md, "Tracing"):
 
     .venv/bin/python bench/ingress_ack.py --baseline <rev before tracing> --interleave 12 \
@@ -1126,7 +1128,11 @@ def main() -> int:
     )
     parser.add_argument("--client", choices=["wrk", "python"], default="wrk")
     parser.add_argument(
-        "--otlp-sink", action="store_true", help="tracing on in the current server, to a sink"
+        "--otlp-sink",
+        nargs="?",
+        const="current",
+        choices=["current", "baseline"],
+        help="tracing on in the current (or the baseline) server, to a sink",
     )
     parser.add_argument(
         "--perf", action="store_true", help="with --py-spy: also Linux perf, into its DIR"
@@ -1145,9 +1151,11 @@ def main() -> int:
     if args.perf and not (args.py_spy and shutil.which("perf")):
         parser.error("--perf needs --py-spy DIR and perf: apt-get install -y linux-perf")
     extra_env = dict(item.split("=", 1) for item in args.server_env)
+    baseline_env = dict(item.split("=", 1) for item in args.baseline_env)
     sink = OtlpSink() if args.otlp_sink else None
     if sink is not None:
-        extra_env.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url)
+        traced = baseline_env if args.otlp_sink == "baseline" else extra_env
+        traced.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url)
 
     env = bench_env(f"{SERVER_URL}/{DB_NAME}")
     wrk = ensure_wrk() if args.client == "wrk" else None
@@ -1160,7 +1168,6 @@ def main() -> int:
         facts = prepare_database(env, current)
         servers = [("current", current, extra_env)]
         if args.baseline:
-            baseline_env = dict(item.split("=", 1) for item in args.baseline_env)
             servers.insert(
                 0, ("baseline", revision_tree(args.baseline, workdir, "baseline"), baseline_env)
             )
