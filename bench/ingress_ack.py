@@ -60,7 +60,8 @@ process that takes OTLP/HTTP exports and drops them is its OTEL_EXPORTER_OTLP_EN
 the server pays for its spans and their export, not for a collector. OTEL_* variables of
 the shell reach neither server; pass them with `--server-env`. `--otlp-sink baseline`
 traces the baseline instead (with `--baseline-env`): the same pair with the sides swapped,
-so that a bias of the bench towards one side cancels. Tracing's cost on the
+so that a bias of the bench towards one side cancels; `both` compares two ways of tracing.
+Tracing's cost on the
 receive path (docs/benchmarks.md, "Tracing"):
 
     .venv/bin/python bench/ingress_ack.py --baseline <rev before tracing> --interleave 12 \
@@ -1131,8 +1132,8 @@ def main() -> int:
         "--otlp-sink",
         nargs="?",
         const="current",
-        choices=["current", "baseline"],
-        help="tracing on in the current (or the baseline) server, to a sink",
+        choices=["current", "baseline", "both"],
+        help="tracing on in the current (or the baseline, or both) server, to a sink",
     )
     parser.add_argument(
         "--perf", action="store_true", help="with --py-spy: also Linux perf, into its DIR"
@@ -1154,8 +1155,9 @@ def main() -> int:
     baseline_env = dict(item.split("=", 1) for item in args.baseline_env)
     sink = OtlpSink() if args.otlp_sink else None
     if sink is not None:
-        traced = baseline_env if args.otlp_sink == "baseline" else extra_env
-        traced.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url)
+        for side, traced in (("current", extra_env), ("baseline", baseline_env)):
+            if args.otlp_sink in (side, "both"):
+                traced.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url)
 
     env = bench_env(f"{SERVER_URL}/{DB_NAME}")
     wrk = ensure_wrk() if args.client == "wrk" else None
