@@ -1190,7 +1190,8 @@ def main() -> int:
         if args.interleave:
             ok = interleave(servers, env, args, load, workdir)
             if sink is not None:
-                print(f"otlp sink: {sink.exports} exports from the current server: {sink.spans}")
+                sides = "both servers" if args.otlp_sink == "both" else f"the {args.otlp_sink}"
+                print(f"otlp sink: {sink.exports} exports from {sides}: {sink.spans}")
             return 0 if ok else 1
         print_header()
         for round_no in range(1, (args.rounds if args.baseline else 1) + 1):

@@ -34,7 +34,10 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def provider_with(exporter, sampler=None):
-    provider = TracerProvider(sampler=tracing.NoOrphanClients(sampler or ParentBased(ALWAYS_ON)))
+    provider = TracerProvider(
+        sampler=tracing.NoOrphanClients(sampler or ParentBased(ALWAYS_ON)),
+        id_generator=tracing.HandedTraceIds(),  # as configure() builds it
+    )
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider
 
@@ -151,7 +154,9 @@ def test_headers_carry_the_context_in_and_out(spans):
 
 def test_enter_and_leave_make_a_receive_span_current_under_the_senders_context(spans):
     span, token = tracing.enter(
-        "webhook receive", headers={"traceparent": TRACEPARENT}, kind=SpanKind.SERVER,
+        "webhook receive",
+        headers={"traceparent": TRACEPARENT},
+        kind=SpanKind.SERVER,
         attributes={"eventdrop.source": "renderer"},
     )
     stored = tracing.current_traceparent()
@@ -161,8 +166,9 @@ def test_enter_and_leave_make_a_receive_span_current_under_the_senders_context(s
     assert stored == traceparent(receive)
     assert f"{receive.parent.span_id:016x}" == "b7ad6b7169203331"
     # Without the propagators' fields the request starts a trace of its own.
-    span, token = tracing.enter("webhook receive", headers={"host": "x"}, kind=SpanKind.SERVER,
-                                attributes=None)
+    span, token = tracing.enter(
+        "webhook receive", headers={"host": "x"}, kind=SpanKind.SERVER, attributes=None
+    )
     tracing.leave(span, token)
     assert spans.get_finished_spans()[-1].parent is None
 
@@ -188,6 +194,42 @@ def test_an_unsampled_receive_span_is_not_made_current_and_still_names_its_trace
     finally:
         tracing.deactivate_for_tests()
         provider.shutdown()
+
+
+def test_a_receive_span_is_sampled_as_the_sampler_decided_for_its_own_trace_id():
+    """enter() asks the sampler before the SDK builds a span (a dropped root needs only its
+    ids), and hands the SDK the trace id it asked about: a sampled span is under that id."""
+    exporter = InMemorySpanExporter()
+    ratio = TraceIdRatioBased(0.5)
+    provider = provider_with(exporter, ParentBased(ratio))
+    tracing.activate_for_tests(provider)
+    try:
+        entered = []
+        for _ in range(200):
+            span, token = tracing.enter(
+                "webhook receive", headers={"host": "x"}, kind=SpanKind.SERVER
+            )
+            entered.append((span, span.is_recording()))
+            tracing.leave(span, token)
+        # Under a sender's context the SDK decides as ever, and takes no handed id.
+        span, token = tracing.enter(
+            "webhook receive", headers={"traceparent": TRACEPARENT}, kind=SpanKind.SERVER
+        )
+        tracing.leave(span, token)
+    finally:
+        tracing.deactivate_for_tests()
+        provider.shutdown()
+    sampled = set()
+    for span, recording in entered:
+        trace_id = span.get_span_context().trace_id
+        decision = ratio.should_sample(None, trace_id, "webhook receive").decision
+        assert recording == decision.is_sampled()
+        assert sampled_flag(tracing.traceparent_of(span)) == decision.is_sampled()
+        if decision.is_sampled():
+            sampled.add(trace_id)
+    assert 0 < len(sampled) < 200
+    exported = {span.context.trace_id for span in exporter.get_finished_spans()}
+    assert exported == sampled | {int(TRACEPARENT.split("-")[1], 16)}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -218,9 +260,10 @@ def test_client_spans_without_a_parent_are_dropped_and_follow_one_otherwise():
     tracer = provider.get_tracer("t")
     with tracer.start_as_current_span("poll", kind=SpanKind.CLIENT) as orphan:
         assert not orphan.is_recording()
-    with tracer.start_as_current_span("work"), tracer.start_as_current_span(
-        "query", kind=SpanKind.CLIENT
-    ) as query:
+    with (
+        tracer.start_as_current_span("work"),
+        tracer.start_as_current_span("query", kind=SpanKind.CLIENT) as query,
+    ):
         assert query.is_recording()
     assert sorted(span.name for span in exporter.get_finished_spans()) == ["query", "work"]
     assert "NoOrphanClients" in provider.sampler.get_description()
