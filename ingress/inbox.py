@@ -6,17 +6,16 @@ UPDATE SKIP LOCKED … UPDATE … RETURNING`), so any number of worker processes
 hosts can run side by side without double work. The claim stops at INBOX_BATCH_SIZE rows or
 INBOX_BATCH_BYTES of bodies, whichever comes first (always at least one row): a flood of
 large junk bodies costs the worker a bounded batch, not its memory. It marks the rows it
-hands out — a RawEventClaim row each (`claimed_at`, `unsettled_claims` + 1) — and commits,
-without waiting for the WAL flush: a claim lost with a database crash only means no worker
-death is counted for it.
+hands out — a RawEventClaim row each, a row of the one queue (kernel/queue.py) — and
+commits, without waiting for the WAL flush: a claim lost with a database crash only means no
+worker death is counted for it.
 
-The batch is then settled in one transaction that first locks its rows, fenced on the claim
-(its `claimed_at`): each event is verified on its stored bytes, its verdict recorded, its dedup
-key settled (a unique index decides the winner) and one Delivery row created per registered
-handler (ingress.deliveries.deliveries_for_event); settling clears the claim. In the
-worker's pass the deliveries that need no claim (every handler unordered, none paused) are
-run right there, in that same transaction, and inserted `done` (ingress/deliveries/create.py, "run
-at settle").
+The batch is then settled in one transaction that first locks its rows, fenced on the claim:
+each event is verified on its stored bytes, its verdict recorded, its dedup key settled (a
+unique index decides the winner) and one Delivery row created per registered handler
+(ingress.deliveries.deliveries_for_event); settling ends the claim. In the worker's pass the
+deliveries that need no claim (every handler unordered, none paused) are run right there, in
+that same transaction, and inserted `done` (ingress/deliveries/create.py, "run at settle").
 
 One bad row never blocks the others. Should settling the batch raise for anything but our
 database being unavailable, its savepoint is rolled back and the same locked rows are
@@ -31,11 +30,11 @@ before any write.
 A row whose settling kills the worker (a crash, the out-of-memory killer) is counted before
 it can kill the next one — the rule, in docs/flows.md ("A row that kills its worker"):
 
-- A worker that is alive settles every claim it makes or gives it back (`unsettled_claims`
-  minus one): when our database fails under a batch, at once if the connection still works, else
-  first thing on its next pass; SIGTERM lets the current pass finish. So a claim left
-  unsettled is one whose worker died: after INBOX_CLAIM_LEASE_SECONDS its rows are claimed
-  again, and `unsettled_claims` then counts the deaths.
+- A worker that is alive settles every claim it makes or gives it back (no death counted):
+  when our database fails under a batch, at once if the connection still works, else first
+  thing on its next pass; SIGTERM lets the current pass finish. So a claim left unsettled is
+  one whose worker died: once its holder stops beating, the claim is taken back with the
+  death counted (`worker_deaths`, kernel/queue.py's rearm_orphaned).
 - A row claimed again after a death is claimed alone (the claim stops before it, or takes
   it by itself), and settled without running handlers: a handler that kills is counted on
   its delivery (ingress/deliveries/), not on the event.
@@ -51,7 +50,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
@@ -100,11 +99,13 @@ from kernel.processing_region import processing_pass
 from kernel.queue import (
     BEAT,
     CLAIMED_PREFIX,
-    HOLDER_GONE,
+    CLAIMS,
+    FENCED,
     PENDING_VALUES,
+    Claim,
     Holder,
+    claims_json,
     group_branches,
-    holder_alive_since,
     statement,
     this_process,
 )
@@ -466,50 +467,42 @@ def _verify_and_run_batch(limit: int | None) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class ClaimedBatch:
-    """One batch of raw events claimed by this process; `claimed_at` and its holder fence
-    everything written for it (another worker's claim of a row after the lease sets its own)."""
+    """One batch of raw events claimed by this process: a queue claim each (kernel/queue.py),
+    which fences everything written for it."""
 
-    ids: tuple[int, ...]
+    claims: tuple[Claim, ...]
     received: tuple[datetime, datetime]  # the oldest and newest received_at: partition pruning
-    claimed_at: datetime
-    holder: int
-    unsettled: dict[int, int]  # raw event id -> its unsettled claims, this one included
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(claim.id for claim in self.claims)
 
 
 # The inbox's claim, one statement, of the one queue's pieces (kernel/queue.py): the holder's
 # beat; `groups`: the sources, each a share of the whole limit; `due`: per source up to
 # `limit` pending rows, oldest first, locked (SKIP LOCKED: a live batch's rows are another
-# worker's), whose claim, if any, ended (given back, its holder gone, or older than the
-# lease, a backstop), numbered in turns across the sources; the claimed prefix, within the
-# bytes budget, a suspect (claimed before and never settled) alone; `m`: the claim's mark,
-# one RawEventClaim row each, counting a death unless the previous holder was another
-# region's. A claim another worker made meanwhile is left to it by the conflict's WHERE.
+# worker's), not claimed now; the claimed prefix, within the bytes budget, a suspect (a
+# worker died with it) alone; `m`: marked `processing`, a RawEventClaim row each (an upsert:
+# a row claimed before has one). A claim another worker made meanwhile is left to it.
 # octet_length of a stored bytea reads its length from the TOAST pointer, not the body.
-_CLAIM_ENDED = (
-    "(k.claimed_at IS NULL OR k.claimed_at <= %(lease_ended)s OR k.claimed_by IS NOT NULL AND "
-    + HOLDER_GONE.replace("{claim}", "k")
-    + ")"
-)
 _CLAIM = (
     "WITH beat AS (" + BEAT + "), {due}"  # noqa: S608 (constants)
     ", c AS (" + CLAIMED_PREFIX + "),"
-    " m AS (INSERT INTO {claim} AS k (raw_event_id, claimed_at, claimed_by, unsettled_claims)"
-    " SELECT id, %(now)s, %(holder)s, 1 FROM c"
-    " ON CONFLICT (raw_event_id) DO UPDATE SET claimed_at = excluded.claimed_at,"
-    " claimed_by = excluded.claimed_by, unsettled_claims = k.unsettled_claims"
-    " + CASE WHEN (k.claimed_by >> {shift}) <> %(region)s THEN 0 ELSE 1 END"
-    " WHERE " + _CLAIM_ENDED + " RETURNING k.raw_event_id, k.unsettled_claims)"
-    " SELECT m.raw_event_id, due.received_at, m.unsettled_claims FROM m"
-    " JOIN due ON due.id = m.raw_event_id"
+    " m AS (INSERT INTO {claim} AS t (id, status, claimed_at, claimed_by, attempts, last_error)"
+    " SELECT id, 'processing', %(now)s, %(holder)s, 1, '' FROM c"
+    " ON CONFLICT (id) DO UPDATE SET status = 'processing', claimed_at = excluded.claimed_at,"
+    " claimed_by = excluded.claimed_by, attempts = t.attempts + 1 WHERE t.status = 'pending'"
+    " RETURNING t.id, t.attempts, t.worker_deaths)"
+    " SELECT m.id, due.received_at, m.attempts, m.worker_deaths FROM m JOIN due ON due.id = m.id"
 )
 # One source's due rows (a branch of the claim's TURNS), in the pending index's order.
 _SOURCE_DUE = (
-    "SELECT r.id, r.received_at, coalesce(k.unsettled_claims, 0) AS worker_deaths,"  # noqa: S608 (constants)
+    "SELECT r.id, r.received_at, coalesce(k.worker_deaths, 0) AS worker_deaths,"
     " octet_length(r.body) AS bytes, {name} AS fair_group FROM {raw} AS r"
-    " LEFT JOIN {claim} AS k ON k.raw_event_id = r.id WHERE r.signature_status = 'pending'"
+    " LEFT JOIN {claim} AS k ON k.id = r.id WHERE r.signature_status = 'pending'"
     " AND r.source = {name}"
     " AND (r.retry_not_before IS NULL OR r.retry_not_before <= %(now)s)"
-    " AND " + _CLAIM_ENDED + " AND r.body_encryption = ANY(%(keys)s)"
+    " AND k.status IS DISTINCT FROM 'processing' AND r.body_encryption = ANY(%(keys)s)"
 )
 
 
@@ -557,16 +550,16 @@ def raw_events_claim(
     *, limit: int, now: datetime, holder: Holder | None = None
 ) -> ClaimedBatch | None:
     """Claim a batch (see _CLAIM) in a transaction of its own, committed; None if nothing is
-    due. The claim's mark must outlive a worker that dies settling the batch, so it cannot
-    share the settling transaction; its commit does not wait for the WAL flush
-    (`synchronous_commit = off` for this transaction only): should the database crash
-    before the flush, the mark is lost with the claim, and no death is counted for it."""
+    due. First the claims of the dead are due again (raw_event_claims_rearm_orphaned). The
+    claim's mark must outlive a worker that dies settling the batch, so it cannot share the
+    settling transaction; its commit does not wait for the WAL flush (`synchronous_commit =
+    off` for this transaction only): a mark lost with a database crash counts no death."""
     holder = holder or this_process()
     sources = raw_events_claim_sources(holder=holder)
     if not sources:
         return None  # no source configured, none with pending rows
+    raw_event_claims_rearm_orphaned(now=now)
     sql = _claim_statement(sources, limit)
-    lease = timedelta(seconds=settings.INBOX_CLAIM_LEASE_SECONDS)
     with transaction.atomic(), connection.cursor() as cursor:
         # One plan for the connection's life (the statement names its sources and its limit,
         # so a generic plan is the right one): planned per claim, a branch per source over
@@ -579,9 +572,6 @@ def raw_events_claim(
             sql,
             {
                 **holder.beat_params(now),
-                "lease_ended": now - lease,
-                "region": settings.EVENTDROP_REGION_NUMBER,
-                "alive_since": holder_alive_since(now),
                 # A body encrypted with a key we no longer hold stays pending, never charged
                 # or rejected: our configuration, not the row's fault (it shows as pending age).
                 "keys": sorted(keyring().known_ids),
@@ -593,37 +583,40 @@ def raw_events_claim(
     holder.beaten_at = now
     if not rows:
         return None
-    received = [at for _, at, _ in rows]
+    rows.sort(key=lambda row: (row[1], row[0]))
     return ClaimedBatch(
-        ids=tuple(id for id, _, _ in rows),
-        received=(min(received), max(received)),
-        claimed_at=now,
-        holder=holder.id,
-        unsettled={id: unsettled for id, _, unsettled in rows},
+        claims=tuple(
+            Claim(id=id, attempts=attempts, claimed_at=now, holder=holder.id, worker_deaths=deaths)
+            for id, _, attempts, deaths in rows
+        ),
+        received=(rows[0][1], rows[-1][1]),
     )
 
 
-def _claims_of(claim: ClaimedBatch):
-    """The batch's claim rows still its own (with its claimed_at)."""
-    return RawEventClaim.objects.filter(
-        raw_event_id__in=claim.ids, claimed_at=claim.claimed_at, claimed_by=claim.holder
+def raw_event_claims_rearm_orphaned(*, now: datetime) -> int:
+    """Claims whose holder is gone (its worker died, its region was lost) due again, the
+    death counted unless the holder was another region's (kernel/queue.py);
+    INBOX_CLAIM_LEASE_SECONDS is the backstop. Returns how many."""
+    orphans = RawEventClaim.objects.rearm_orphaned(
+        now=now, backstop_seconds=settings.INBOX_CLAIM_LEASE_SECONDS, max_deaths=None
     )
+    if orphans:
+        logger.warning(
+            "ingress.verify.rearmed_orphaned",
+            extra={"count": len(orphans), "taken_back": sum(o.taken_back for o in orphans)},
+        )
+    return len(orphans)
 
 
-# The claim's rows still its own, locked for the settling transaction (the fence: its
-# claimed_at). The ids as one array parameter and the received_at range as constants (the
-# day partitions pruned when planning): cheaper to build and to plan than an IN list.
+# The claim's rows still its own, locked with their claims for the settling transaction (the
+# fence, kernel/queue.py's FENCED). The ids as one array parameter and the received_at range
+# as constants (the day partitions pruned when planning): cheaper to build and to plan than
+# an IN list.
 _LOCK_CLAIMED = (
-    "SELECT r.* FROM {raw} AS r JOIN {claim} AS k ON k.raw_event_id = r.id"
-    " WHERE r.id = ANY(%(ids)s) AND r.received_at BETWEEN %(oldest)s AND %(newest)s"
-    " AND r.signature_status = 'pending' AND k.claimed_at = %(claimed_at)s"
-    " AND k.claimed_by = %(holder)s"
-    " ORDER BY r.received_at, r.id FOR UPDATE OF r"
-)
-# The claim ends with the transaction that settled (or set aside, or failed) its rows.
-_END_CLAIM = (
-    "DELETE FROM {claim} WHERE raw_event_id = ANY(%(ids)s) AND claimed_at = %(claimed_at)s"
-    " AND claimed_by = %(holder)s"
+    "SELECT r.* FROM {raw} AS r JOIN {claim} AS t ON t.id = r.id JOIN "  # noqa: S608 (constants)
+    + CLAIMS + " ON " + FENCED
+    + " WHERE r.id = ANY(%(ids)s) AND r.received_at BETWEEN %(oldest)s AND %(newest)s"
+    " AND r.signature_status = 'pending' ORDER BY r.received_at, r.id FOR UPDATE OF r, t"
 )
 
 
@@ -668,19 +661,18 @@ def _settle_claim(claim: ClaimedBatch, now: datetime, *, run_handlers: bool) -> 
                     "ids": list(claim.ids),
                     "oldest": oldest,
                     "newest": newest,
-                    "claimed_at": claim.claimed_at,
-                    "holder": claim.holder,
+                    "claims": claims_json(claim.claims),
                 },
             )
         )
         if len(events) < len(claim.ids):
-            # Another worker claimed them after the lease ran out (this one was frozen, say):
-            # theirs now, and fenced out of everything written here.
+            # Taken back and claimed by another worker (this one was frozen past the lease,
+            # say): theirs now, and fenced out of everything written here.
             logger.warning(
                 "ingress.verify.lost_claim", extra={"events": len(claim.ids) - len(events)}
             )
-        locked = [event.id for event in events]
-        deaths = {event.id: claim.unsettled[event.id] - 1 for event in events}
+        locked = {event.id for event in events}
+        deaths = {c.id: c.worker_deaths for c in claim.claims if c.id in locked}
         doomed = [e for e in events if deaths[e.id] >= settings.INBOX_MAX_WORKER_DEATHS]
         if doomed:
             _set_aside_worker_died(doomed, deaths, now)
@@ -709,11 +701,7 @@ def _settle_claim(claim: ClaimedBatch, now: datetime, *, run_handlers: bool) -> 
                 _settle_one_by_one([event.id for event in events], now)
         # Settled, set aside or waiting on a recorded failure: the claim is over either way
         # (the worker lived), in the transaction that says so.
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _claim_sql(_END_CLAIM),
-                {"ids": locked, "claimed_at": claim.claimed_at, "holder": claim.holder},
-            )
+        RawEventClaim.objects.forget([c for c in claim.claims if c.id in locked])
     return ran
 
 
@@ -742,34 +730,19 @@ def _set_aside_worker_died(events: list[RawEvent], deaths: dict[int, int], now: 
         )
 
 
-# The holder's ledger (kernel/queue.py) of the batches this process owes a give-back.
-OWED_BATCHES = "ingress.RawEventClaim"
-
-
 def _give_back(claim: ClaimedBatch) -> None:
-    given = this_process().give_back_or_owe(OWED_BATCHES, [claim], _give_back_batches)
+    given = RawEventClaim.objects.give_back_or_owe(claim.claims)
     if given:
         logger.warning("ingress.verify.claims_given_back", extra={"events": given})
 
 
 def raw_events_give_back_unreturned() -> int:
-    """Give back the batches this process owes (kernel/queue.py's Holder.pay). Returns how
+    """Give back the claims this process owes (kernel/queue.py's Holder.pay). Returns how
     many rows. Raises while our database is unavailable (they stay owed)."""
-    given = this_process().pay(OWED_BATCHES, _give_back_batches)
+    given = RawEventClaim.objects.pay_owed()
     if given:
         logger.warning("ingress.verify.claims_given_back", extra={"events": given})
     return given
-
-
-def _give_back_batches(batches: list[ClaimedBatch]) -> int:
-    """`unsettled_claims` minus one and the claim cleared, on the claim rows still each
-    batch's own: the rows are due again at once, and no worker death is counted for them."""
-    return sum(
-        _claims_of(batch).update(
-            claimed_at=None, claimed_by=None, unsettled_claims=F("unsettled_claims") - 1
-        )
-        for batch in batches
-    )
 
 
 def _settle_one_by_one(ids: list[int], now: datetime) -> None:

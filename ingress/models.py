@@ -248,32 +248,48 @@ class RawEvent(models.Model):
         return f"{self.source} #{self.id} ({self.signature_status})"
 
 
-class RawEventClaim(models.Model):
-    """A pending raw event's claim by an inbox worker (ingress/inbox.py): a row from its
-    first claim until the transaction that settles it deletes the row.
+class RawEventClaimStatus(models.TextChoices):
+    PENDING = "pending", "due again (given back, or its holder gone)"
+    PROCESSING = "processing", "claimed by a worker"
 
-    `claimed_at`: when the claim that holds it was made; NULL once its worker gave it back
-    (our database failed under the batch). `unsettled_claims`: its claims that no worker
-    settled or gave back, the current one included — each earlier one a worker that died
-    with it. A table of its own rather than columns of the raw event: the claim is committed
-    before the batch is settled, and a second UPDATE of every raw event (a wide row, five
-    indexes) cost the drain about a fifth of its CPU (docs/benchmarks.md).
+
+class RawEventClaim(WorkItem):
+    """A pending raw event's claim by an inbox worker (ingress/inbox.py), a row of the one
+    queue (kernel/queue.py): from its first claim until the transaction that settles the
+    event deletes it. `worker_deaths` counts the holders that died with it.
+
+    A table of its own rather than columns of the raw event: the claim is committed before
+    the batch is settled, and a second UPDATE of every raw event (a wide row, five indexes)
+    cost the drain about a fifth of its CPU (docs/benchmarks.md).
     """
 
+    # The event's id as the row's `id`: the one queue's statements key on it.
     raw_event = models.OneToOneField(
         RawEvent,
         primary_key=True,
+        db_column="id",
         on_delete=models.DO_NOTHING,
         db_constraint=False,  # the raw store is partitioned (see the module docstring)
         related_name="+",
     )
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    # The holder of the claim (kernel/queue.py): while it beats, the claim is its own.
-    claimed_by = models.BigIntegerField(null=True, blank=True)
-    unsettled_claims = models.SmallIntegerField(default=0)
+    status = models.CharField(
+        max_length=16,
+        choices=RawEventClaimStatus.choices,
+        default=RawEventClaimStatus.PROCESSING,
+        db_default=RawEventClaimStatus.PROCESSING,
+    )
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=RawEventClaimStatus.values),
+                name="raweventclaim_status_valid",
+            ),
+            *WorkItem.queue_constraints("raweventclaim"),
+        ]
 
     def __str__(self) -> str:
-        return f"claim of raw event #{self.raw_event_id} ({self.unsettled_claims} unsettled)"
+        return f"claim of raw event #{self.raw_event_id} ({self.worker_deaths} deaths)"
 
 
 class DedupKey(models.Model):

@@ -204,7 +204,7 @@ def _delete_dependents(events: QuerySet[RawEvent]) -> None:
         f"(SELECT id FROM {delivery} WHERE raw_event_id IN ({ids_sql}))",
         f"DELETE FROM {delivery} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
         f"DELETE FROM {dedup} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
-        f"DELETE FROM {claim} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
+        f"DELETE FROM {claim} WHERE id IN ({ids_sql})",  # noqa: S608
         f"DELETE FROM {question} WHERE raw_event_id IN ({ids_sql})",  # noqa: S608
     ]
     with connection.cursor() as cursor:

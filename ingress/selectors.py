@@ -17,6 +17,7 @@ from ingress.models import (
     HandlerPause,
     RawEvent,
     RawEventClaim,
+    RawEventClaimStatus,
     RejectedPayloadMinute,
     SignatureStatus,
 )
@@ -149,7 +150,9 @@ def source_backlogs() -> dict[str, LaneBacklog]:
     index and the claims' key; costs the backlog, not the store."""
     lease_ended = timezone.now() - timedelta(seconds=settings.INBOX_CLAIM_LEASE_SECONDS)
     claimed = RawEventClaim.objects.filter(
-        raw_event_id=OuterRef("id"), claimed_at__gt=lease_ended
+        raw_event_id=OuterRef("id"),
+        status=RawEventClaimStatus.PROCESSING,
+        claimed_at__gt=lease_ended,
     )
     rows = (
         RawEvent.objects.filter(signature_status=SignatureStatus.PENDING)

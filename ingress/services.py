@@ -35,6 +35,7 @@ from ingress.models import (
     HandlerPause,
     RawEvent,
     RawEventClaim,
+    RawEventClaimStatus,
     RejectionReason,
     SignatureAnswer,
     SignatureQuestion,
@@ -414,7 +415,13 @@ def raw_event_reverify(*, raw_event: RawEvent) -> RawEvent:
         }
         RawEvent.objects.filter(id=event.id, received_at=event.received_at).update(**handed_back)
         RawEventClaim.objects.update_or_create(
-            raw_event_id=event.id, defaults={"claimed_at": None, "unsettled_claims": 1}
+            raw_event_id=event.id,
+            defaults={
+                "status": RawEventClaimStatus.PENDING,
+                "claimed_at": None,
+                "claimed_by": None,
+                "worker_deaths": 1,
+            },
         )
         for name, value in handed_back.items():
             setattr(event, name, value)

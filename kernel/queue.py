@@ -282,6 +282,9 @@ COMPLETE = (
     " last_error = '',"
     " waiting_since = NULL, worker_deaths = 0{touch}{also} FROM " + CLAIMS + " WHERE " + FENCED
 )
+# Done, for a queue that keeps no finished rows (the inbox's claims: the raw event keeps the
+# outcome): the row deleted, fenced.
+FORGET = "DELETE FROM {table} AS t USING " + CLAIMS + " WHERE " + FENCED  # noqa: S608 (constants)
 # Claims given back by the worker that made them, alive: due at once, the attempt given
 # back, no death.
 GIVE_BACK = (
@@ -499,6 +502,15 @@ class WorkQuerySet(models.QuerySet[_Row]):
                 self._sql(COMPLETE, also=sets),
                 {"claims": claims_json(claims), "now": now, **params},
             )
+            return cursor.rowcount
+
+    def forget(self, claims: Sequence[Claim]) -> int:
+        """Done, fenced, the rows deleted (see FORGET). Returns how many were still their
+        claims."""
+        if not claims:
+            return 0
+        with connection.cursor() as cursor:
+            cursor.execute(self._sql(FORGET), {"claims": claims_json(claims)})
             return cursor.rowcount
 
     def record(

@@ -19,7 +19,7 @@ from ingress.deliveries import deliveries_run_due
 from ingress.inbox import inbox_run_once, raw_events_claim, raw_events_verify_batch
 from ingress.models import Delivery, RawEvent, RawEventClaim
 from ingress.services import raw_event_reverify
-from kernel.queue import this_process
+from kernel.queue import WorkQuerySet, this_process
 from tests.ingress import test_inbox
 from tests.ingress.test_inbox import receive_github
 
@@ -46,12 +46,10 @@ def receive(client, count: int, *, padding: int = 0) -> list[RawEvent]:
     ]
 
 
-def claims() -> dict[int, tuple | None]:
-    """Each claim row: raw event id -> (claimed_at, unsettled claims)."""
-    return {
-        row.raw_event_id: (row.claimed_at, row.unsettled_claims)
-        for row in RawEventClaim.objects.all()
-    }
+def claims() -> dict[int, tuple[str, int]]:
+    """Each claim row: raw event id -> (status, worker deaths)."""
+    rows = RawEventClaim.objects.all()
+    return {row.raw_event_id: (row.status, row.worker_deaths) for row in rows}
 
 
 def pending_ids() -> list[int]:
@@ -74,7 +72,7 @@ def test_a_claim_stops_at_the_byte_budget_and_takes_one_row_at_least(client, set
 
 def test_a_row_that_kills_its_worker_is_claimed_alone_then_set_aside(client, push_handler, deaths):
     before, poison, after = receive(client, 3)
-    now = first = timezone.now()
+    now = timezone.now()
     raw_events_claim(limit=500, now=now)  # the worker dies settling the batch
 
     assert raw_events_verify_batch(now=now) == 0  # its rows wait out the claim's lease
@@ -90,7 +88,7 @@ def test_a_row_that_kills_its_worker_is_claimed_alone_then_set_aside(client, pus
     poison.refresh_from_db()
     assert (poison.signature_status, poison.rejection_reason) == ("rejected", "worker_died")
     assert poison.dispatch_status == "not_dispatched"
-    assert claims() == {after.id: (first, 1)}  # only the dead claim of the row behind it
+    assert claims() == {after.id: ("pending", 1)}  # the row behind it: due again, one death
     assert poison.processing_error.startswith("worker_died: its worker died 3 times in a row")
     assert poison.processing_failures == 0  # deaths are no charged failures
     assert raw_events_verify_batch(now=now) == 1
@@ -101,7 +99,7 @@ def test_a_row_that_kills_its_worker_is_claimed_alone_then_set_aside(client, pus
     # Re-verify hands it back to the worker, as a suspect, never settles it in the caller.
     event = raw_event_reverify(raw_event=poison)
     assert event.signature_status == "pending"
-    assert claims()[poison.id] == (None, 1)  # a suspect: claimed alone
+    assert claims()[poison.id] == ("pending", 1)  # a suspect: claimed alone
     assert push_handler.calls and poison.id not in [call[0] for call in push_handler.calls]
     inbox_run_once()
     poison.refresh_from_db()
@@ -142,7 +140,7 @@ def test_a_batch_our_database_fails_under_is_given_back_not_counted(
     for event in events:
         event.refresh_from_db()
         assert event.signature_status == "pending"
-    assert claims() == {event.id: (None, 0) for event in events}  # given back
+    assert claims() == {event.id: ("pending", 0) for event in events}  # given back
     monkeypatch.undo()
     assert inbox_run_once().verified == 3  # due at once, in one batch: no suspects
     assert len(push_handler.calls) == 3
@@ -157,14 +155,14 @@ def test_a_give_back_the_database_refuses_is_owed_until_the_next_pass(
         raise OperationalError("the database system is shutting down")
 
     monkeypatch.setattr(inbox, "raw_events_settle", database_gone)
-    monkeypatch.setattr(inbox, "_give_back_batches", database_gone)
+    monkeypatch.setattr(WorkQuerySet, "give_back", database_gone)
     with pytest.raises(OperationalError):
         inbox_run_once()
-    assert {claim and claim[1] for claim in claims().values()} == {1}  # still claimed
-    assert len(this_process().owed[inbox.OWED_BATCHES]) == 1  # owed, in this process
+    assert {claim[0] for claim in claims().values()} == {"processing"}  # still claimed
+    assert len(this_process().owed[RawEventClaim._meta.label]) == 3  # owed, in this process
     monkeypatch.undo()
     assert inbox_run_once().verified == 3  # given back first: one batch, no suspects
-    assert this_process().owed[inbox.OWED_BATCHES] == []
+    assert this_process().owed[RawEventClaim._meta.label] == []
     assert claims() == {} and {e.id for e in events} == set(
         RawEvent.objects.filter(signature_status="verified").values_list("id", flat=True)
     )

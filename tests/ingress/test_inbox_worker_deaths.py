@@ -225,8 +225,8 @@ for n in range({n}):
 _COUNTS = (
     "SELECT (SELECT count(*) FROM ingress_rawevent WHERE signature_status = 'verified'),"
     " (SELECT count(*) FROM ingress_rawevent WHERE signature_status = 'rejected'),"
-    " (SELECT coalesce(max(unsettled_claims), 0) FROM ingress_raweventclaim),"
-    " (SELECT count(*) FROM ingress_raweventclaim WHERE claimed_at IS NOT NULL),"
+    " (SELECT coalesce(max(worker_deaths), 0) FROM ingress_raweventclaim),"
+    " (SELECT count(*) FROM ingress_raweventclaim WHERE status = 'processing'),"
     " (SELECT count(*) FROM ingress_delivery WHERE status = 'done'),"
     " (SELECT coalesce(max(worker_deaths), 0) FROM ingress_delivery)"
 )
