@@ -30,9 +30,9 @@ after each drain (the database bench/ingress_ack.py left, :5432), and the drain'
 it is set against the ingress's share of its own: the ratio with this VM's minute-to-minute
 speed taken out, printed beside the plain one. `--baseline REV` runs the workers
 of every other run from `git archive REV` (or from REV, a directory holding an unpacked
-tree) instead of the working tree (same database, same backlog, same settings, and this
-tree's handler: only the pipeline's code differs), alternating baseline and current, and
-prints each pair's ratio.
+tree) instead of the working tree (the same backlog, settings and handler, each side in a
+database of its own migrated by its own tree: only the pipeline's code and schema differ),
+alternating baseline and current, and prints each pair's ratio.
 `--py-spy DIR` records each worker with py-spy (collapsed stacks, top frames printed;
 `--py-spy-gil`: only samples holding the GIL, i.e. the workers' own CPU);
 `--pg-stats` resets and prints pg_stat_statements (the server must preload it).
@@ -41,7 +41,6 @@ prints each pair's ratio.
 import argparse
 import hashlib
 import hmac
-import io
 import json
 import os
 import shutil
@@ -759,21 +758,34 @@ def main() -> int:
     variants = [("current", ROOT)]
     if args.baseline:
         variants = [("baseline", _baseline_tree(args.baseline)), ("current", ROOT)]
-    _recreate_database(args.pg_port)
+    # A database per side, migrated by its own tree: a baseline from before a migration
+    # runs on the schema it was written for.
+    databases = {label: f"{args.database}_{label}" for label, _ in variants}
+    databases["current"] = args.database
+    for label, tree in variants:
+        DB_NAME = databases[label]
+        _recreate_database(args.pg_port)
+        env = _worker_env(args.pg_port, args.batch_size, args.handlers)
+        # As the Procfile's release phase does: the schema, and the day partitions the
+        # backlog lands in.
+        for command in (["migrate", "-v", "0"], ["raw_event_partitions"]):
+            subprocess.run(
+                [sys.executable, "manage.py", *command],
+                cwd=tree,
+                env=env,
+                check=True,
+                stdout=subprocess.DEVNULL,
+                timeout=600,
+            )
+    DB_NAME = databases["current"]
     _setup_django(args.pg_port)
-    from django.core.management import call_command
-    from django.db import connection
-
-    call_command("migrate", verbosity=0)
-    # As the Procfile's release phase does: the day partitions the backlog lands in.
-    call_command("raw_event_partitions", stdout=io.StringIO())
-    connection.close()
 
     results = []
     for round_no in range(args.rounds):
         # Alternate which variant goes first, so neither always gets the warmer cache.
         order = variants if round_no % 2 == 0 else variants[::-1]
         for label, tree in order:
+            DB_NAME = databases[label]
             before = _ceiling_now(ingress_ceiling) if ingress_ceiling is not None else None
             result = _run(args, tree, label)
             if ingress_ceiling is not None and before is not None:

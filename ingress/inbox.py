@@ -50,7 +50,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
@@ -472,6 +472,7 @@ class ClaimedBatch:
 
     claims: tuple[Claim, ...]
     received: tuple[datetime, datetime]  # the oldest and newest received_at: partition pruning
+    fence: str  # claims_json(claims): built once, for the lock and the end of the claim
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -546,19 +547,29 @@ def raw_events_claim_sources(*, holder: Holder | None = None) -> list[str]:
     return sorted(set(all_sources()) | set(found))
 
 
+# How often a claim first takes back the claims of the dead: a dead worker's rows wait its
+# holder's TTL and at most this long (not with every claim: a transaction more per batch).
+REARM_EVERY_SECONDS = 2.0
+
+
 def raw_events_claim(
     *, limit: int, now: datetime, holder: Holder | None = None
 ) -> ClaimedBatch | None:
     """Claim a batch (see _CLAIM) in a transaction of its own, committed; None if nothing is
-    due. First the claims of the dead are due again (raw_event_claims_rearm_orphaned). The
-    claim's mark must outlive a worker that dies settling the batch, so it cannot share the
-    settling transaction; its commit does not wait for the WAL flush (`synchronous_commit =
-    off` for this transaction only): a mark lost with a database crash counts no death."""
+    due. First, every REARM_EVERY_SECONDS, the claims of the dead are due again
+    (raw_event_claims_rearm_orphaned). The claim's mark must outlive a worker that dies
+    settling the batch, so it cannot share the settling transaction; its commit does not wait
+    for the WAL flush (`synchronous_commit = off` for this transaction only): a mark lost with
+    a database crash counts no death."""
     holder = holder or this_process()
     sources = raw_events_claim_sources(holder=holder)
     if not sources:
         return None  # no source configured, none with pending rows
-    raw_event_claims_rearm_orphaned(now=now)
+    last = holder.memo.get("inbox.rearmed_at")
+    # Also when the clock went back (a step of the system clock, a test's own `now`).
+    if last is None or not last <= now < last + timedelta(seconds=REARM_EVERY_SECONDS):
+        raw_event_claims_rearm_orphaned(now=now)
+        holder.memo["inbox.rearmed_at"] = now
     sql = _claim_statement(sources, limit)
     with transaction.atomic(), connection.cursor() as cursor:
         # One plan for the connection's life (the statement names its sources and its limit,
@@ -584,12 +595,12 @@ def raw_events_claim(
     if not rows:
         return None
     rows.sort(key=lambda row: (row[1], row[0]))
+    claims = tuple(
+        Claim(id=id, attempts=attempts, claimed_at=now, holder=holder.id, worker_deaths=deaths)
+        for id, _, attempts, deaths in rows
+    )
     return ClaimedBatch(
-        claims=tuple(
-            Claim(id=id, attempts=attempts, claimed_at=now, holder=holder.id, worker_deaths=deaths)
-            for id, _, attempts, deaths in rows
-        ),
-        received=(rows[0][1], rows[-1][1]),
+        claims=claims, received=(rows[0][1], rows[-1][1]), fence=claims_json(claims)
     )
 
 
@@ -609,14 +620,16 @@ def raw_event_claims_rearm_orphaned(*, now: datetime) -> int:
 
 
 # The claim's rows still its own, locked with their claims for the settling transaction (the
-# fence, kernel/queue.py's FENCED). The ids as one array parameter and the received_at range
-# as constants (the day partitions pruned when planning): cheaper to build and to plan than
-# an IN list.
+# fence, kernel/queue.py's FENCED). The claim rows KEY SHARE: the re-arm's FOR UPDATE skips a
+# live batch, while another worker's claim (an upsert, NO KEY UPDATE) passes them without
+# waiting: waiting there, on rows it holds, it deadlocked with this lock. The received_at
+# range as constants: the day partitions pruned when planning.
 _LOCK_CLAIMED = (
-    "SELECT r.* FROM {raw} AS r JOIN {claim} AS t ON t.id = r.id JOIN "  # noqa: S608 (constants)
-    + CLAIMS + " ON " + FENCED
-    + " WHERE r.id = ANY(%(ids)s) AND r.received_at BETWEEN %(oldest)s AND %(newest)s"
-    " AND r.signature_status = 'pending' ORDER BY r.received_at, r.id FOR UPDATE OF r, t"
+    "SELECT r.* FROM " + CLAIMS + " JOIN {claim} AS t ON " + FENCED  # noqa: S608 (constants)
+    + " JOIN {raw} AS r ON r.id = t.id"
+    " WHERE r.received_at BETWEEN %(oldest)s AND %(newest)s"
+    " AND r.signature_status = 'pending' ORDER BY r.received_at, r.id"
+    " FOR UPDATE OF r FOR KEY SHARE OF t"
 )
 
 
@@ -657,12 +670,7 @@ def _settle_claim(claim: ClaimedBatch, now: datetime, *, run_handlers: bool) -> 
         events = list(
             RawEvent.objects.raw(
                 _claim_sql(_LOCK_CLAIMED),
-                {
-                    "ids": list(claim.ids),
-                    "oldest": oldest,
-                    "newest": newest,
-                    "claims": claims_json(claim.claims),
-                },
+                {"oldest": oldest, "newest": newest, "claims": claim.fence},
             )
         )
         if len(events) < len(claim.ids):
@@ -701,7 +709,8 @@ def _settle_claim(claim: ClaimedBatch, now: datetime, *, run_handlers: bool) -> 
                 _settle_one_by_one([event.id for event in events], now)
         # Settled, set aside or waiting on a recorded failure: the claim is over either way
         # (the worker lived), in the transaction that says so.
-        RawEventClaim.objects.forget([c for c in claim.claims if c.id in locked])
+        # Fenced: a claim not locked here is another worker's now, and stays.
+        RawEventClaim.objects.forget(claim.claims, fence=claim.fence)
     return ran
 
 
