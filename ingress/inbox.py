@@ -2,13 +2,13 @@
 fan out — and the worker's pass (`inbox_run_once`) that also runs them (ingress/deliveries/).
 
 `raw_events_verify_batch` claims due `pending` raw events in one statement (`WITH … FOR
-UPDATE SKIP LOCKED … UPDATE … RETURNING`), so any number of worker processes on any number of
-hosts can run side by side without double work. The claim stops at INBOX_BATCH_SIZE rows or
-INBOX_BATCH_BYTES of bodies, whichever comes first (always at least one row): a flood of
-large junk bodies costs the worker a bounded batch, not its memory. It marks the rows it
-hands out — a RawEventClaim row each, a row of the one queue (kernel/queue.py) — and
-commits, without waiting for the WAL flush: a claim lost with a database crash only means no
-worker death is counted for it.
+UPDATE SKIP LOCKED … INSERT … ON CONFLICT … RETURNING`), so any number of worker processes on
+any number of hosts can run side by side without double work. The claim stops at
+INBOX_BATCH_SIZE rows or INBOX_BATCH_BYTES of bodies, whichever comes first (always at least
+one row): a flood of large junk bodies costs the worker a bounded batch, not its memory. It
+marks the rows it hands out — a RawEventClaim row each, a row of the one queue
+(kernel/queue.py) — and commits, without waiting for the WAL flush: a claim lost with a
+database crash only means no worker death is counted for it.
 
 The batch is then settled in one transaction that first locks its rows, fenced on the claim:
 each event is verified on its stored bytes, its verdict recorded, its dedup key settled (a
